@@ -1,0 +1,75 @@
+// Fusion: owns the Vals, Exprs, IterDomains and meshes of one single-device tensor program.
+// Nodes are created only through a Fusion (no global "current fusion").
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshfuse/ir/device_mesh.h"
+#include "meshfuse/ir/expr.h"
+#include "meshfuse/ir/val.h"
+
+namespace meshfuse {
+
+class Fusion {
+ public:
+  Fusion() = default;
+  Fusion(const Fusion&) = delete;
+  Fusion& operator=(const Fusion&) = delete;
+  ~Fusion();
+
+  // A fusion input of `shape` (-1 or Extent::symbolic: a size bound at run time; a size of 1
+  // is a broadcast dim). Throws NameError on a duplicate name, ShapeError on a bad extent.
+  TensorView* defineTensor(const std::vector<Extent>& shape, DataType dtype,
+                           std::string name = "");
+  Scalar* scalar(double value, DataType dtype = DataType::Float);
+
+  // Appends an op: checks operands and attributes against the kind's schema (missing
+  // attributes get their defaults), infers the output's shape and dtype, and returns it.
+  // Throws a typed UserError that names the op and tensors on bad input.
+  TensorView* apply(OpKind kind, std::vector<Val*> inputs, Attributes attrs = {},
+                    std::string out_name = "");
+  void addOutput(TensorView* tv);
+
+  const std::vector<TensorView*>& inputs() const { return inputs_; }
+  const std::vector<TensorView*>& outputs() const { return outputs_; }
+  // Program order (a topological order).
+  const std::vector<Expr*>& exprs() const { return exprs_; }
+  // Inputs, then every Expr's outputs in program order.
+  std::vector<TensorView*> tensorViews() const;
+  bool isInput(const Val* v) const;
+  bool isOutput(const Val* v) const;
+
+  // Meshes are interned by value; returns the index of `mesh` in the table. A name makes it
+  // printable as @name (otherwise @m<index>).
+  int64_t addMesh(const DeviceMesh& mesh, std::string name = "");
+  const DeviceMesh& mesh(int64_t index) const { return *meshes_.at(index).mesh; }
+  int64_t numMeshes() const { return static_cast<int64_t>(meshes_.size()); }
+  std::string meshName(int64_t index) const;
+
+  IterDomain* newIterDomain(Extent extent, IterType type);
+  IdTransform* newTransform(IdTransform t);
+
+  // The name the printer and error messages use: the user's name, or %N where N numbers the
+  // unnamed TensorViews in program order (deterministic, independent of creation counters).
+  std::string displayName(const Val* v) const;
+  // Looks a TensorView up by display name; nullptr when absent.
+  TensorView* findTensor(std::string_view display_name) const;
+
+ private:
+  struct MeshEntry {
+    std::unique_ptr<DeviceMesh> mesh;
+    std::string name;
+  };
+  std::vector<std::unique_ptr<Val>> vals_;
+  std::vector<std::unique_ptr<Expr>> expr_storage_;
+  std::vector<std::unique_ptr<IterDomain>> ids_;
+  std::vector<std::unique_ptr<IdTransform>> transforms_;
+  std::vector<MeshEntry> meshes_;
+  std::vector<TensorView*> inputs_;
+  std::vector<TensorView*> outputs_;
+  std::vector<Expr*> exprs_;
+};
+
+}  // namespace meshfuse

@@ -1,0 +1,62 @@
+// OpKind and the schema of every op (operands and named attributes), generated from ops.def.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "meshfuse/ir/dtype.h"
+
+namespace meshfuse {
+
+enum class OpKind {
+#define MESHFUSE_OP(e, name, cat, operands, attrs) e,
+#include "meshfuse/ir/ops.def"
+#undef MESHFUSE_OP
+};
+
+// Ops of one category share shape inference, sharding rules and kernels.
+enum class OpCategory {
+  Unary, Binary, Compare, Ternary, Cast, Set, Reduction, Gemm, BroadcastInDim, Reshape, Permute,
+  Slice, Cat, Softmax, Norm, Attention
+};
+
+enum class AttrType { Int, Ints, Float, Bool, Str, Dtype };
+using AttrValue = std::variant<int64_t, std::vector<int64_t>, double, bool, std::string, DataType>;
+using Attributes = std::map<std::string, AttrValue, std::less<>>;
+
+struct OperandSpec {
+  std::string name;
+  bool optional = false;
+  bool variadic = false;
+};
+
+struct AttrSpec {
+  std::string name;
+  AttrType type;
+  std::optional<AttrValue> default_value;  // nullopt: required
+};
+
+struct OpInfo {
+  OpKind kind;
+  std::string_view name;
+  OpCategory category;
+  std::vector<OperandSpec> operands;
+  std::vector<AttrSpec> attrs;
+  const AttrSpec* findAttr(std::string_view n) const;
+  int64_t findOperand(std::string_view n) const;  // -1 when absent
+};
+
+const OpInfo& opInfo(OpKind kind);
+std::optional<OpKind> parseOpKind(std::string_view name);
+const std::vector<OpKind>& allOpKinds();
+std::string_view attrTypeName(AttrType t);
+bool attrHasType(const AttrValue& v, AttrType t);
+std::string formatAttr(const AttrValue& v);  // the .mf literal form
+std::string formatFloat(double v);          // shortest text that parses back exactly
+
+}  // namespace meshfuse

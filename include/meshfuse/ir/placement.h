@@ -1,0 +1,51 @@
+// DTensor placements <-> IterDomains: the one rule everything relies on (DESIGN.md).
+//
+//   Shard(d) on mesh axis i (size n): logical dim d is split outer by n and the outer
+//                                     IterDomain is parallelized DID[i].
+//   Replicate() on mesh axis i:       no IterDomain is parallelized on DID[i].
+//   Partial() on mesh axis i:         a reduction IterDomain parallelized on DID[i] (`r{d}`).
+//
+// Several Shard(d) on one dim split it in mesh-axis order (axis 0 outermost), as torch does.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshfuse/ir/extent.h"
+
+namespace meshfuse {
+
+class TensorView;
+class DeviceMesh;
+
+struct Placement {
+  enum Kind { Shard, Replicate, Partial } kind = Replicate;
+  int64_t dim = 0;  // Shard only
+  static Placement shard(int64_t d) { return {Shard, d}; }
+  static Placement replicate() { return {Replicate, 0}; }
+  static Placement partial() { return {Partial, 0}; }
+  std::string toString() const;  // "Shard(0)", "Replicate()", "Partial()"
+  bool operator==(const Placement&) const = default;
+};
+
+std::string placementsToString(const std::vector<Placement>& ps);  // "[Shard(0), Replicate()]"
+
+// Puts `tv` on `mesh` with `placements` (one per mesh axis, negative Shard dims allowed),
+// replacing its loop schedule; pins it. Throws PlacementError naming the tensor when the number
+// of placements differs from the mesh rank or a Shard dim is out of range, and
+// UnsupportedError ("uneven sharding not supported") when a static dim does not divide.
+void applyPlacements(TensorView* tv, const DeviceMesh& mesh, const std::vector<Placement>& placements);
+
+// The placements `tv`'s loop domain expresses, one per axis of its mesh. Throws
+// PlacementError when the schedule is not expressible as placements (e.g. DID on a merge).
+std::vector<Placement> placementsOf(const TensorView* tv);
+
+// The per-rank (local) extent of each non-reduction logical dim: global extent divided by the
+// DID splits derived from it. Throws UnsupportedError on uneven sharding.
+std::vector<int64_t> localShape(const TensorView* tv, const SymbolBindings& bindings);
+// Number of devices each non-reduction logical dim is split across.
+std::vector<int64_t> shardFactors(const TensorView* tv);
+
+}  // namespace meshfuse

@@ -1,0 +1,195 @@
+// Fusion: node ownership, schema checking of new ops, naming.
+#include "meshfuse/ir/fusion.h"
+
+#include <algorithm>
+
+#include "ir/shape_inference.h"
+
+namespace meshfuse {
+
+Fusion::~Fusion() = default;
+
+namespace {
+bool isPositionalName(const std::string& n) {
+  return !n.empty() && std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+}  // namespace
+
+static void checkNewName(const Fusion& f, const std::string& name) {
+  if (name.empty()) return;
+  MF_USER_CHECK(!isPositionalName(name), ErrorKind::Name,
+                "name %{} is reserved: numeric names are assigned by position", name);
+  MF_USER_CHECK(f.findTensor(name) == nullptr, ErrorKind::Name, "duplicate name %{}", name);
+}
+
+TensorView* Fusion::defineTensor(const std::vector<Extent>& shape, DataType dtype, std::string name) {
+  checkNewName(*this, name);
+  std::vector<IterDomain*> logical;
+  int64_t symbols = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    Extent e = shape[i];
+    if (e.isStatic() && e.value() == -1)  // -1: a size bound at run time, named by position
+      e = Extent::symbolic(fmt::format("s{}_{}", inputs_.size(), symbols++));
+    MF_USER_CHECK(!e.isStatic() || e.value() >= 0, ErrorKind::Shape,
+                  "input {}: dim {} has negative size {}", name.empty() ? "tensor" : "%" + name, i,
+                  e.value());
+    IterType t = e.isStatic() && e.value() == 1 ? IterType::Broadcast : IterType::Iteration;
+    logical.push_back(newIterDomain(e, t));
+  }
+  auto* tv = new TensorView(this, dtype, logical, std::move(name));
+  vals_.emplace_back(tv);
+  inputs_.push_back(tv);
+  return tv;
+}
+
+Scalar* Fusion::scalar(double value, DataType dtype) {
+  auto* s = new Scalar(this, value, dtype);
+  vals_.emplace_back(s);
+  return s;
+}
+
+TensorView* Fusion::apply(OpKind kind, std::vector<Val*> inputs, Attributes attrs, std::string out_name) {
+  const OpInfo& info = opInfo(kind);
+  // Operands: pad omitted trailing optionals; variadic tails take the rest.
+  bool variadic = !info.operands.empty() && info.operands.back().variadic;
+  if (!variadic) {
+    size_t required = 0;
+    for (const OperandSpec& o : info.operands) required += o.optional ? 0 : 1;
+    MF_USER_CHECK(inputs.size() >= required && inputs.size() <= info.operands.size(),
+                  ErrorKind::Value, "{}: expected {} operands but got {}", info.name,
+                  required == info.operands.size() ? fmt::format("{}", required)
+                                                   : fmt::format("{} to {}", required, info.operands.size()),
+                  inputs.size());
+    inputs.resize(info.operands.size(), nullptr);
+  } else {
+    MF_USER_CHECK(inputs.size() >= info.operands.size(), ErrorKind::Value,
+                  "{}: expected at least {} operands but got {}", info.name, info.operands.size(),
+                  inputs.size());
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const OperandSpec& spec = info.operands[std::min(i, info.operands.size() - 1)];
+    MF_USER_CHECK(inputs[i] != nullptr || spec.optional, ErrorKind::Value,
+                  "{}: operand '{}' is required", info.name, spec.name);
+    MF_USER_CHECK(inputs[i] == nullptr || inputs[i]->fusion() == this, ErrorKind::Value,
+                  "{}: operand '{}' belongs to a different fusion", info.name, spec.name);
+  }
+  // Attributes: reject unknown ones, check types, fill defaults.
+  for (const auto& [n, v] : attrs) {
+    const AttrSpec* spec = info.findAttr(n);
+    if (spec == nullptr) {
+      std::vector<std::string> names;
+      for (const AttrSpec& a : info.attrs) names.push_back(a.name);
+      userError(ErrorKind::Value, "{}: unknown attribute '{}' (expected one of: {})", info.name, n,
+                names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", ")));
+    }
+    // An int literal is a fine float.
+    if (spec->type == AttrType::Float && std::holds_alternative<int64_t>(v))
+      attrs[n] = static_cast<double>(std::get<int64_t>(v));
+    MF_USER_CHECK(attrHasType(attrs[n], spec->type), ErrorKind::Value,
+                  "{}: attribute '{}' must be of type {} but got {}", info.name, n,
+                  attrTypeName(spec->type), formatAttr(v));
+  }
+  for (const AttrSpec& spec : info.attrs) {
+    if (attrs.count(spec.name)) continue;
+    MF_USER_CHECK(spec.default_value.has_value(), ErrorKind::Value,
+                  "{}: missing required attribute '{}' ({})", info.name, spec.name,
+                  attrTypeName(spec.type));
+    attrs[spec.name] = *spec.default_value;
+  }
+
+  InferredOutput out = inferOutput(*this, kind, inputs, attrs);
+  checkNewName(*this, out_name);
+  auto* tv = new TensorView(this, out.dtype, out.logical, std::move(out_name));
+  vals_.emplace_back(tv);
+  auto* e = new Expr(kind, std::move(inputs), std::move(attrs));
+  expr_storage_.emplace_back(e);
+  e->outputs_.push_back(tv);
+  tv->definition_ = e;
+  for (Val* v : e->inputs_)
+    if (v != nullptr && std::find(v->uses_.begin(), v->uses_.end(), e) == v->uses_.end())
+      v->uses_.push_back(e);
+  exprs_.push_back(e);
+  return tv;
+}
+
+void Fusion::addOutput(TensorView* tv) {
+  MF_USER_CHECK(tv != nullptr && tv->fusion() == this, ErrorKind::Value,
+                "add_output: the tensor does not belong to this fusion");
+  MF_USER_CHECK(!isOutput(tv), ErrorKind::Value, "add_output: {} is already an output", displayName(tv));
+  outputs_.push_back(tv);
+}
+
+std::vector<TensorView*> Fusion::tensorViews() const {
+  std::vector<TensorView*> out = inputs_;
+  for (Expr* e : exprs_)
+    for (TensorView* o : e->outputs()) out.push_back(o);
+  return out;
+}
+
+bool Fusion::isInput(const Val* v) const {
+  return std::find(inputs_.begin(), inputs_.end(), v) != inputs_.end();
+}
+
+bool Fusion::isOutput(const Val* v) const {
+  return std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end();
+}
+
+int64_t Fusion::addMesh(const DeviceMesh& mesh, std::string name) {
+  for (size_t i = 0; i < meshes_.size(); ++i) {
+    if (*meshes_[i].mesh == mesh) {
+      if (meshes_[i].name.empty()) meshes_[i].name = std::move(name);
+      return static_cast<int64_t>(i);
+    }
+  }
+  for (const MeshEntry& m : meshes_)
+    MF_USER_CHECK(name.empty() || m.name != name, ErrorKind::Name,
+                  "duplicate mesh name @{} (already {})", name, m.mesh->toString());
+  meshes_.push_back({std::make_unique<DeviceMesh>(mesh), std::move(name)});
+  return static_cast<int64_t>(meshes_.size()) - 1;
+}
+
+std::string Fusion::meshName(int64_t index) const {
+  const MeshEntry& m = meshes_.at(index);
+  return m.name.empty() ? fmt::format("m{}", index) : m.name;
+}
+
+IterDomain* Fusion::newIterDomain(Extent extent, IterType type) {
+  ids_.push_back(std::make_unique<IterDomain>(std::move(extent), type));
+  return ids_.back().get();
+}
+
+IdTransform* Fusion::newTransform(IdTransform t) {
+  transforms_.push_back(std::make_unique<IdTransform>(std::move(t)));
+  return transforms_.back().get();
+}
+
+std::string Fusion::displayName(const Val* v) const {
+  if (!v->name().empty()) return "%" + v->name();
+  if (v->valKind() == ValKind::Scalar) {
+    double x = static_cast<const Scalar*>(v)->value();
+    if (v->dtype() == DataType::Bool) return x != 0 ? "true" : "false";
+    if (v->dtype() == DataType::Int64) return fmt::format("{}", static_cast<int64_t>(x));
+    return formatFloat(x);
+  }
+  int64_t n = 0;
+  for (TensorView* tv : tensorViews()) {
+    if (tv == v) return fmt::format("%{}", n);
+    if (tv->name().empty()) ++n;
+  }
+  return fmt::format("%{}", n);  // a value being created right now: the next number
+}
+
+TensorView* Fusion::findTensor(std::string_view display_name) const {
+  if (display_name.starts_with("%")) display_name.remove_prefix(1);
+  int64_t n = 0;
+  for (TensorView* tv : tensorViews()) {
+    if (tv->name().empty()) {
+      if (fmt::format("{}", n++) == display_name) return tv;
+    } else if (tv->name() == display_name) {
+      return tv;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace meshfuse

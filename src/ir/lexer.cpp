@@ -1,0 +1,92 @@
+// Lexer of the .mf text form. `#` starts a comment that runs to the end of the line.
+#include "ir/lexer.h"
+
+#include <cctype>
+
+#include "meshfuse/error.h"
+
+namespace meshfuse {
+
+std::string Token::describe() const {
+  switch (kind) {
+    case Ident: return "'" + text + "'";
+    case Value: return "'%" + text + "'";
+    case Mesh: return "'@" + text + "'";
+    case Int:
+    case Float: return "number " + text;
+    case String: return "string \"" + text + "\"";
+    case Punct: return "'" + text + "'";
+    case End: return "end of input";
+  }
+  return "?";
+}
+
+std::vector<Token> lex(std::string_view s, std::string_view filename) {
+  std::vector<Token> out;
+  int line = 1, col = 1;
+  size_t i = 0;
+  auto advance = [&](size_t n) {
+    for (size_t k = 0; k < n; ++k, ++i) {
+      if (s[i] == '\n') { ++line; col = 1; } else { ++col; }
+    }
+  };
+  auto isName = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; };
+  while (i < s.size()) {
+    char c = s[i];
+    if (std::isspace(static_cast<unsigned char>(c))) { advance(1); continue; }
+    if (c == '#') { while (i < s.size() && s[i] != '\n') advance(1); continue; }
+    Token t{Token::Punct, "", line, col};
+    size_t start = i;
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      while (i < s.size() && isName(s[i])) advance(1);
+      t.kind = Token::Ident;
+      t.text = std::string(s.substr(start, i - start));
+    } else if (c == '%' || c == '@') {
+      advance(1);
+      size_t name_start = i;
+      while (i < s.size() && isName(s[i])) advance(1);
+      MF_USER_CHECK(i > name_start, ErrorKind::Parse, "{}:{}:{}: expected a name after '{}'", filename,
+                    t.line, t.col, c);
+      t.kind = c == '%' ? Token::Value : Token::Mesh;
+      t.text = std::string(s.substr(name_start, i - name_start));
+    } else if (std::isdigit(static_cast<unsigned char>(c)) ||
+               (c == '-' && i + 1 < s.size() && (std::isdigit(static_cast<unsigned char>(s[i + 1])) || s[i + 1] == '.'))) {
+      advance(1);
+      bool is_float = false;
+      while (i < s.size()) {
+        char d = s[i];
+        if (std::isdigit(static_cast<unsigned char>(d))) { advance(1); continue; }
+        if (d == '.' || d == 'e' || d == 'E') {
+          is_float = true;
+          advance(1);
+          if ((d == 'e' || d == 'E') && i < s.size() && (s[i] == '-' || s[i] == '+')) advance(1);
+          continue;
+        }
+        break;
+      }
+      t.kind = is_float ? Token::Float : Token::Int;
+      t.text = std::string(s.substr(start, i - start));
+    } else if (c == '"') {
+      advance(1);
+      while (true) {
+        MF_USER_CHECK(i < s.size() && s[i] != '\n', ErrorKind::Parse, "{}:{}:{}: unterminated string",
+                      filename, t.line, t.col);
+        if (s[i] == '"') { advance(1); break; }
+        if (s[i] == '\\' && i + 1 < s.size()) advance(1);
+        t.text += s[i];
+        advance(1);
+      }
+      t.kind = Token::String;
+    } else if (std::string_view("=()[]{},:?*/").find(c) != std::string_view::npos) {
+      t.text = std::string(1, c);
+      advance(1);
+    } else {
+      userError(ErrorKind::Parse, "{}:{}:{}: unexpected character '{}'", filename, line, col, c);
+    }
+    out.push_back(std::move(t));
+  }
+  out.push_back({Token::End, "", line, col});
+  return out;
+}
+
+}  // namespace meshfuse

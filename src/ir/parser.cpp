@@ -1,0 +1,383 @@
+// Recursive-descent parser of the .mf text form (grammar by example in printer.h).
+#include "meshfuse/ir/parser.h"
+
+#include <algorithm>
+#include <map>
+
+#include "ir/lexer.h"
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/printer.h"
+
+namespace meshfuse {
+namespace {
+
+struct ParsedDim {
+  Extent extent;
+  bool reduction = false;
+};
+
+struct ParsedType {
+  Token at;
+  DataType dtype;
+  std::vector<ParsedDim> dims;
+  bool has_mesh = false;
+  Token mesh;
+  std::vector<std::pair<Token, ScheduleStep>> steps;
+  bool has_provenance = false;
+  std::string provenance;
+};
+
+class Parser {
+ public:
+  Parser(std::string_view text, std::string_view filename)
+      : file_(filename), toks_(lex(text, filename)), fusion_(std::make_unique<Fusion>()) {}
+
+  std::unique_ptr<Fusion> parse() {
+    expectIdent("fusion");
+    expectPunct("{");
+    while (!isPunct("}")) {
+      MF_USER_CHECK(peek().kind != Token::End, ErrorKind::Parse, "{}: expected '}}' to close the fusion but found end of input",
+                    where(peek()));
+      statement();
+    }
+    expectPunct("}");
+    if (peek().kind != Token::End) fail(peek(), "end of input after the fusion");
+    return std::move(fusion_);
+  }
+
+ private:
+  // ---- token helpers --------------------------------------------------------------------
+  const Token& peek(size_t k = 0) const { return toks_[std::min(pos_ + k, toks_.size() - 1)]; }
+  const Token& next() { return toks_[std::min(pos_++, toks_.size() - 1)]; }
+  bool isPunct(std::string_view p) const { return peek().kind == Token::Punct && peek().text == p; }
+  bool isIdent(std::string_view p) const { return peek().kind == Token::Ident && peek().text == p; }
+  std::string where(const Token& t) const { return fmt::format("{}:{}:{}", file_, t.line, t.col); }
+  [[noreturn]] void fail(const Token& t, std::string_view expected) const {
+    userError(ErrorKind::Parse, "{}: expected {} but found {}", where(t), expected, t.describe());
+  }
+  const Token& expectPunct(std::string_view p) {
+    if (!isPunct(p)) fail(peek(), fmt::format("'{}'", p));
+    return next();
+  }
+  const Token& expectIdent(std::string_view p) {
+    if (!isIdent(p)) fail(peek(), fmt::format("'{}'", p));
+    return next();
+  }
+  const Token& expectKind(Token::Kind k, std::string_view what) {
+    if (peek().kind != k) fail(peek(), what);
+    return next();
+  }
+  int64_t expectInt(std::string_view what) { return std::stoll(expectKind(Token::Int, what).text); }
+
+  // Re-throws a user error from the IR with this token's location.
+  template <typename F>
+  auto at(const Token& t, F&& f) {
+    try {
+      return f();
+    } catch (const UserError& e) {
+      throw UserError(e.kind(), fmt::format("{}: {}", where(t), e.message()));
+    }
+  }
+
+  // ---- statements -----------------------------------------------------------------------
+  void statement() {
+    if (isIdent("mesh")) return meshDecl();
+    if (isIdent("output")) {
+      next();
+      do {
+        const Token& t = expectKind(Token::Value, "a value name like %3");
+        Val* v = lookup(t);
+        MF_USER_CHECK(v->valKind() == ValKind::TensorView, ErrorKind::Value, "{}: output %{} is not a tensor",
+                      where(t), t.text);
+        at(t, [&] { fusion_->addOutput(static_cast<TensorView*>(v)); });
+      } while (isPunct(",") && (next(), true));
+      return;
+    }
+    const Token& name = expectKind(Token::Value, "'mesh', 'output' or a value name like %3");
+    MF_USER_CHECK(!names_.count(name.text), ErrorKind::Name, "{}: duplicate name %{}", where(name), name.text);
+    expectPunct("=");
+    if (isIdent("input")) {
+      next();
+      ParsedType type = tensorType();
+      std::vector<Extent> shape;
+      for (const ParsedDim& d : type.dims) {
+        MF_USER_CHECK(!d.reduction || &d - type.dims.data() >= static_cast<long>(shape.size()), ErrorKind::Parse,
+                      "{}: reduction (Partial) dims of an input must come last", where(type.at));
+        if (!d.reduction) shape.push_back(d.extent);
+      }
+      TensorView* tv = at(name, [&] { return fusion_->defineTensor(shape, type.dtype, userName(name)); });
+      for (const ParsedDim& d : type.dims) {
+        if (!d.reduction) continue;
+        MF_USER_CHECK(d.extent.isStatic(), ErrorKind::Parse, "{}: a Partial dim needs a constant extent",
+                      where(type.at));
+        tv->addPartialDim(d.extent.value());
+      }
+      applySharding(tv, type);
+      names_[name.text] = tv;
+      return;
+    }
+    const Token& op_tok = expectKind(Token::Ident, "'input' or an op name");
+    std::optional<OpKind> kind = parseOpKind(op_tok.text);
+    MF_USER_CHECK(kind.has_value(), ErrorKind::Parse, "{}: unknown op '{}'", where(op_tok), op_tok.text);
+    const OpInfo& info = opInfo(*kind);
+    std::vector<Val*> operands;
+    Attributes attrs;
+    expectPunct("(");
+    while (!isPunct(")")) {
+      if (!operands.empty() || !attrs.empty()) expectPunct(",");
+      if (peek().kind == Token::Ident && peek(1).kind == Token::Punct && peek(1).text == "=") {
+        const Token& key = next();
+        next();
+        int64_t operand = info.findOperand(key.text);
+        if (operand >= 0) {
+          const Token& vt = expectKind(Token::Value, "a value name");
+          operands.resize(std::max<size_t>(operands.size(), operand + 1), nullptr);
+          operands[operand] = lookup(vt);
+        } else {
+          const AttrSpec* spec = info.findAttr(key.text);
+          MF_USER_CHECK(spec != nullptr, ErrorKind::Value, "{}: {} has no operand or attribute named '{}'",
+                        where(key), info.name, key.text);
+          attrs[key.text] = attrValue(*spec);
+        }
+      } else {
+        operands.push_back(operandValue());
+      }
+    }
+    expectPunct(")");
+    TensorView* out = at(op_tok, [&] { return fusion_->apply(*kind, operands, attrs, userName(name)); });
+    if (isPunct(":")) {
+      next();
+      ParsedType type = tensorType();
+      checkAnnotation(out, type, info);
+      applySharding(out, type);
+    }
+    names_[name.text] = out;
+  }
+
+  void meshDecl() {
+    expectIdent("mesh");
+    const Token& name = expectKind(Token::Mesh, "a mesh name like @tp");
+    MF_USER_CHECK(!meshes_.count(name.text), ErrorKind::Name, "{}: duplicate mesh name @{}", where(name), name.text);
+    expectPunct("=");
+    const Token& start = peek();
+    std::vector<int64_t> devices, shape;
+    int depth = nestedList(devices, shape, 0);
+    (void)depth;
+    int64_t index = at(start, [&] { return fusion_->addMesh(DeviceMesh(devices, shape), name.text); });
+    meshes_[name.text] = index;
+  }
+
+  // Parses a (possibly nested) list of device ids; records the shape and checks it is regular.
+  int nestedList(std::vector<int64_t>& devices, std::vector<int64_t>& shape, size_t depth) {
+    const Token& open = expectPunct("[");
+    int64_t count = 0;
+    while (!isPunct("]")) {
+      if (count > 0) expectPunct(",");
+      if (isPunct("[")) {
+        nestedList(devices, shape, depth + 1);
+      } else {
+        MF_USER_CHECK(shape.size() <= depth + 1, ErrorKind::Mesh, "{}: malformed mesh: mixes device ids and nested lists",
+                      where(peek()));
+        devices.push_back(expectInt("a device id or '['"));
+      }
+      ++count;
+    }
+    expectPunct("]");
+    if (shape.size() <= depth) shape.resize(depth + 1, -1);
+    MF_USER_CHECK(shape[depth] == -1 || shape[depth] == count, ErrorKind::Mesh,
+                  "{}: malformed mesh: ragged nesting (a list of {} where the first list at this level had {})",
+                  where(open), count, shape[depth]);
+    shape[depth] = count;
+    return 0;
+  }
+
+  // ---- pieces ---------------------------------------------------------------------------
+  std::string userName(const Token& t) const {
+    bool numeric = std::all_of(t.text.begin(), t.text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    return numeric ? "" : t.text;
+  }
+
+  Val* lookup(const Token& t) {
+    auto it = names_.find(t.text);
+    MF_USER_CHECK(it != names_.end(), ErrorKind::Name, "{}: undefined value %{}", where(t), t.text);
+    return it->second;
+  }
+
+  Val* operandValue() {
+    const Token& t = peek();
+    if (t.kind == Token::Value) return lookup(next());
+    if (t.kind == Token::Int) return fusion_->scalar(static_cast<double>(std::stoll(next().text)), DataType::Int64);
+    if (t.kind == Token::Float) return fusion_->scalar(std::stod(next().text), DataType::Float);
+    if (isIdent("true") || isIdent("false")) return fusion_->scalar(next().text == "true" ? 1.0 : 0.0, DataType::Bool);
+    fail(t, "an operand (a value name or a number)");
+  }
+
+  AttrValue attrValue(const AttrSpec& spec) {
+    const Token& t = peek();
+    switch (spec.type) {
+      case AttrType::Int:
+        return static_cast<int64_t>(expectInt("an integer"));
+      case AttrType::Float:
+        if (t.kind == Token::Int || t.kind == Token::Float) return std::stod(next().text);
+        fail(t, "a number");
+      case AttrType::Bool:
+        if (isIdent("true") || isIdent("false")) return next().text == "true";
+        fail(t, "true or false");
+      case AttrType::Str:
+        return expectKind(Token::String, "a string").text;
+      case AttrType::Dtype: {
+        const Token& d = expectKind(Token::Ident, "a dtype (f32, bf16, f16, i64, bool)");
+        std::optional<DataType> dt = parseDtype(d.text);
+        MF_USER_CHECK(dt.has_value(), ErrorKind::Dtype, "{}: unknown dtype '{}' (expected f32, bf16, f16, i64 or bool)",
+                      where(d), d.text);
+        return *dt;
+      }
+      case AttrType::Ints: {
+        std::vector<int64_t> v;
+        expectPunct("[");
+        while (!isPunct("]")) {
+          if (!v.empty()) expectPunct(",");
+          v.push_back(expectInt("an integer"));
+        }
+        expectPunct("]");
+        return v;
+      }
+    }
+    fail(t, "an attribute value");
+  }
+
+  ParsedType tensorType() {
+    ParsedType p;
+    p.at = peek();
+    const Token& d = expectKind(Token::Ident, "a dtype (f32, bf16, f16, i64, bool)");
+    std::optional<DataType> dt = parseDtype(d.text);
+    MF_USER_CHECK(dt.has_value(), ErrorKind::Dtype, "{}: unknown dtype '{}' (expected f32, bf16, f16, i64 or bool)",
+                  where(d), d.text);
+    p.dtype = *dt;
+    expectPunct("[");
+    while (!isPunct("]")) {
+      if (!p.dims.empty()) expectPunct(",");
+      p.dims.push_back(dim());
+    }
+    expectPunct("]");
+    if (peek().kind == Token::Mesh) {
+      p.has_mesh = true;
+      p.mesh = next();
+    }
+    if (isPunct("{")) {
+      next();
+      while (!isPunct("}")) {
+        if (!p.steps.empty()) expectPunct(",");
+        p.steps.push_back(step());
+      }
+      expectPunct("}");
+    }
+    if (isIdent("from")) {
+      next();
+      p.has_provenance = true;
+      p.provenance = expectKind(Token::String, "a provenance string").text;
+    }
+    return p;
+  }
+
+  ParsedDim dim() {
+    ParsedDim d;
+    const Token& t = peek();
+    if (t.kind == Token::Int) {
+      d.extent = Extent(std::stoll(next().text));
+      return d;
+    }
+    if (t.kind == Token::Ident && t.text.size() > 1 && t.text[0] == 'r' &&
+        std::all_of(t.text.begin() + 1, t.text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      next();
+      d.reduction = true;
+      d.extent = Extent(std::stoll(t.text.substr(1)));
+      return d;
+    }
+    if (t.kind == Token::Ident && t.text == "r") {  // r?t
+      next();
+      d.reduction = true;
+    }
+    if (!isPunct("?")) fail(peek(), "a dim (64, ?t, r64)");
+    next();
+    std::string sym = expectKind(Token::Ident, "a size name after '?'").text;
+    int64_t num = 1, den = 1;
+    if (isPunct("*")) { next(); num = expectInt("an integer factor"); }
+    if (isPunct("/")) { next(); den = expectInt("an integer divisor"); }
+    MF_USER_CHECK(num > 0 && den > 0, ErrorKind::Parse, "{}: size factors must be positive", where(t));
+    d.extent = Extent::symbolic(sym, num, den);
+    return d;
+  }
+
+  std::pair<Token, ScheduleStep> step() {
+    const Token& t = expectKind(Token::Ident, "split, merge or parallelize");
+    ScheduleStep s{};
+    expectPunct("(");
+    s.axis = expectInt("an axis");
+    if (t.text == "split") {
+      s.kind = ScheduleStep::Split;
+      expectPunct(",");
+      s.factor = expectInt("a split factor");
+      if (isPunct(",")) {
+        next();
+        expectIdent("inner");
+        s.inner_split = true;
+      }
+    } else if (t.text == "merge") {
+      s.kind = ScheduleStep::Merge;
+    } else if (t.text == "parallelize") {
+      s.kind = ScheduleStep::Parallelize;
+      expectPunct(",");
+      const Token& pt = expectKind(Token::Ident, "a parallel type (DIDx, DIDy, DIDz, Stream, Serial)");
+      std::optional<ParallelType> p = parseParallelType(pt.text);
+      MF_USER_CHECK(p.has_value(), ErrorKind::Parse, "{}: unknown parallel type '{}' (expected DIDx, DIDy, DIDz, Stream or Serial)",
+                    where(pt), pt.text);
+      s.ptype = *p;
+    } else {
+      fail(t, "split, merge or parallelize");
+    }
+    expectPunct(")");
+    return {t, s};
+  }
+
+  void applySharding(TensorView* tv, const ParsedType& type) {
+    if (type.has_mesh) {
+      auto it = meshes_.find(type.mesh.text);
+      MF_USER_CHECK(it != meshes_.end(), ErrorKind::Name, "{}: undefined mesh @{}", where(type.mesh), type.mesh.text);
+      at(type.mesh, [&] { tv->setDeviceMesh(fusion_->mesh(it->second)); });
+    }
+    for (const auto& [tok, s] : type.steps) at(tok, [&] { tv->applyStep(s); });
+    if (type.has_mesh) {
+      tv->setPinned(!type.has_provenance);
+      tv->setProvenance(type.has_provenance ? type.provenance : "");
+    }
+  }
+
+  void checkAnnotation(TensorView* out, const ParsedType& type, const OpInfo& info) {
+    std::vector<std::string> dims;
+    for (const ParsedDim& d : type.dims) dims.push_back((d.reduction ? "r" : "") + d.extent.toString());
+    std::string written = fmt::format("{}[{}]", dtypeName(type.dtype), fmt::join(dims, ", "));
+    std::vector<std::string> inferred_dims;
+    for (const IterDomain* id : out->logical())
+      inferred_dims.push_back((id->isReduction() ? "r" : "") + id->extent().toString());
+    std::string inferred = fmt::format("{}[{}]", dtypeName(out->dtype()), fmt::join(inferred_dims, ", "));
+    MF_USER_CHECK(written == inferred, ErrorKind::Shape,
+                  "{}: the annotated type {} does not match the type {} that {} produces", where(type.at),
+                  written, inferred, info.name);
+  }
+
+  std::string file_;
+  std::vector<Token> toks_;
+  size_t pos_ = 0;
+  std::unique_ptr<Fusion> fusion_;
+  std::map<std::string, Val*> names_;
+  std::map<std::string, int64_t> meshes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Fusion> parseFusion(std::string_view text, std::string_view filename) {
+  return Parser(text, filename).parse();
+}
+
+}  // namespace meshfuse
