@@ -25,11 +25,14 @@ static void checkNewName(const Fusion& f, const std::string& name) {
 TensorView* Fusion::defineTensor(const std::vector<Extent>& shape, DataType dtype, std::string name) {
   checkNewName(*this, name);
   std::vector<IterDomain*> logical;
-  int64_t symbols = 0;
+  int64_t symbols = 0;  // symbolic sizes so far: -1 sizes are named ?s0, ?s1, ... by position
+  for (const TensorView* in : inputs_)
+    for (const IterDomain* id : in->logical()) symbols += id->extent().isStatic() ? 0 : 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     Extent e = shape[i];
     if (e.isStatic() && e.value() == -1)  // -1: a size bound at run time, named by position
-      e = Extent::symbolic(fmt::format("s{}_{}", inputs_.size(), symbols++));
+      e = Extent::symbolic(fmt::format("s{}", symbols));
+    if (!e.isStatic()) ++symbols;
     MF_USER_CHECK(!e.isStatic() || e.value() >= 0, ErrorKind::Shape,
                   "input {}: dim {} has negative size {}", name.empty() ? "tensor" : "%" + name, i,
                   e.value());
@@ -117,6 +120,14 @@ void Fusion::addOutput(TensorView* tv) {
                 "add_output: the tensor does not belong to this fusion");
   MF_USER_CHECK(!isOutput(tv), ErrorKind::Value, "add_output: {} is already an output", displayName(tv));
   outputs_.push_back(tv);
+}
+
+void Fusion::removeExpr(Expr* e) {
+  for (TensorView* o : e->outputs())
+    MF_CHECK(o->uses().empty() && !isOutput(o), "removing {} whose output is still used", e->name());
+  for (Val* v : e->inputs())
+    if (v != nullptr) std::erase(v->uses_, e);
+  std::erase(exprs_, e);
 }
 
 std::vector<TensorView*> Fusion::tensorViews() const {

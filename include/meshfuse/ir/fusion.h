@@ -31,6 +31,8 @@ class Fusion {
   TensorView* apply(OpKind kind, std::vector<Val*> inputs, Attributes attrs = {},
                     std::string out_name = "");
   void addOutput(TensorView* tv);
+  // Unlinks `e` from the program (its output must be unused and not a fusion output).
+  void removeExpr(Expr* e);
 
   const std::vector<TensorView*>& inputs() const { return inputs_; }
   const std::vector<TensorView*>& outputs() const { return outputs_; }

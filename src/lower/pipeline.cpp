@@ -1,0 +1,44 @@
+// The pipeline: passes in order, verified (and optionally dumped and timed) between passes.
+// Ordering constraints between passes are stated here and asserted by each pass's checks.
+#include "meshfuse/pipeline.h"
+
+#include <chrono>
+
+#include "lower/dead_code_elimination.h"
+#include "meshfuse/error.h"
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/printer.h"
+#include "meshfuse/ir/verifier.h"
+
+namespace meshfuse {
+
+const std::vector<FusionPass>& fusionPasses() {
+  static const std::vector<FusionPass> passes = {
+      {"dead-code-elimination", "remove ops whose results reach no output", eliminateDeadCode},
+  };
+  return passes;
+}
+
+const FusionPass& findPass(std::string_view name) {
+  std::vector<std::string> names;
+  for (const FusionPass& p : fusionPasses()) {
+    if (p.name == name) return p;
+    names.push_back(p.name);
+  }
+  userError(ErrorKind::Value, "unknown pass '{}' (known passes: {})", name, fmt::join(names, ", "));
+}
+
+void runPasses(Fusion& fusion, const std::vector<std::string>& names, const PipelineOptions& options) {
+  if (options.verify) verify(fusion);
+  for (const std::string& name : names) {
+    const FusionPass& pass = findPass(name);
+    auto start = std::chrono::steady_clock::now();
+    pass.run(fusion);
+    auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+    if (options.verify) verify(fusion);
+    if (options.timing) *options.timing << fmt::format("pass {:<28} {:>8} us\n", name, us);
+    if (options.dump) *options.dump << "// ----- IR after " << name << "\n" << printFusion(fusion);
+  }
+}
+
+}  // namespace meshfuse
