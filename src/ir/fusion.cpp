@@ -111,8 +111,47 @@ TensorView* Fusion::apply(OpKind kind, std::vector<Val*> inputs, Attributes attr
   for (Val* v : e->inputs_)
     if (v != nullptr && std::find(v->uses_.begin(), v->uses_.end(), e) == v->uses_.end())
       v->uses_.push_back(e);
-  exprs_.push_back(e);
+  if (insertion_point_ != nullptr) {
+    auto at = std::find(exprs_.begin(), exprs_.end(), insertion_point_);
+    MF_CHECK(at != exprs_.end(), "insertion point is not in the program");
+    exprs_.insert(at, e);
+  } else {
+    exprs_.push_back(e);
+  }
   return tv;
+}
+
+void Fusion::replaceOperand(Expr* e, Val* old, Val* replacement) {
+  bool found = false;
+  for (Val*& v : e->inputs_) {
+    if (v != old) continue;
+    v = replacement;
+    found = true;
+  }
+  MF_CHECK(found, "{} does not read {}", e->name(), displayName(old));
+  std::erase(old->uses_, e);
+  if (std::find(replacement->uses_.begin(), replacement->uses_.end(), e) == replacement->uses_.end())
+    replacement->uses_.push_back(e);
+}
+
+void Fusion::replaceAllUses(TensorView* old, TensorView* replacement) {
+  std::vector<Expr*> uses = old->uses();
+  for (Expr* e : uses)
+    if (e != replacement->definition()) replaceOperand(e, old, replacement);
+  for (TensorView*& o : outputs_)
+    if (o == old) o = replacement;
+}
+
+void Fusion::rename(Val* v, std::string name) {
+  if (v->name_ == name) return;
+  checkNewName(*this, name);
+  v->name_ = std::move(name);
+}
+
+void Fusion::replaceOutput(TensorView* old, TensorView* replacement) {
+  auto it = std::find(outputs_.begin(), outputs_.end(), old);
+  MF_CHECK(it != outputs_.end(), "{} is not an output", displayName(old));
+  *it = replacement;
 }
 
 void Fusion::addOutput(TensorView* tv) {

@@ -5,6 +5,8 @@
 #include <chrono>
 
 #include "lower/dead_code_elimination.h"
+#include "decompose/decompose_reshardings.h"
+#include "propagation/propagate_shardings.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/printer.h"
@@ -15,6 +17,8 @@ namespace meshfuse {
 const std::vector<FusionPass>& fusionPasses() {
   static const std::vector<FusionPass> passes = {
       {"dead-code-elimination", "remove ops whose results reach no output", eliminateDeadCode},
+      {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones", propagateShardings},
+      {"decompose-reshardings", "split every op into local compute plus single-axis communications", decomposeReshardings},
   };
   return passes;
 }

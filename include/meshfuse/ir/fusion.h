@@ -34,6 +34,19 @@ class Fusion {
   // Unlinks `e` from the program (its output must be unused and not a fusion output).
   void removeExpr(Expr* e);
 
+  // ---- mutation, for passes ----------------------------------------------------------
+  // While set, apply() inserts new Exprs just before `e` instead of appending.
+  void setInsertionPoint(Expr* e) { insertion_point_ = e; }
+  Expr* insertionPoint() const { return insertion_point_; }
+  // Makes `e` read `replacement` wherever it read `old`.
+  void replaceOperand(Expr* e, Val* old, Val* replacement);
+  // Makes the fusion output `old` be `replacement` instead.
+  void replaceOutput(TensorView* old, TensorView* replacement);
+  // Makes every reader of `old` (and the output list) read `replacement` instead.
+  void replaceAllUses(TensorView* old, TensorView* replacement);
+  // Gives `v` the user name `name` (NameError when taken); "" makes it positional again.
+  void rename(Val* v, std::string name);
+
   const std::vector<TensorView*>& inputs() const { return inputs_; }
   const std::vector<TensorView*>& outputs() const { return outputs_; }
   // Program order (a topological order).
@@ -72,6 +85,7 @@ class Fusion {
   std::vector<TensorView*> inputs_;
   std::vector<TensorView*> outputs_;
   std::vector<Expr*> exprs_;
+  Expr* insertion_point_ = nullptr;
 };
 
 }  // namespace meshfuse

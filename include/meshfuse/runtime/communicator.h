@@ -1,0 +1,83 @@
+// The Communicator interface: every collective the host IR can issue, over a *team* (the
+// global ranks of one mesh slice, in mesh order). Decomposition emits abstract communications;
+// the runtime picks an implementation: `mpi` (OpenMPI; mpirun/srun, across nodes), `self`
+// (world size 1) and, on GPUs, `nccl`.
+//
+// Buffers are contiguous host memory of `count` elements of `dtype` per rank-chunk. Every call
+// returns a Work handle; the call may complete asynchronously and the buffers must stay alive
+// and untouched until Work::wait() returns. Blocking use is `comm.allreduce(...)->wait()`.
+//
+// Per-rank pictures (team of 3 ranks a, b, c; each letter a chunk of `count` elements):
+//   allgather:      send a | b | c            -> recv [a b c] on every rank
+//   reduce_scatter: send [a0 a1 a2] [b0 ..]   -> recv a0+b0+c0 on rank 0, a1+b1+c1 on rank 1, ...
+//   allreduce:      send a | b | c            -> recv a+b+c on every rank
+//   all_to_all:     send [x0 x1 x2] on rank i -> recv [chunk i of rank 0, of rank 1, of rank 2]
+//   broadcast:      buf on root               -> buf on every rank
+//   reduce:         send a | b | c            -> recv a+b+c on root only
+//   gather:         send a | b | c            -> recv [a b c] on root only
+//   scatter:        send [x0 x1 x2] on root   -> recv x_i on rank i
+//   send / recv:    point to point with a peer (global rank) and a tag
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshfuse/ir/dtype.h"
+
+namespace meshfuse {
+
+enum class ReduceOp { Sum, Max };
+
+using Team = std::vector<int64_t>;  // global ranks, in mesh order; must contain this rank
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation completes. Throws RuntimeError when it failed.
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual std::string name() const = 0;  // "mpi", "self", "nccl"
+  virtual int64_t rank() const = 0;      // this process's global rank
+  virtual int64_t size() const = 0;      // world size
+
+  virtual std::unique_ptr<Work> allgather(const void* send, void* recv, int64_t count, DataType dtype,
+                                          const Team& team) = 0;
+  virtual std::unique_ptr<Work> reduceScatter(const void* send, void* recv, int64_t count, DataType dtype,
+                                              ReduceOp op, const Team& team) = 0;
+  virtual std::unique_ptr<Work> allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                                          const Team& team) = 0;
+  // `count` elements per peer.
+  virtual std::unique_ptr<Work> allToAll(const void* send, void* recv, int64_t count, DataType dtype,
+                                         const Team& team) = 0;
+  virtual std::unique_ptr<Work> broadcast(void* buf, int64_t count, DataType dtype, int64_t root,
+                                          const Team& team) = 0;
+  virtual std::unique_ptr<Work> reduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                                       int64_t root, const Team& team) = 0;
+  virtual std::unique_ptr<Work> gather(const void* send, void* recv, int64_t count, DataType dtype, int64_t root,
+                                       const Team& team) = 0;
+  virtual std::unique_ptr<Work> scatter(const void* send, void* recv, int64_t count, DataType dtype, int64_t root,
+                                        const Team& team) = 0;
+  virtual std::unique_ptr<Work> send(const void* buf, int64_t count, DataType dtype, int64_t peer, int64_t tag) = 0;
+  virtual std::unique_ptr<Work> recv(void* buf, int64_t count, DataType dtype, int64_t peer, int64_t tag) = 0;
+  virtual void barrier() = 0;
+
+  // Called when this rank fails: makes every other rank fail promptly with a clear message
+  // instead of waiting forever (MPI: MPI_Abort on the world communicator). Does not return.
+  [[noreturn]] virtual void abort(const std::string& reason) = 0;
+};
+
+// World size 1: every team is {0}; collectives are copies; send/recv to self are errors.
+std::unique_ptr<Communicator> makeSelfCommunicator();
+// OpenMPI over MPI_COMM_WORLD. Calls MPI_Init_thread if MPI is not initialized yet, and
+// registers MPI_Finalize at exit. Throws RuntimeError when MPI is unavailable.
+std::unique_ptr<Communicator> makeMpiCommunicator();
+// `mpi` when launched by mpirun/srun (or when MPI is already initialized), else `self`.
+std::unique_ptr<Communicator> makeDefaultCommunicator();
+
+}  // namespace meshfuse

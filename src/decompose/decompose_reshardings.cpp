@@ -1,0 +1,110 @@
+// Communication/compute decomposition (contract in decompose_reshardings.h).
+#include "decompose/decompose_reshardings.h"
+
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/ops.h"
+#include "propagation/required_sharding.h"
+#include "propagation/sharding.h"
+
+namespace meshfuse {
+namespace {
+
+TensorView* tensorAt(const Expr* e, size_t i) {
+  Val* v = e->inputs()[i];
+  return v != nullptr && v->valKind() == ValKind::TensorView ? static_cast<TensorView*>(v) : nullptr;
+}
+
+// The output state of `e` on mesh axis `a`, with where a Partial comes from.
+OutputChoice outputChoice(const Expr* e, const ShardingRule& rule, int64_t a) {
+  const TensorView* out = e->output();
+  OutputChoice c;
+  c.state = placementsOf(out)[a];
+  if (c.state.kind != Placement::Partial) return c;
+  int64_t loop_axis = out->loopAxisOf(out->mesh()->parallelTypeOfAxis(a));
+  int64_t logical = out->logicalAxisOf(loop_axis);
+  for (const std::vector<int64_t>& m : rule.operand_maps)
+    for (int64_t o : m)
+      if (o == logical) c.contraction_dim = logical;
+  if (c.contraction_dim >= 0) return c;
+  for (size_t i = 0; i < e->inputs().size(); ++i) {
+    TensorView* in = tensorAt(e, i);
+    if (in != nullptr && i < rule.linear_in.size() && rule.linear_in[i] && placementsOf(in)[a].kind == Placement::Partial) {
+      c.source_operand = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  return c;
+}
+
+// Inserts `set`s before `e` that take `from` to `target` one mesh axis at a time.
+TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target, const std::string& why) {
+  TensorView* cur = from;
+  Sharding s = readSharding(from);
+  f.setInsertionPoint(e);
+  for (size_t a = 0; a < target.axes.size(); ++a) {
+    if (s.axes[a] == target.axes[a]) continue;
+    std::string step = fmt::format("{} -> {} on mesh axis {}", s.axes[a].toString(), target.axes[a].toString(), a);
+    MF_USER_CHECK(target.axes[a].kind != Placement::Partial, ErrorKind::Unsupported,
+                  "{}: {} needs {} but a {} value cannot become a pending sum", e->name(), f.displayName(from),
+                  target.axes[a].toString(), s.axes[a].toString());
+    s.axes[a] = target.axes[a];
+    TensorView* next = ops::set(cur);
+    writeSharding(next, s);
+    next->setPinned(false);
+    next->setProvenance(fmt::format("{}: {}", why, step));
+    cur = next;
+  }
+  f.setInsertionPoint(nullptr);
+  return cur;
+}
+
+}  // namespace
+
+void decomposeReshardings(Fusion& f) {
+  std::vector<Expr*> exprs = f.exprs();
+  for (Expr* e : exprs) {
+    if (e->kind() == OpKind::Set) {
+      // A set that changes several axes becomes a chain of single-axis sets.
+      TensorView* in = tensorAt(e, 0);
+      Sharding from = readSharding(in), to = readSharding(e->output());
+      MF_CHECK(from.decided() && to.decided(), "decompose-reshardings requires propagate-shardings first");
+      int64_t diffs = 0, last = -1;
+      for (size_t a = 0; a < to.axes.size(); ++a)
+        if (from.axes[a] != to.axes[a]) ++diffs, last = static_cast<int64_t>(a);
+      if (diffs > 1) {
+        Sharding mid = to;
+        mid.axes[last] = from.axes[last];
+        TensorView* staged = reshard(f, e, in, mid, fmt::format("staged for {}", f.displayName(e->output())));
+        f.replaceOperand(e, in, staged);
+      }
+      continue;
+    }
+    ShardingRule rule = shardingRuleOf(e);
+    TensorView* out = e->output();
+    MF_CHECK(out->mesh() != nullptr, "decompose-reshardings requires propagate-shardings first ({} has no mesh)",
+             f.displayName(out));
+    const int64_t axes = out->mesh()->rank();
+    std::vector<OutputChoice> choices;
+    for (int64_t a = 0; a < axes; ++a) choices.push_back(outputChoice(e, rule, a));
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      TensorView* in = tensorAt(e, i);
+      if (in == nullptr) continue;
+      Sharding actual = readSharding(in);
+      MF_CHECK(actual.decided(), "{} has no mesh", f.displayName(in));
+      Sharding need = actual;
+      for (int64_t a = 0; a < axes; ++a) {
+        std::optional<AxisState> req = requiredOperandState(e, rule, choices[a], i);
+        MF_USER_CHECK(req.has_value(), ErrorKind::Unsupported,
+                      "{}: its output {} is {} on mesh axis {}, which no sharding of operand {} can give", e->name(),
+                      f.displayName(out), choices[a].state.toString(), a, f.displayName(in));
+        need.axes[a] = *req;
+      }
+      if (need == actual) continue;
+      TensorView* fixed = reshard(f, e, in, need, fmt::format("{} needs {} as {}", e->name(), f.displayName(in),
+                                                              toString(need)));
+      f.replaceOperand(e, in, fixed);
+    }
+  }
+}
+
+}  // namespace meshfuse

@@ -1,0 +1,20 @@
+// decompose-reshardings: every Expr becomes pure compute or pure communication.
+//
+// requires: propagate-shardings (every TensorView has a mesh).
+// guarantees: every non-`set` Expr reads each operand in exactly the sharding its rule needs
+//   for the output's sharding (so it computes locally, without communication); every `set`
+//   changes the sharding on at most one mesh axis, so it is exactly one collective (or a local
+//   slice/copy) of the table in DESIGN.md:
+//     Shard(d) -> Replicate: allgather      Replicate -> Shard(d): local slice
+//     Shard(a) -> Shard(b): all-to-all      Partial -> Replicate: allreduce
+//     Partial -> Shard(d): reduce-scatter
+//
+//   before: %out = linear(%inp, %up_w) : @m {Shard(1)}     with %inp Shard(0)
+//   after:  %0 = set(%inp) : @m {}                          (allgather of %inp)
+//           %out = linear(%0, %up_w) : @m {Shard(1)}
+#pragma once
+
+namespace meshfuse {
+class Fusion;
+void decomposeReshardings(Fusion& fusion);
+}  // namespace meshfuse

@@ -1,0 +1,361 @@
+// Sharding propagation (contract in propagate_shardings.h).
+#include "propagation/propagate_shardings.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/ops.h"
+#include "propagation/required_sharding.h"
+#include "propagation/sharding.h"
+#include "propagation/sharding_rule.h"
+
+namespace meshfuse {
+namespace {
+
+constexpr int64_t kInfinite = std::numeric_limits<int64_t>::max() / 4;
+constexpr int64_t kWeightFactor = 1000;
+
+struct TvState {
+  Sharding sharding;
+  std::vector<int64_t> partial_dims;          // per axis: logical reduction index or -1
+  std::vector<std::optional<int64_t>> hints;  // per axis: a dims() index sharded upstream
+  std::vector<std::string> why;               // per axis
+};
+
+class Propagator {
+ public:
+  Propagator(Fusion& f, int64_t mesh) : f_(f), mesh_index_(mesh), mesh_(f.mesh(mesh)) {}
+
+  void run() {
+    for (TensorView* tv : f_.tensorViews())
+      if (tv->pinned()) pin(tv);
+    for (bool changed = true; changed;) {
+      changed = false;
+      // Forward: decide outputs from decided operands. Rewrites may change the expr list.
+      for (size_t i = 0; i < f_.exprs().size(); ++i) {
+        Expr* e = f_.exprs()[i];
+        if (decided(e->output()) || !operandsDecided(e)) continue;
+        changed |= decide(e);
+      }
+      // Backward: inputs the user left open follow their first decided consumer.
+      for (auto it = f_.exprs().rbegin(); it != f_.exprs().rend(); ++it) {
+        Expr* e = *it;
+        if (!decided(e->output())) continue;
+        ShardingRule rule = shardingRuleOf(e);
+        for (size_t i = 0; i < e->inputs().size(); ++i) {
+          TensorView* in = tensorAt(e, i);
+          if (in == nullptr || decided(in) || !f_.isInput(in)) continue;
+          TvState s = fresh();
+          for (int64_t a = 0; a < mesh_.rank(); ++a) {
+            std::optional<AxisState> req = requiredOperandState(e, rule, outputChoice(e, a), i);
+            s.sharding.axes[a] = req.value_or(Placement::replicate());
+            s.why[a] = fmt::format("{} as {}'s operand needs", s.sharding.axes[a].toString(), e->name());
+          }
+          states_[in] = s;
+          changed = true;
+        }
+      }
+    }
+    for (TensorView* tv : f_.tensorViews()) {
+      if (decided(tv)) continue;
+      TvState s = fresh();
+      for (int64_t a = 0; a < mesh_.rank(); ++a) s.why[a] = "Replicate(): nothing decides it";
+      states_[tv] = s;
+    }
+    write();
+    materializeOutputs();
+  }
+
+ private:
+  TvState fresh() const {
+    TvState s;
+    s.sharding = {mesh_index_, std::vector<AxisState>(mesh_.rank(), Placement::replicate())};
+    s.partial_dims.assign(mesh_.rank(), -1);
+    s.hints.assign(mesh_.rank(), std::nullopt);
+    s.why.assign(mesh_.rank(), "");
+    return s;
+  }
+
+  void pin(TensorView* tv) {
+    TvState s = fresh();
+    s.sharding = readSharding(tv);
+    MF_USER_CHECK(s.sharding.mesh == mesh_index_, ErrorKind::Unsupported,
+                  "{} is on mesh {} but other tensors are on {}: tensors on different meshes (pipeline parallelism) "
+                  "are not supported yet",
+                  f_.displayName(tv), f_.mesh(s.sharding.mesh).toString(), mesh_.toString());
+    for (int64_t a = 0; a < mesh_.rank(); ++a) {
+      // A pinned op output that is Partial keeps its contraction dim.
+      if (s.sharding.axes[a].kind == Placement::Partial) {
+        int64_t loop_axis = tv->loopAxisOf(mesh_.parallelTypeOfAxis(a));
+        int64_t logical = tv->logicalAxisOf(loop_axis);
+        if (tv->definition() != nullptr) s.partial_dims[a] = logical;
+      }
+    }
+    states_[tv] = s;
+  }
+
+  bool decided(const TensorView* tv) const { return states_.count(tv) > 0; }
+  static TensorView* tensorAt(const Expr* e, size_t i) {
+    Val* v = e->inputs()[i];
+    return v != nullptr && v->valKind() == ValKind::TensorView ? static_cast<TensorView*>(v) : nullptr;
+  }
+  bool operandsDecided(const Expr* e) const {
+    for (size_t i = 0; i < e->inputs().size(); ++i)
+      if (TensorView* t = tensorAt(e, i); t != nullptr && !decided(t)) return false;
+    return true;
+  }
+
+  // The decided output state of `e` on axis `a`, as a candidate (for backward requirements).
+  OutputChoice outputChoice(const Expr* e, int64_t a) const {
+    const TvState& s = states_.at(e->output());
+    OutputChoice c;
+    c.state = s.sharding.axes[a];
+    c.contraction_dim = s.partial_dims[a];
+    if (c.state.kind == Placement::Shard) c.out_logical = logicalIndexOfDim(e->output(), c.state.dim);
+    return c;
+  }
+
+  static int64_t logicalIndexOfDim(const TensorView* tv, int64_t dim) {
+    const IterDomain* id = tv->dims().at(dim);
+    return std::find(tv->logical().begin(), tv->logical().end(), id) - tv->logical().begin();
+  }
+  static int64_t dimIndexOfLogical(const TensorView* tv, int64_t logical) {
+    std::vector<IterDomain*> dims = tv->dims();
+    return std::find(dims.begin(), dims.end(), tv->logical().at(logical)) - dims.begin();
+  }
+
+  int64_t conversionCost(const AxisState& from, const std::optional<AxisState>& to) const {
+    if (!to.has_value()) return kInfinite;
+    if (from == *to) return 0;
+    if (to->kind == Placement::Partial) return kInfinite;  // nothing turns into a pending sum
+    if (from.kind == Placement::Partial) return 2;
+    if (from.kind == Placement::Shard) return 1;
+    return 0;  // Replicate -> Shard: a local slice
+  }
+
+  // Decides e's output on every mesh axis. Returns true when it changed the IR or a state.
+  bool decide(Expr* e) {
+    ShardingRule rule = shardingRuleOf(e);
+    TensorView* out = e->output();
+    if (e->kind() == OpKind::Linear && e->input("bias") != nullptr && wouldBePartial(e)) {
+      splitBias(e);
+      return true;
+    }
+    TvState s = fresh();
+    for (int64_t a = 0; a < mesh_.rank(); ++a) {
+      std::vector<OutputChoice> cands = candidates(e, rule, a);
+      int64_t best_cost = kInfinite;
+      const OutputChoice* best = nullptr;
+      for (const OutputChoice& c : cands) {
+        int64_t cost = 0;
+        for (size_t i = 0; i < e->inputs().size(); ++i) {
+          TensorView* in = tensorAt(e, i);
+          if (in == nullptr) continue;
+          int64_t c1 = conversionCost(states_.at(in).sharding.axes[a], requiredOperandState(e, rule, c, i));
+          if (c1 > 0 && static_cast<int64_t>(i) == rule.weight_operand && f_.isInput(in)) c1 *= kWeightFactor;
+          cost = std::min(kInfinite, cost + c1);
+        }
+        if (cost < best_cost) best_cost = cost, best = &c;
+      }
+      MF_CHECK(best != nullptr, "no feasible sharding for {} on mesh axis {}", e->name(), a);
+      s.sharding.axes[a] = best->state;
+      s.partial_dims[a] = best->contraction_dim;
+      s.why[a] = best->why;
+      s.hints[a] = hintFor(e, rule, a, best->state);
+    }
+    states_[out] = s;
+    return true;
+  }
+
+  std::vector<OutputChoice> candidates(const Expr* e, const ShardingRule& rule, int64_t a) const {
+    std::vector<OutputChoice> out;
+    const TensorView* o = e->output();
+    const int64_t n = mesh_.size(a);
+    auto add = [&](OutputChoice c) {
+      for (const OutputChoice& x : out)
+        if (x.state == c.state && x.contraction_dim == c.contraction_dim) return;
+      out.push_back(std::move(c));
+    };
+    auto fromDim = [&](size_t i, int64_t d, const char* how) {
+      int64_t ol = rule.operand_maps[i][d];
+      if (ol < 0) return;
+      const IterDomain* id = o->logical()[ol];
+      if (!id->extent().divisible(n) || id->isBroadcast()) return;
+      OutputChoice c;
+      if (id->isReduction()) {
+        if (!rule.contraction_ok) return;
+        c.state = Placement::partial();
+        c.contraction_dim = ol;
+        c.why = fmt::format("Partial(): contracted dim {} is sharded in {} ({})", d, f_.displayName(e->inputs()[i]), how);
+      } else {
+        c.state = Placement::shard(dimIndexOfLogical(o, ol));
+        c.out_logical = ol;
+        c.why = fmt::format("{}: dim {} of {} ({}) through {}", c.state.toString(), d, f_.displayName(e->inputs()[i]),
+                            how, e->name());
+      }
+      add(c);
+    };
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      const TensorView* in = tensorAt(e, i);
+      if (in == nullptr) continue;
+      const AxisState& st = states_.at(in).sharding.axes[a];
+      if (st.kind == Placement::Shard) fromDim(i, st.dim, static_cast<int64_t>(i) == rule.weight_operand ? "weight" : "sharded");
+      if (st.kind == Placement::Partial && rule.partial_mode != ShardingRule::PartialMode::None) {
+        OutputChoice c;
+        c.state = Placement::partial();
+        c.source_operand = static_cast<int64_t>(i);
+        c.why = fmt::format("Partial(): pending sum of {} passes through {}", f_.displayName(in), e->name());
+        add(c);
+      }
+    }
+    // Dims sharded upstream (hints) are candidates too: the place a pending sum is scattered to.
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      const TensorView* in = tensorAt(e, i);
+      if (in == nullptr) continue;
+      if (std::optional<int64_t> h = states_.at(in).hints[a]; h && *h < in->rank()) fromDim(i, *h, "sharded upstream");
+    }
+    OutputChoice rep;
+    rep.why = fmt::format("Replicate(): no cheaper sharding for {} on mesh axis {}", e->name(), a);
+    add(rep);
+    return out;
+  }
+
+  std::optional<int64_t> hintFor(const Expr* e, const ShardingRule& rule, int64_t a, const AxisState& chosen) const {
+    // A dim other than the chosen one that is sharded on this axis upstream: where a later
+    // pending sum can be scattered to.
+    const TensorView* o = e->output();
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      const TensorView* in = tensorAt(e, i);
+      if (in == nullptr) continue;
+      const TvState& s = states_.at(in);
+      std::vector<int64_t> upstream;
+      if (s.sharding.axes[a].kind == Placement::Shard) upstream.push_back(s.sharding.axes[a].dim);
+      if (s.hints[a]) upstream.push_back(*s.hints[a]);
+      for (int64_t d : upstream) {
+        if (d >= static_cast<int64_t>(rule.operand_maps[i].size())) continue;
+        int64_t ol = rule.operand_maps[i][d];
+        if (ol < 0 || o->logical()[ol]->isReduction() || o->logical()[ol]->isBroadcast()) continue;
+        int64_t dim = dimIndexOfLogical(o, ol);
+        if (chosen.kind != Placement::Shard || chosen.dim != dim) return dim;
+      }
+    }
+    return std::nullopt;
+  }
+
+  bool wouldBePartial(const Expr* e) const {
+    ShardingRule rule = shardingRuleOf(e);
+    for (int64_t a = 0; a < mesh_.rank(); ++a)
+      for (size_t i = 0; i < 2; ++i) {
+        const AxisState& st = states_.at(tensorAt(e, i)).sharding.axes[a];
+        if (st.kind == Placement::Partial) return true;
+        if (st.kind == Placement::Shard && rule.operand_maps[i][st.dim] == static_cast<int64_t>(e->output()->logical().size()) - 1)
+          return true;
+      }
+    return false;
+  }
+
+  // linear(x, w, bias) -> add(linear(x, w), broadcast(bias)): the bias is added once, after
+  // the pending sum is reduced.
+  void splitBias(Expr* e) {
+    TensorView* old = e->output();
+    auto* x = static_cast<TensorView*>(e->input("x"));
+    auto* w = static_cast<TensorView*>(e->input("weight"));
+    auto* bias = static_cast<TensorView*>(e->input("bias"));
+    f_.setInsertionPoint(e);
+    TensorView* y = ops::linear(x, w);
+    std::vector<int64_t> shape(old->rank(), 1), bdims = {old->rank() - 1};
+    shape.back() = -1;
+    TensorView* b = ops::broadcastInDim(bias, shape, bdims);
+    TensorView* sum = ops::add(y, b);
+    f_.setInsertionPoint(nullptr);
+    std::string name = old->name();
+    f_.replaceAllUses(old, sum);
+    f_.removeExpr(e);
+    if (!name.empty()) {
+      f_.rename(old, "");
+      f_.rename(sum, name);
+    }
+    if (old->pinned()) {
+      sum->setDeviceMesh(*old->mesh());
+      for (const ScheduleStep& st : old->schedule()) sum->applyStep(st);
+      pin(sum);
+    }
+  }
+
+  void write() {
+    for (TensorView* tv : f_.tensorViews()) {
+      if (tv->pinned()) continue;
+      const TvState& s = states_.at(tv);
+      writeSharding(tv, s.sharding, s.partial_dims);
+      tv->setPinned(false);
+      std::vector<std::string> why;
+      for (const std::string& w : s.why) why.push_back(w);
+      tv->setProvenance(fmt::format("{}", fmt::join(why, "; ")));
+    }
+  }
+
+  // Unpinned Partial outputs become Shard(hint) (reduce-scatter) or Replicate (allreduce).
+  void materializeOutputs() {
+    std::vector<TensorView*> outs = f_.outputs();
+    for (TensorView* o : outs) {
+      if (o->pinned()) continue;
+      const TvState& s = states_.at(o);
+      Sharding target = s.sharding;
+      std::vector<std::string> why;
+      bool partial = false;
+      for (int64_t a = 0; a < mesh_.rank(); ++a) {
+        if (target.axes[a].kind != Placement::Partial) continue;
+        partial = true;
+        std::optional<int64_t> h = s.hints[a];
+        bool taken = false;
+        for (int64_t b = 0; b < mesh_.rank(); ++b) taken |= b != a && h && target.axes[b] == Placement::shard(*h);
+        if (h && !taken && o->shape()[*h].divisible(mesh_.size(a))) {
+          target.axes[a] = Placement::shard(*h);
+          why.push_back(fmt::format("output materialized: Partial() reduce-scattered to Shard({}) on mesh axis {}, as "
+                                    "dim {} is sharded there in the inputs it derives from",
+                                    *h, a, *h));
+        } else {
+          target.axes[a] = Placement::replicate();
+          why.push_back(fmt::format("output materialized: Partial() all-reduced to Replicate() on mesh axis {}", a));
+        }
+      }
+      if (!partial) continue;
+      TensorView* m = ops::set(o);
+      writeSharding(m, target);
+      m->setPinned(false);
+      m->setProvenance(fmt::format("{}", fmt::join(why, "; ")));
+      f_.replaceOutput(o, m);
+      if (!o->name().empty()) {
+        std::string name = o->name();
+        f_.rename(o, "");
+        f_.rename(m, name);
+      }
+    }
+  }
+
+  Fusion& f_;
+  int64_t mesh_index_;
+  const DeviceMesh& mesh_;
+  std::map<const TensorView*, TvState> states_;
+};
+
+}  // namespace
+
+void propagateShardings(Fusion& f) {
+  int64_t mesh = -1;
+  for (TensorView* tv : f.tensorViews()) {
+    if (tv->meshIndex() < 0) continue;
+    MF_USER_CHECK(mesh < 0 || f.mesh(mesh) == *tv->mesh(), ErrorKind::Unsupported,
+                  "{} is on mesh {} but other tensors are on {}: tensors on different meshes (pipeline parallelism) "
+                  "are not supported yet",
+                  f.displayName(tv), tv->mesh()->toString(), f.mesh(mesh).toString());
+    mesh = tv->meshIndex();
+  }
+  if (mesh < 0) return;  // nothing placed: a single-device fusion
+  Propagator(f, mesh).run();
+}
+
+}  // namespace meshfuse

@@ -1,0 +1,29 @@
+// propagate-shardings: gives every TensorView a mesh and DID axes.
+//
+// requires: the user's pins (input placements, schedule-API meshes) on a single mesh.
+// guarantees: every TensorView has a mesh; each unpinned one records its provenance (which
+//   operand and rule decided it); every fusion output is materialized: an unpinned output that
+//   would be Partial gets a `set` that reduce-scatters it along a dim that was sharded on that
+//   mesh axis in the inputs it derives from (sequence parallelism keeps `t` sharded), or
+//   all-reduces it to Replicate otherwise.
+//
+// Each op's rule (sharding_rule.h) proposes candidate output shardings per mesh axis; the
+// cheapest in communication wins, where moving a parameter (an op's weight operand that is a
+// fusion input) costs 1000x: priority user pins > weights never move > fewer collectives.
+// Forward and backward sweeps repeat until nothing changes (backward decides inputs the user
+// left open from their consumers); anything left is replicated.
+//
+// A linear with a bias whose output would be Partial is rewritten as linear + add(bias) so the
+// pending sum is reduced before the bias is added once.
+//
+//   before: %x = input f32[?t, 256] @m {split(1, 4), parallelize(1, DIDx)}
+//           %w = input f32[64, 256] @m {split(1, 4), parallelize(1, DIDx)}
+//           %y = linear(%x, %w) : f32[?t, 64, r256]
+//   after:  %y = linear(%x, %w) : f32[?t, 64, r256] @m {split(2, 4), parallelize(2, DIDx)} from "..."
+//           %1 = set(%y) : f32[?t, 64] @m {} from "output materialized: ..."
+#pragma once
+
+namespace meshfuse {
+class Fusion;
+void propagateShardings(Fusion& fusion);
+}  // namespace meshfuse

@@ -1,0 +1,196 @@
+// Sharding rules of every op category.
+#include "propagation/sharding_rule.h"
+
+#include <numeric>
+
+#include "meshfuse/ir/fusion.h"
+
+namespace meshfuse {
+namespace {
+
+const TensorView* tensorOperand(const Expr* e, size_t i) {
+  const Val* v = e->inputs()[i];
+  return v != nullptr && v->valKind() == ValKind::TensorView ? static_cast<const TensorView*>(v) : nullptr;
+}
+
+std::vector<int64_t> identity(int64_t rank) {
+  std::vector<int64_t> m(rank);
+  std::iota(m.begin(), m.end(), 0);
+  return m;
+}
+
+// Reshape: input and output dims in groups of equal element count. A group's outermost input
+// dim maps to its outermost output dim (sharding it keeps each shard contiguous); the other
+// dims of a group that really splits or merges cannot be sharded.
+std::vector<int64_t> reshapeMap(const TensorView* in, const TensorView* out) {
+  std::vector<Extent> a = in->shape(), b = out->shape();
+  std::vector<int64_t> m(a.size(), -1);
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (a[i] == b[j]) {
+      m[i++] = static_cast<int64_t>(j++);
+      continue;
+    }
+    if (!a[i].isStatic() || !b[j].isStatic()) {
+      // A symbolic size that is split or merged: map the outer pair, stop matching after it.
+      m[i] = static_cast<int64_t>(j);
+      break;
+    }
+    size_t gi = i, gj = j;
+    int64_t pa = a[i++].value(), pb = b[j++].value();
+    while (pa != pb) {
+      if (pa < pb) {
+        if (i >= a.size() || !a[i].isStatic()) return m;
+        pa *= a[i++].value();
+      } else {
+        if (j >= b.size() || !b[j].isStatic()) return m;
+        pb *= b[j++].value();
+      }
+    }
+    m[gi] = static_cast<int64_t>(gj);
+  }
+  return m;
+}
+
+}  // namespace
+
+ShardingRule shardingRuleOf(const Expr* e) {
+  ShardingRule r;
+  const size_t n = e->inputs().size();
+  r.operand_maps.resize(n);
+  r.linear_in.assign(n, false);
+  const TensorView* out = e->output();
+  auto mapAll = [&](auto&& per_operand) {
+    for (size_t i = 0; i < n; ++i)
+      if (const TensorView* t = tensorOperand(e, i)) r.operand_maps[i] = per_operand(i, t);
+  };
+  switch (e->info().category) {
+    case OpCategory::Unary:
+    case OpCategory::Cast:
+    case OpCategory::Set:
+      mapAll([](size_t, const TensorView* t) { return identity(t->rank()); });
+      if (e->kind() == OpKind::Neg || e->kind() == OpKind::Set) {
+        r.partial_mode = ShardingRule::PartialMode::AnyOne;
+        r.linear_in[0] = true;
+      }
+      break;
+    case OpCategory::Binary:
+    case OpCategory::Compare:
+    case OpCategory::Ternary:
+      mapAll([](size_t, const TensorView* t) { return identity(t->rank()); });
+      if (e->kind() == OpKind::Add || e->kind() == OpKind::Sub) {
+        r.partial_mode = ShardingRule::PartialMode::All;
+      } else if (e->kind() == OpKind::Mul) {
+        r.partial_mode = ShardingRule::PartialMode::AnyOne;
+        r.linear_in = {true, true};
+      } else if (e->kind() == OpKind::Div) {
+        r.partial_mode = ShardingRule::PartialMode::AnyOne;
+        r.linear_in = {true, false};
+      }
+      break;
+    case OpCategory::Reduction: {
+      const auto& dims = e->attr<std::vector<int64_t>>("dims");
+      const TensorView* x = tensorOperand(e, 0);
+      r.operand_maps[0] = identity(x->rank());  // reduced dims stay in place as r-dims
+      if (e->kind() != OpKind::Sum) {
+        for (int64_t d : dims) r.operand_maps[0][d < 0 ? d + x->rank() : d] = -1;
+      }
+      if (e->kind() != OpKind::Max) {
+        r.partial_mode = ShardingRule::PartialMode::AnyOne;
+        r.linear_in[0] = true;
+      }
+      break;
+    }
+    case OpCategory::Gemm: {
+      const TensorView* a = tensorOperand(e, 0);
+      const TensorView* b = tensorOperand(e, 1);
+      const int64_t k_pos = static_cast<int64_t>(out->logical().size()) - 1;
+      const int64_t batch = out->rank() - (e->kind() == OpKind::Linear ? 1 : 2);  // output dims before n (and m)
+      r.partial_mode = ShardingRule::PartialMode::AnyOne;
+      r.linear_in[0] = r.linear_in[1] = true;
+      r.weight_operand = 1;
+      if (e->kind() == OpKind::Linear) {
+        r.operand_maps[0] = identity(a->rank());
+        r.operand_maps[0].back() = k_pos;
+        r.operand_maps[1] = {batch, k_pos};
+        if (tensorOperand(e, 2) != nullptr) {
+          r.operand_maps[2] = {batch};
+          r.contraction_ok = false;
+          r.partial_mode = ShardingRule::PartialMode::None;
+        }
+      } else {
+        r.operand_maps[0] = identity(a->rank());
+        r.operand_maps[0].back() = k_pos;
+        std::vector<int64_t> mb(b->rank());
+        for (int64_t d = 0; d + 2 < b->rank(); ++d) mb[d] = d;
+        mb[b->rank() - 2] = k_pos;
+        mb[b->rank() - 1] = batch + 1;
+        r.operand_maps[1] = mb;
+        if (!b->fusion()->isInput(b)) r.weight_operand = -1;  // activations on both sides
+      }
+      break;
+    }
+    case OpCategory::BroadcastInDim:
+      r.operand_maps[0] = e->attr<std::vector<int64_t>>("broadcast_dims");
+      r.partial_mode = ShardingRule::PartialMode::AnyOne;
+      r.linear_in[0] = true;
+      break;
+    case OpCategory::Reshape:
+      r.operand_maps[0] = reshapeMap(tensorOperand(e, 0), out);
+      r.partial_mode = ShardingRule::PartialMode::AnyOne;
+      r.linear_in[0] = true;
+      break;
+    case OpCategory::Permute: {
+      const auto& perm = e->attr<std::vector<int64_t>>("dims");
+      const TensorView* x = tensorOperand(e, 0);
+      r.operand_maps[0].assign(x->rank(), -1);
+      for (size_t j = 0; j < perm.size(); ++j) r.operand_maps[0][(perm[j] + x->rank()) % x->rank()] = static_cast<int64_t>(j);
+      r.partial_mode = ShardingRule::PartialMode::AnyOne;
+      r.linear_in[0] = true;
+      break;
+    }
+    case OpCategory::Slice: {
+      const TensorView* x = tensorOperand(e, 0);
+      const auto& starts = e->attr<std::vector<int64_t>>("starts");
+      r.operand_maps[0] = identity(x->rank());
+      for (int64_t d = 0; d < x->rank(); ++d)
+        if (starts[d] != 0 || x->shape()[d] != out->shape()[d]) r.operand_maps[0][d] = -1;
+      r.partial_mode = ShardingRule::PartialMode::AnyOne;
+      r.linear_in[0] = true;
+      break;
+    }
+    case OpCategory::Cat: {
+      int64_t dim = e->attr<int64_t>("dim");
+      mapAll([&](size_t, const TensorView* t) {
+        std::vector<int64_t> m = identity(t->rank());
+        m[dim < 0 ? dim + t->rank() : dim] = -1;
+        return m;
+      });
+      r.partial_mode = ShardingRule::PartialMode::All;
+      break;
+    }
+    case OpCategory::Softmax: {
+      const TensorView* x = tensorOperand(e, 0);
+      int64_t dim = e->attr<int64_t>("dim");
+      r.operand_maps[0] = identity(x->rank());
+      r.operand_maps[0][dim < 0 ? dim + x->rank() : dim] = -1;
+      break;
+    }
+    case OpCategory::Norm:
+      mapAll([](size_t i, const TensorView* t) {
+        std::vector<int64_t> m = identity(t->rank());
+        m.back() = -1;  // the normalized dim (and the weight/bias along it) stays whole
+        if (i > 0) m = {-1};
+        return m;
+      });
+      break;
+    case OpCategory::Attention:
+      // Batch and heads pass through; sequence and embedding dims stay whole (context
+      // parallelism is a later decomposition).
+      mapAll([](size_t, const TensorView*) { return std::vector<int64_t>{0, 1, -1, -1}; });
+      break;
+  }
+  return r;
+}
+
+}  // namespace meshfuse

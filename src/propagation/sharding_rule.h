@@ -1,0 +1,37 @@
+// Each op's sharding rule: how its operands' dims relate to its output's logical dims
+// (DESIGN.md "Sharding propagation"; STYLE.md #10). Rules are declared per op category in
+// sharding_rule.cpp; propagation and decomposition only consult this struct.
+//
+//   linear [t, k] x [n, k] -> [t, n, r{k}]:  x: t->0, k->2(r)   weight: n->1, k->2(r)
+//   a sharded contracted dim (r) makes the output Partial; a dim mapped to -1 (normalized,
+//   max/mean-reduced, sliced, attention's sequence) cannot stay sharded: it is gathered first.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace meshfuse {
+
+class Expr;
+
+struct ShardingRule {
+  // operand_maps[i][d]: output logical index that operand i's dim d (its dims()) becomes, or
+  // -1. Empty for scalars and absent optional operands.
+  std::vector<std::vector<int64_t>> operand_maps;
+  // How a Partial operand passes through the op:
+  //   None: never (the pending sum must be reduced first: the op is not linear);
+  //   AnyOne: the op is linear in each operand marked in `linear_in`, so one Partial operand
+  //           gives a Partial output when all other tensor operands are Replicate on that axis;
+  //   All: Partial when every tensor operand is Partial (add, sub, cat) and no scalar is added.
+  enum class PartialMode { None, AnyOne, All } partial_mode = PartialMode::None;
+  std::vector<bool> linear_in;
+  // A contracted (reduction) output dim may be sharded, producing Partial. False for a linear
+  // with a bias (the bias would be added once per shard).
+  bool contraction_ok = true;
+  // The operand whose sharding wins a conflict (a parameter: never moved), or -1.
+  int64_t weight_operand = -1;
+};
+
+ShardingRule shardingRuleOf(const Expr* e);
+
+}  // namespace meshfuse
