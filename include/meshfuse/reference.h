@@ -11,6 +11,7 @@
 namespace meshfuse {
 
 class Fusion;
+class Expr;
 
 // Binds the symbolic sizes of `fusion`'s inputs to the given tensors' sizes. Throws
 // ValueError/ShapeError/DtypeError naming the input and both sides when the number of inputs,
@@ -20,5 +21,10 @@ SymbolBindings bindInputs(const Fusion& fusion, const std::vector<Tensor>& input
 // Runs the whole fusion on full (unsharded) tensors; returns one tensor per fusion output.
 // Shardings are ignored: this is the single-device meaning of the definition.
 std::vector<Tensor> evaluateReference(const Fusion& fusion, const std::vector<Tensor>& inputs);
+
+// Evaluates one op on (local) operand tensors, aligned with e->inputs() (nullptr for scalars
+// and absent optional operands), into a tensor of `out_shape`. The reference kernel of the CPU
+// backend until generated kernels land.
+Tensor evaluateExpr(const Expr* e, const std::vector<const Tensor*>& operands, const std::vector<int64_t>& out_shape);
 
 }  // namespace meshfuse

@@ -50,6 +50,23 @@ std::string printTensorType(const TensorView* tv) {
   return s;
 }
 
+std::string printExprCall(const Fusion& f, const Expr* e) {
+  std::vector<std::string> args;
+  const OpInfo& info = e->info();
+  for (size_t i = 0; i < e->inputs().size(); ++i) {
+    const Val* v = e->inputs()[i];
+    if (v == nullptr) continue;
+    const OperandSpec& spec = info.operands[std::min(i, info.operands.size() - 1)];
+    args.push_back(spec.optional ? spec.name + "=" + f.displayName(v) : f.displayName(v));
+  }
+  for (const AttrSpec& spec : info.attrs) {
+    const AttrValue& v = e->attrs().at(spec.name);
+    if (spec.default_value && *spec.default_value == v) continue;  // defaults stay implicit
+    args.push_back(spec.name + "=" + formatAttr(v));
+  }
+  return fmt::format("{}({})", info.name, fmt::join(args, ", "));
+}
+
 std::string printFusion(const Fusion& f) {
   std::string out = "fusion {\n";
   for (int64_t m = 0; m < f.numMeshes(); ++m)
@@ -62,23 +79,9 @@ std::string printFusion(const Fusion& f) {
   for (const TensorView* in : f.inputs())
     out += fmt::format("  {} = input {}\n", f.displayName(in), annotation(in));
   for (const Expr* e : f.exprs()) {
-    std::vector<std::string> args;
-    const OpInfo& info = e->info();
-    for (size_t i = 0; i < e->inputs().size(); ++i) {
-      const Val* v = e->inputs()[i];
-      if (v == nullptr) continue;
-      const OperandSpec& spec = info.operands[std::min(i, info.operands.size() - 1)];
-      args.push_back(spec.optional ? spec.name + "=" + f.displayName(v) : f.displayName(v));
-    }
-    for (const AttrSpec& spec : info.attrs) {
-      const AttrValue& v = e->attrs().at(spec.name);
-      if (spec.default_value && *spec.default_value == v) continue;  // defaults stay implicit
-      args.push_back(spec.name + "=" + formatAttr(v));
-    }
     std::vector<std::string> outs;
     for (const TensorView* o : e->outputs()) outs.push_back(f.displayName(o));
-    out += fmt::format("  {} = {}({}) : {}\n", fmt::join(outs, ", "), info.name, fmt::join(args, ", "),
-                       annotation(e->output()));
+    out += fmt::format("  {} = {} : {}\n", fmt::join(outs, ", "), printExprCall(f, e), annotation(e->output()));
   }
   std::vector<std::string> outs;
   for (const TensorView* o : f.outputs()) outs.push_back(f.displayName(o));

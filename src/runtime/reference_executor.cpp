@@ -118,9 +118,11 @@ class Evaluator {
 
   const Array& in(const Expr* e, size_t i) const { return values_.at(e->input(i)); }
 
-  Array run(const Expr* e) {
+  Array run(const Expr* e) { return run(e, shapeOf(e->output())); }
+
+  Array run(const Expr* e, std::vector<int64_t> out_shape) {
     const TensorView* out_tv = e->output();
-    Array out{shapeOf(out_tv), {}};
+    Array out{std::move(out_shape), {}};
     out.data.resize(numel(out.shape));
     switch (e->info().category) {
       case OpCategory::Unary: {
@@ -378,6 +380,16 @@ SymbolBindings bindInputs(const Fusion& f, const std::vector<Tensor>& inputs) {
     }
   }
   return b;
+}
+
+Tensor evaluateExpr(const Expr* e, const std::vector<const Tensor*>& operands, const std::vector<int64_t>& out_shape) {
+  MF_CHECK(operands.size() == e->inputs().size(), "{}: {} operand tensors for {} operands", e->name(), operands.size(),
+           e->inputs().size());
+  Evaluator ev{SymbolBindings{}};
+  for (size_t i = 0; i < operands.size(); ++i)
+    if (operands[i] != nullptr) ev.set(e->inputs()[i], {operands[i]->shape(), operands[i]->toValues()});
+  Array a = ev.run(e, out_shape);
+  return Tensor::fromValues(e->output()->dtype(), a.shape, a.data);
 }
 
 std::vector<Tensor> evaluateReference(const Fusion& f, const std::vector<Tensor>& inputs) {

@@ -24,5 +24,8 @@ class TensorView;
 std::string printFusion(const Fusion& fusion);
 // "f32[?t, 256, r64] @tp {split(1, 4), parallelize(1, DIDx)}" (no provenance).
 std::string printTensorType(const TensorView* tv);
+class Expr;
+// "linear(%x, %w, bias=%b)": an op application as the printer writes it.
+std::string printExprCall(const Fusion& fusion, const Expr* e);
 
 }  // namespace meshfuse
