@@ -3,10 +3,14 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "meshfuse/host_ir.h"
 
 namespace meshfuse {
 
@@ -30,5 +34,20 @@ const std::vector<FusionPass>& fusionPasses();
 const FusionPass& findPass(std::string_view name);
 // Runs the named passes in the given order, verifying (and dumping) between them.
 void runPasses(Fusion& fusion, const std::vector<std::string>& names, const PipelineOptions& options = {});
+
+// The whole pipeline: a single-device definition whose inputs carry placements becomes a
+// decomposed fusion plus the collective host program.
+struct CompiledProgram {
+  std::shared_ptr<Fusion> fusion;  // after propagation and decomposition
+  HostProgram host;                // all ranks together (not specialized)
+  std::map<std::string, std::string, std::less<>> stages;  // IR text per stage, when asked for
+};
+
+// The stages compile() can keep, in order: "fusion", "propagated", "decomposed", "hostir".
+const std::vector<std::string>& pipelineStages();
+// With `keep_stages`, the text of each stage is kept in CompiledProgram::stages.
+CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& options = {}, bool keep_stages = false);
+// What `rank` runs: specialize-for-rank then insert-deallocations.
+HostProgram programForRank(const CompiledProgram& program, int64_t rank);
 
 }  // namespace meshfuse

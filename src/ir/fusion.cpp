@@ -2,6 +2,7 @@
 #include "meshfuse/ir/fusion.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "ir/shape_inference.h"
 
@@ -15,8 +16,16 @@ bool isPositionalName(const std::string& n) {
 }
 }  // namespace
 
+// Names must read back from the text form: letters, digits, '_' and '.'.
+static void checkNameChars(const std::string& name, const char* sigil) {
+  for (char c : name)
+    MF_USER_CHECK(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.', ErrorKind::Name,
+                  "name {}{} has the character '{}': names may hold letters, digits, '_' and '.'", sigil, name, c);
+}
+
 static void checkNewName(const Fusion& f, const std::string& name) {
   if (name.empty()) return;
+  checkNameChars(name, "%");
   MF_USER_CHECK(!isPositionalName(name), ErrorKind::Name,
                 "name %{} is reserved: numeric names are assigned by position", name);
   MF_USER_CHECK(f.findTensor(name) == nullptr, ErrorKind::Name, "duplicate name %{}", name);
@@ -191,6 +200,7 @@ int64_t Fusion::addMesh(const DeviceMesh& mesh, std::string name) {
       return static_cast<int64_t>(i);
     }
   }
+  checkNameChars(name, "@");
   for (const MeshEntry& m : meshes_)
     MF_USER_CHECK(name.empty() || m.name != name, ErrorKind::Name,
                   "duplicate mesh name @{} (already {})", name, m.mesh->toString());
@@ -200,7 +210,14 @@ int64_t Fusion::addMesh(const DeviceMesh& mesh, std::string name) {
 
 std::string Fusion::meshName(int64_t index) const {
   const MeshEntry& m = meshes_.at(index);
-  return m.name.empty() ? fmt::format("m{}", index) : m.name;
+  if (!m.name.empty()) return m.name;
+  // m<index>, with a suffix when the user named another mesh that.
+  std::string name = fmt::format("m{}", index);
+  auto taken = [&](const std::string& n) {
+    return std::any_of(meshes_.begin(), meshes_.end(), [&](const MeshEntry& e) { return e.name == n; });
+  };
+  while (taken(name)) name += "_";
+  return name;
 }
 
 IterDomain* Fusion::newIterDomain(Extent extent, IterType type) {

@@ -41,6 +41,7 @@ std::vector<Token> lex(std::string_view s, std::string_view filename) {
       while (i < s.size() && isName(s[i])) advance(1);
       t.kind = Token::Ident;
       t.text = std::string(s.substr(start, i - start));
+      if (t.text == "inf" || t.text == "nan") t.kind = Token::Float;  // non-finite scalars
     } else if (c == '%' || c == '@') {
       advance(1);
       size_t name_start = i;
@@ -49,6 +50,10 @@ std::vector<Token> lex(std::string_view s, std::string_view filename) {
                     t.line, t.col, c);
       t.kind = c == '%' ? Token::Value : Token::Mesh;
       t.text = std::string(s.substr(name_start, i - name_start));
+    } else if (c == '-' && s.substr(i, 4) == "-inf" && (i + 4 == s.size() || !isName(s[i + 4]))) {
+      advance(4);
+      t.kind = Token::Float;
+      t.text = "-inf";
     } else if (std::isdigit(static_cast<unsigned char>(c)) ||
                (c == '-' && i + 1 < s.size() && (std::isdigit(static_cast<unsigned char>(s[i + 1])) || s[i + 1] == '.'))) {
       advance(1);
@@ -72,7 +77,12 @@ std::vector<Token> lex(std::string_view s, std::string_view filename) {
         MF_USER_CHECK(i < s.size() && s[i] != '\n', ErrorKind::Parse, "{}:{}:{}: unterminated string",
                       filename, t.line, t.col);
         if (s[i] == '"') { advance(1); break; }
-        if (s[i] == '\\' && i + 1 < s.size()) advance(1);
+        if (s[i] == '\\' && i + 1 < s.size()) {  // the printer escapes \\, \" and newlines
+          advance(1);
+          t.text += s[i] == 'n' ? '\n' : s[i];
+          advance(1);
+          continue;
+        }
         t.text += s[i];
         advance(1);
       }

@@ -140,13 +140,26 @@ std::string formatFloat(double v) {
   return s;
 }
 
+std::string quoteString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
 std::string formatAttr(const AttrValue& v) {
   struct {
     std::string operator()(int64_t x) { return std::to_string(x); }
     std::string operator()(const std::vector<int64_t>& x) { return fmt::format("[{}]", fmt::join(x, ", ")); }
     std::string operator()(double x) { return formatFloat(x); }
     std::string operator()(bool x) { return x ? "true" : "false"; }
-    std::string operator()(const std::string& x) { return "\"" + x + "\""; }
+    std::string operator()(const std::string& x) { return quoteString(x); }
     std::string operator()(DataType x) { return std::string(dtypeName(x)); }
   } visitor;
   return std::visit(visitor, v);

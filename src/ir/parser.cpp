@@ -2,6 +2,7 @@
 #include "meshfuse/ir/parser.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include "ir/lexer.h"
@@ -67,7 +68,29 @@ class Parser {
     if (peek().kind != k) fail(peek(), what);
     return next();
   }
-  int64_t expectInt(std::string_view what) { return std::stoll(expectKind(Token::Int, what).text); }
+  int64_t expectInt(std::string_view what) { return intOf(expectKind(Token::Int, what)); }
+  // Numbers are converted here so that a malformed or out-of-range one is a located ParseError.
+  int64_t intOf(const Token& t) const {
+    try {
+      size_t used = 0;
+      int64_t v = std::stoll(t.text, &used);
+      if (used == t.text.size()) return v;
+    } catch (const std::exception&) {
+    }
+    userError(ErrorKind::Parse, "{}: {} is not a 64-bit integer", where(t), t.describe());
+  }
+  double floatOf(const Token& t) const {
+    if (t.text == "inf") return std::numeric_limits<double>::infinity();
+    if (t.text == "-inf") return -std::numeric_limits<double>::infinity();
+    if (t.text == "nan") return std::numeric_limits<double>::quiet_NaN();
+    try {
+      size_t used = 0;
+      double v = std::stod(t.text, &used);
+      if (used == t.text.size()) return v;
+    } catch (const std::exception&) {
+    }
+    userError(ErrorKind::Parse, "{}: {} is not a valid floating-point number", where(t), t.describe());
+  }
 
   // Re-throws a user error from the IR with this token's location.
   template <typename F>
@@ -100,9 +123,11 @@ class Parser {
       next();
       ParsedType type = tensorType();
       std::vector<Extent> shape;
+      bool after_reduction = false;
       for (const ParsedDim& d : type.dims) {
-        MF_USER_CHECK(!d.reduction || &d - type.dims.data() >= static_cast<long>(shape.size()), ErrorKind::Parse,
+        MF_USER_CHECK(d.reduction || !after_reduction, ErrorKind::Parse,
                       "{}: reduction (Partial) dims of an input must come last", where(type.at));
+        after_reduction |= d.reduction;
         if (!d.reduction) shape.push_back(d.extent);
       }
       TensorView* tv = at(name, [&] { return fusion_->defineTensor(shape, type.dtype, userName(name)); });
@@ -124,7 +149,10 @@ class Parser {
     Attributes attrs;
     expectPunct("(");
     while (!isPunct(")")) {
-      if (!operands.empty() || !attrs.empty()) expectPunct(",");
+      if (!operands.empty() || !attrs.empty()) {
+        if (!isPunct(",")) fail(peek(), "',' or ')'");
+        next();
+      }
       if (peek().kind == Token::Ident && peek(1).kind == Token::Punct && peek(1).text == "=") {
         const Token& key = next();
         next();
@@ -148,7 +176,7 @@ class Parser {
     if (isPunct(":")) {
       next();
       ParsedType type = tensorType();
-      checkAnnotation(out, type, info);
+      addPartialDims(out, type, info);
       applySharding(out, type);
     }
     names_[name.text] = out;
@@ -161,23 +189,27 @@ class Parser {
     expectPunct("=");
     const Token& start = peek();
     std::vector<int64_t> devices, shape;
-    int depth = nestedList(devices, shape, 0);
-    (void)depth;
+    int64_t leaf_depth = -1;
+    nestedList(devices, shape, 0, leaf_depth);
     int64_t index = at(start, [&] { return fusion_->addMesh(DeviceMesh(devices, shape), name.text); });
     meshes_[name.text] = index;
   }
 
-  // Parses a (possibly nested) list of device ids; records the shape and checks it is regular.
-  int nestedList(std::vector<int64_t>& devices, std::vector<int64_t>& shape, size_t depth) {
+  // Parses a (possibly nested) list of device ids; records the shape and checks it is regular:
+  // device ids all sit at one depth (leaf_depth), and lists at one depth have one length.
+  int nestedList(std::vector<int64_t>& devices, std::vector<int64_t>& shape, size_t depth, int64_t& leaf_depth) {
     const Token& open = expectPunct("[");
     int64_t count = 0;
     while (!isPunct("]")) {
       if (count > 0) expectPunct(",");
-      if (isPunct("[")) {
-        nestedList(devices, shape, depth + 1);
+      bool nested = isPunct("[");
+      int64_t here = nested ? -2 : static_cast<int64_t>(depth);  // -2: not a leaf list
+      MF_USER_CHECK(nested ? leaf_depth < 0 || leaf_depth > static_cast<int64_t>(depth) : leaf_depth < 0 || leaf_depth == here,
+                    ErrorKind::Mesh, "{}: malformed mesh: mixes device ids and nested lists", where(peek()));
+      if (nested) {
+        nestedList(devices, shape, depth + 1, leaf_depth);
       } else {
-        MF_USER_CHECK(shape.size() <= depth + 1, ErrorKind::Mesh, "{}: malformed mesh: mixes device ids and nested lists",
-                      where(peek()));
+        leaf_depth = here;
         devices.push_back(expectInt("a device id or '['"));
       }
       ++count;
@@ -206,8 +238,8 @@ class Parser {
   Val* operandValue() {
     const Token& t = peek();
     if (t.kind == Token::Value) return lookup(next());
-    if (t.kind == Token::Int) return fusion_->scalar(static_cast<double>(std::stoll(next().text)), DataType::Int64);
-    if (t.kind == Token::Float) return fusion_->scalar(std::stod(next().text), DataType::Float);
+    if (t.kind == Token::Int) return fusion_->scalar(static_cast<double>(intOf(next())), DataType::Int64);
+    if (t.kind == Token::Float) return fusion_->scalar(floatOf(next()), DataType::Float);
     if (isIdent("true") || isIdent("false")) return fusion_->scalar(next().text == "true" ? 1.0 : 0.0, DataType::Bool);
     fail(t, "an operand (a value name or a number)");
   }
@@ -218,7 +250,7 @@ class Parser {
       case AttrType::Int:
         return static_cast<int64_t>(expectInt("an integer"));
       case AttrType::Float:
-        if (t.kind == Token::Int || t.kind == Token::Float) return std::stod(next().text);
+        if (t.kind == Token::Int || t.kind == Token::Float) return floatOf(next());
         fail(t, "a number");
       case AttrType::Bool:
         if (isIdent("true") || isIdent("false")) return next().text == "true";
@@ -284,14 +316,15 @@ class Parser {
     ParsedDim d;
     const Token& t = peek();
     if (t.kind == Token::Int) {
-      d.extent = Extent(std::stoll(next().text));
+      d.extent = Extent(intOf(next()));
       return d;
     }
     if (t.kind == Token::Ident && t.text.size() > 1 && t.text[0] == 'r' &&
         std::all_of(t.text.begin() + 1, t.text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      next();
+      Token digits = next();
+      digits.text = digits.text.substr(1);
       d.reduction = true;
-      d.extent = Extent(std::stoll(t.text.substr(1)));
+      d.extent = Extent(intOf(digits));
       return d;
     }
     if (t.kind == Token::Ident && t.text == "r") {  // r?t
@@ -353,17 +386,24 @@ class Parser {
     }
   }
 
-  void checkAnnotation(TensorView* out, const ParsedType& type, const OpInfo& info) {
+  // The annotation must match the inferred type, except for trailing reduction dims beyond it:
+  // those are Partial (pending-sum) dims of the op's output placement.
+  void addPartialDims(TensorView* out, const ParsedType& type, const OpInfo& info) {
+    auto dimText = [](bool reduction, const Extent& e) { return (reduction ? "r" : "") + e.toString(); };
     std::vector<std::string> dims;
-    for (const ParsedDim& d : type.dims) dims.push_back((d.reduction ? "r" : "") + d.extent.toString());
+    for (const ParsedDim& d : type.dims) dims.push_back(dimText(d.reduction, d.extent));
     std::string written = fmt::format("{}[{}]", dtypeName(type.dtype), fmt::join(dims, ", "));
     std::vector<std::string> inferred_dims;
-    for (const IterDomain* id : out->logical())
-      inferred_dims.push_back((id->isReduction() ? "r" : "") + id->extent().toString());
+    for (const IterDomain* id : out->logical()) inferred_dims.push_back(dimText(id->isReduction(), id->extent()));
     std::string inferred = fmt::format("{}[{}]", dtypeName(out->dtype()), fmt::join(inferred_dims, ", "));
-    MF_USER_CHECK(written == inferred, ErrorKind::Shape,
-                  "{}: the annotated type {} does not match the type {} that {} produces", where(type.at),
-                  written, inferred, info.name);
+    size_t n = inferred_dims.size();
+    bool matches = type.dtype == out->dtype() && dims.size() >= n &&
+                   std::equal(inferred_dims.begin(), inferred_dims.end(), dims.begin());
+    for (size_t i = n; matches && i < type.dims.size(); ++i)
+      matches = type.dims[i].reduction && type.dims[i].extent.isStatic();
+    MF_USER_CHECK(matches, ErrorKind::Shape, "{}: the annotated type {} does not match the type {} that {} produces",
+                  where(type.at), written, inferred, info.name);
+    for (size_t i = n; i < type.dims.size(); ++i) out->addPartialDim(type.dims[i].extent.value());
   }
 
   std::string file_;
@@ -379,5 +419,7 @@ class Parser {
 std::unique_ptr<Fusion> parseFusion(std::string_view text, std::string_view filename) {
   return Parser(text, filename).parse();
 }
+
+std::unique_ptr<Fusion> cloneFusion(const Fusion& fusion) { return parseFusion(printFusion(fusion), "<clone>"); }
 
 }  // namespace meshfuse

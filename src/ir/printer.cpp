@@ -22,15 +22,6 @@ std::string stepToString(const ScheduleStep& s) {
   return "?";
 }
 
-std::string quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 std::string printTensorType(const TensorView* tv) {
@@ -73,7 +64,7 @@ std::string printFusion(const Fusion& f) {
     out += fmt::format("  mesh @{} = {}\n", f.meshName(m), f.mesh(m).toString());
   auto annotation = [&](const TensorView* tv) {
     std::string s = printTensorType(tv);
-    if (tv->meshIndex() >= 0 && !tv->pinned()) s += " from " + quote(tv->provenance());
+    if (tv->meshIndex() >= 0 && !tv->pinned()) s += " from " + quoteString(tv->provenance());
     return s;
   };
   for (const TensorView* in : f.inputs())

@@ -16,13 +16,17 @@ struct Ctx {
   const Attributes& attrs;
 
   std::string_view op() const { return opInfo(kind).name; }
+  // The schema name of operand i (a variadic tail's entries share its name).
+  const std::string& operandName(size_t i) const {
+    const auto& specs = opInfo(kind).operands;
+    return specs[std::min(i, specs.size() - 1)].name;
+  }
   std::string name(const Val* v) const { return f.displayName(v); }
   TensorView* tv(size_t i) const {
     Val* v = in.at(i);
     if (v == nullptr) return nullptr;
     MF_USER_CHECK(v->valKind() == ValKind::TensorView, ErrorKind::Value,
-                  "{}: operand '{}' must be a tensor, got scalar {}", op(), opInfo(kind).operands[i].name,
-                  name(v));
+                  "{}: operand '{}' must be a tensor, got scalar {}", op(), operandName(i), name(v));
     return static_cast<TensorView*>(v);
   }
   template <typename T>
@@ -122,7 +126,12 @@ InferredOutput pointwise(const Ctx& c) {
     Ctx vc{c.f, c.kind, values, c.attrs};
     bool fs = false;
     DataType vdt = DataType::Float;
-    if (!tensorOperands(vc, &vdt, &fs).empty()) dt = (fs && !isFloatingPoint(vdt)) ? DataType::Float : vdt;
+    if (!tensorOperands(vc, &vdt, &fs).empty()) {
+      dt = (fs && !isFloatingPoint(vdt)) ? DataType::Float : vdt;
+    } else {  // two scalars: float if either is, else int unless both are bool
+      bool all_bool = std::all_of(values.begin(), values.end(), [](Val* v) { return v->dtype() == DataType::Bool; });
+      dt = fs ? DataType::Float : all_bool ? DataType::Bool : DataType::Int64;
+    }
     return {dt, broadcastDims(c, tvs)};
   }
   std::vector<IterDomain*> dims = broadcastDims(c, tvs);

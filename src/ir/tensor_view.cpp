@@ -105,7 +105,13 @@ void TensorView::applyStep(const ScheduleStep& step) {
                         ErrorKind::Placement, "parallelize of {} axis {} on {}: axis {} is already {}",
                         name, s.axis, parallelTypeName(step.ptype), i, parallelTypeName(step.ptype));
         if (const DeviceMesh* m = mesh()) {
-          int64_t mesh_axis = m->axisOfParallelType(step.ptype);
+          int64_t mesh_axis = -1;
+          try {
+            mesh_axis = m->axisOfParallelType(step.ptype);
+          } catch (const UserError& e) {  // name the tensor, keep the mesh's explanation
+            userError(e.kind(), "parallelize of {} axis {} on {}: {}", name, s.axis, parallelTypeName(step.ptype),
+                      e.message());
+          }
           MF_USER_CHECK(!id->extent().isStatic() || id->extent().value() == m->size(mesh_axis),
                         ErrorKind::Placement,
                         "parallelize of {} axis {} on {}: the axis has extent {} but mesh axis {} of {} has {} devices",
@@ -121,15 +127,20 @@ void TensorView::applyStep(const ScheduleStep& step) {
 }
 
 void TensorView::resetSchedule() {
+  logical_.resize(logical_.size() - num_partial_dims_);  // Partial dims belong to the placement
+  num_partial_dims_ = 0;
   for (IterDomain* id : logical_) id->parallelize(ParallelType::Serial);
   loop_ = logical_;
   schedule_.clear();
+  mesh_index_ = -1;
+  pinned_ = false;
 }
 
 IterDomain* TensorView::addPartialDim(int64_t extent) {
   IterDomain* id = fusion_->newIterDomain(Extent(extent), IterType::Reduction);
   logical_.push_back(id);
   loop_.push_back(id);
+  ++num_partial_dims_;
   return id;
 }
 

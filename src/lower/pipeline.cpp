@@ -45,4 +45,31 @@ void runPasses(Fusion& fusion, const std::vector<std::string>& names, const Pipe
   }
 }
 
+const std::vector<std::string>& pipelineStages() {
+  static const std::vector<std::string> stages = {"fusion", "propagated", "decomposed", "hostir"};
+  return stages;
+}
+
+CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& options, bool keep_stages) {
+  CompiledProgram out;
+  if (keep_stages) out.stages["fusion"] = printFusion(*fusion);
+  // propagate-shardings must run before decompose-reshardings: decomposition compares each
+  // op's operand shardings with what its output's sharding needs.
+  runPasses(*fusion, {"propagate-shardings"}, options);
+  if (keep_stages) out.stages["propagated"] = printFusion(*fusion);
+  runPasses(*fusion, {"decompose-reshardings"}, options);
+  if (options.verify) verify(*fusion, {.require_meshes = !fusion->inputs().empty() && fusion->inputs()[0]->mesh()});
+  if (keep_stages) out.stages["decomposed"] = printFusion(*fusion);
+  out.fusion = std::shared_ptr<Fusion>(std::move(fusion));
+  out.host = lowerToHostIr(out.fusion);
+  if (keep_stages) out.stages["hostir"] = out.host.toString();
+  return out;
+}
+
+HostProgram programForRank(const CompiledProgram& program, int64_t rank) {
+  HostProgram p = specializeForRank(program.host, rank);
+  insertDeallocations(p);
+  return p;
+}
+
 }  // namespace meshfuse

@@ -58,5 +58,6 @@ std::string_view attrTypeName(AttrType t);
 bool attrHasType(const AttrValue& v, AttrType t);
 std::string formatAttr(const AttrValue& v);  // the .mf literal form
 std::string formatFloat(double v);          // shortest text that parses back exactly
+std::string quoteString(const std::string& s);  // "..." with \\, \" and \n escaped
 
 }  // namespace meshfuse

@@ -89,10 +89,12 @@ class TensorView : public Val {
   TensorView* split(int64_t axis, int64_t factor, bool inner_split = false);
   TensorView* merge(int64_t axis);
   TensorView* parallelize(int64_t axis, ParallelType pt);
-  // Drops the loop schedule (back to the logical domain) and the mesh, keeping logical dims.
+  // Drops the loop schedule (back to the logical domain), the mesh, the pin and the Partial
+  // dims added by addPartialDim, keeping the other logical dims.
   void resetSchedule();
-  // Adds a reduction dim of extent `extent` to the logical domain (a Partial placement).
+  // Appends a reduction dim of extent `extent` to the logical domain (a Partial placement).
   IterDomain* addPartialDim(int64_t extent);
+  int64_t numPartialDims() const { return num_partial_dims_; }
   // Applies one recorded step (split/merge/parallelize); the parser replays schedules with it.
   void applyStep(const ScheduleStep& step);
 
@@ -112,6 +114,7 @@ class TensorView : public Val {
   std::vector<IterDomain*> loop_;
   std::vector<ScheduleStep> schedule_;
   int64_t mesh_index_ = -1;
+  int64_t num_partial_dims_ = 0;  // the last ones of logical_
   bool pinned_ = false;
   std::string provenance_;
 };

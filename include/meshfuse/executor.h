@@ -1,0 +1,85 @@
+// The C++ API for custom trainers: run a single-device definition on this rank's shards.
+//
+//   Fusion def;                                   // single-device: no meshes, no placements
+//   ... build it with ops:: ...
+//   std::unique_ptr<Communicator> comm = makeDefaultCommunicator();   // mpi under mpirun
+//   MultiDeviceExecutor exec(std::move(def), *comm);
+//   DeviceMesh mesh({0, 1, 2, 3});
+//   std::vector<ShardedTensor> outs = exec.run({
+//       {inp_local, mesh, {Placement::replicate()}},
+//       {up_w_local, mesh, {Placement::shard(0)}},
+//       {down_w_local, mesh, {Placement::shard(1)}}});
+//   // outs[0].local is this rank's block; outs[0].placements says how it is laid out.
+//
+// Compiled programs are cached per (mesh, placements, dtype) of every input; symbolic sizes are
+// bound at run time from the local shapes, so a new batch size does not recompile.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "meshfuse/ir/device_mesh.h"
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/placement.h"
+#include "meshfuse/pipeline.h"
+#include "meshfuse/runtime/backend.h"
+#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/tensor.h"
+
+namespace meshfuse {
+
+// One rank's block of a distributed tensor, with the layout that says where it belongs.
+struct ShardedTensor {
+  Tensor local;  // empty on a rank outside `mesh`
+  DeviceMesh mesh;
+  std::vector<Placement> placements;  // one per mesh axis
+};
+
+struct ExecutorOptions {
+  PipelineOptions pipeline;
+};
+
+class MultiDeviceExecutor {
+ public:
+  // `definition` is the single-device fusion; its inputs' placements come with each run. Any
+  // TensorView pinned with the schedule API keeps its pin. `backend` defaults to the CPU one.
+  MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Communicator& comm, std::unique_ptr<Backend> backend = nullptr,
+                      ExecutorOptions options = {});
+  ~MultiDeviceExecutor();
+
+  // Runs this rank's program on its local blocks; returns this rank's output blocks with their
+  // placements. Throws a UserError naming the input on a mismatch (count, dtype, rank, shape,
+  // a mesh naming ranks the world lacks, a bad placement), identically on every rank.
+  std::vector<ShardedTensor> run(const std::vector<ShardedTensor>& inputs);
+
+  // Compiles (or finds in the cache) the program for inputs with these layouts, without running.
+  const CompiledProgram& plan(const std::vector<ShardedTensor>& inputs);
+  // This rank's host program for the given layouts.
+  const HostProgram& programFor(const std::vector<ShardedTensor>& inputs);
+
+  // The collectives of the last run(), in execution order.
+  const std::vector<CollectiveInfo>& lastCollectives() const { return last_collectives_; }
+  int64_t cacheSize() const { return static_cast<int64_t>(cache_.size()); }
+  const Fusion& definition() const { return *definition_; }
+
+ private:
+  struct Entry;
+  Entry& entryFor(const std::vector<ShardedTensor>& inputs);
+
+  std::unique_ptr<Fusion> definition_;
+  Communicator& comm_;
+  std::unique_ptr<Backend> backend_;
+  ExecutorOptions options_;
+  std::map<std::string, std::unique_ptr<Entry>> cache_;
+  std::vector<CollectiveInfo> last_collectives_;
+};
+
+// A definition whose inputs are placed by `layouts` (mesh + placements; a layout with an empty
+// placements list leaves that input as the definition has it): a clone, ready for compile().
+std::unique_ptr<Fusion> placeInputs(const Fusion& definition, const std::vector<ShardedTensor>& layouts);
+
+// The layouts the inputs of `fusion` carry (mesh and placements), for fusions read from text.
+std::vector<ShardedTensor> inputLayouts(const Fusion& fusion);
+
+}  // namespace meshfuse

@@ -1,0 +1,30 @@
+// Reads the environment (see environment.h for the variables).
+#include "meshfuse/runtime/environment.h"
+
+#include <cstdlib>
+
+#include "meshfuse/error.h"
+
+namespace meshfuse {
+
+RuntimeEnvironment readRuntimeEnvironment() {
+  RuntimeEnvironment env;
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    env.launched_by_mpi |= std::getenv(v) != nullptr;
+  if (const char* t = std::getenv("MESHFUSE_COMM_TIMEOUT")) {
+    char* end = nullptr;
+    env.comm_timeout_s = std::strtod(t, &end);
+    MF_USER_CHECK(end != t && *end == '\0' && env.comm_timeout_s >= 0, ErrorKind::Value,
+                  "MESHFUSE_COMM_TIMEOUT={}: expected a number of seconds >= 0", t);
+  }
+  if (const char* d = std::getenv("MESHFUSE_CACHE_DIR")) {
+    env.cache_dir = d;
+  } else if (const char* home = std::getenv("HOME")) {
+    env.cache_dir = std::string(home) + "/.cache/meshfuse";
+  } else {
+    env.cache_dir = "/tmp/meshfuse-cache";
+  }
+  return env;
+}
+
+}  // namespace meshfuse

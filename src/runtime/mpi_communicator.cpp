@@ -1,0 +1,315 @@
+// The `mpi` communicator: every collective over OpenMPI's non-blocking API, on one cached
+// sub-communicator per team (created with MPI_Comm_create_group, which only the team's members
+// call, so an MPMD rank never has to take part in another team's setup).
+//
+// No hangs: Work::wait() polls MPI_Test and, when a collective has not completed within the
+// watchdog timeout (MESHFUSE_COMM_TIMEOUT), aborts the whole job with a message naming the
+// collective and its team. A rank that fails calls abort(), which is MPI_Abort: mpirun then
+// terminates every other rank at once instead of leaving them waiting in a collective.
+//
+// Thread safety: MPI is initialized with MPI_THREAD_MULTIPLE when available; otherwise every
+// MPI call is serialized by a mutex, so a communication thread may wait while another issues.
+#define OMPI_SKIP_MPICXX 1  // the C API only: no libmpi_cxx
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "meshfuse/error.h"
+#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/runtime/environment.h"
+#include "runtime/communicator_checks.h"
+
+namespace meshfuse {
+namespace {
+
+// ---- bf16 / f16 reductions: MPI has no such types; reduce their bit patterns through f32 ----
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), bool Max>
+void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    float x = ToFloat(a[i]), y = ToFloat(b[i]);
+    b[i] = FromFloat(Max ? (x > y ? x : y) : x + y);
+  }
+}
+
+struct MpiType {
+  MPI_Datatype type;
+  MPI_Op sum, max;
+};
+
+// Initializes MPI once per process (unless someone else, e.g. mpi4py or a test's main, did) and
+// finalizes it at exit only if it initialized it.
+class MpiProcess {
+ public:
+  static MpiProcess& get() {
+    static MpiProcess p;
+    return p;
+  }
+  bool threadMultiple() const { return provided_ >= MPI_THREAD_MULTIPLE; }
+  MpiType type(DataType dt) const {
+    switch (dt) {
+      case DataType::Float: return {MPI_FLOAT, MPI_SUM, MPI_MAX};
+      case DataType::BFloat16: return {MPI_UINT16_T, bf16_sum_, bf16_max_};
+      case DataType::Half: return {MPI_UINT16_T, f16_sum_, f16_max_};
+      case DataType::Int64: return {MPI_INT64_T, MPI_SUM, MPI_MAX};
+      case DataType::Bool: return {MPI_C_BOOL, MPI_LOR, MPI_LOR};
+    }
+    MF_CHECK(false, "unknown dtype");
+  }
+
+ private:
+  MpiProcess() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) {
+      MPI_Query_thread(&provided_);
+    } else {
+      MF_USER_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided_) == MPI_SUCCESS,
+                    ErrorKind::Runtime, "MPI_Init_thread failed");
+      std::atexit([] {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+      });
+    }
+    // Errors come back as return codes, so they become exceptions with a message, not a crash.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Op_create(&reduce16<bf16BitsToFloat, floatToBf16Bits, false>, 1, &bf16_sum_);
+    MPI_Op_create(&reduce16<bf16BitsToFloat, floatToBf16Bits, true>, 1, &bf16_max_);
+    MPI_Op_create(&reduce16<halfBitsToFloat, floatToHalfBits, false>, 1, &f16_sum_);
+    MPI_Op_create(&reduce16<halfBitsToFloat, floatToHalfBits, true>, 1, &f16_max_);
+  }
+  int provided_ = MPI_THREAD_SINGLE;
+  MPI_Op bf16_sum_{}, bf16_max_{}, f16_sum_{}, f16_max_{};
+};
+
+class MpiWork;
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(double timeout_s) : process_(MpiProcess::get()), timeout_s_(timeout_s) {
+    int r = 0, n = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    rank_ = r;
+    size_ = n;
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (auto& [team, comm] : comms_) MPI_Comm_free(&comm);
+  }
+
+  std::string name() const override { return "mpi"; }
+  int64_t rank() const override { return rank_; }
+  int64_t size() const override { return size_; }
+
+  std::unique_ptr<Work> allgather(const void* send, void* recv, int64_t count, DataType dt, const Team& team) override {
+    MPI_Comm c = commOf("allgather", team, -1);
+    return issue("allgather", team, [&](MPI_Request* r) {
+      return MPI_Iallgather(send, toInt(count), type(dt), recv, toInt(count), type(dt), c, r);
+    });
+  }
+  std::unique_ptr<Work> reduceScatter(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op,
+                                      const Team& team) override {
+    MPI_Comm c = commOf("reduce_scatter", team, -1);
+    return issue("reduce_scatter", team, [&](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(send, recv, toInt(count), type(dt), mpiOp(dt, op), c, r);
+    });
+  }
+  std::unique_ptr<Work> allreduce(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op,
+                                  const Team& team) override {
+    MPI_Comm c = commOf("allreduce", team, -1);
+    return issue("allreduce", team, [&](MPI_Request* r) {
+      return MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, toInt(count), type(dt), mpiOp(dt, op), c, r);
+    });
+  }
+  std::unique_ptr<Work> allToAll(const void* send, void* recv, int64_t count, DataType dt, const Team& team) override {
+    MPI_Comm c = commOf("all_to_all", team, -1);
+    return issue("all_to_all", team, [&](MPI_Request* r) {
+      return MPI_Ialltoall(send, toInt(count), type(dt), recv, toInt(count), type(dt), c, r);
+    });
+  }
+  std::unique_ptr<Work> broadcast(void* buf, int64_t count, DataType dt, int64_t root, const Team& team) override {
+    MPI_Comm c = commOf("broadcast", team, root);
+    int root_index = indexIn(team, root);
+    return issue("broadcast", team,
+                 [&](MPI_Request* r) { return MPI_Ibcast(buf, toInt(count), type(dt), root_index, c, r); });
+  }
+  std::unique_ptr<Work> reduce(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op, int64_t root,
+                               const Team& team) override {
+    MPI_Comm c = commOf("reduce", team, root);
+    int root_index = indexIn(team, root);
+    bool in_place = send == recv && root == rank_;
+    return issue("reduce", team, [&](MPI_Request* r) {
+      return MPI_Ireduce(in_place ? MPI_IN_PLACE : send, recv, toInt(count), type(dt), mpiOp(dt, op), root_index, c, r);
+    });
+  }
+  std::unique_ptr<Work> gather(const void* send, void* recv, int64_t count, DataType dt, int64_t root,
+                               const Team& team) override {
+    MPI_Comm c = commOf("gather", team, root);
+    int root_index = indexIn(team, root);
+    return issue("gather", team, [&](MPI_Request* r) {
+      return MPI_Igather(send, toInt(count), type(dt), recv, toInt(count), type(dt), root_index, c, r);
+    });
+  }
+  std::unique_ptr<Work> scatter(const void* send, void* recv, int64_t count, DataType dt, int64_t root,
+                                const Team& team) override {
+    MPI_Comm c = commOf("scatter", team, root);
+    int root_index = indexIn(team, root);
+    return issue("scatter", team, [&](MPI_Request* r) {
+      return MPI_Iscatter(send, toInt(count), type(dt), recv, toInt(count), type(dt), root_index, c, r);
+    });
+  }
+  std::unique_ptr<Work> send(const void* buf, int64_t count, DataType dt, int64_t peer, int64_t tag) override {
+    checkPeer("send", peer);
+    Team pair = {rank_, peer};
+    return issue("send", pair, [&](MPI_Request* r) {
+      return MPI_Isend(buf, toInt(count), type(dt), static_cast<int>(peer), static_cast<int>(tag), MPI_COMM_WORLD, r);
+    });
+  }
+  std::unique_ptr<Work> recv(void* buf, int64_t count, DataType dt, int64_t peer, int64_t tag) override {
+    checkPeer("recv", peer);
+    Team pair = {peer, rank_};
+    return issue("recv", pair, [&](MPI_Request* r) {
+      return MPI_Irecv(buf, toInt(count), type(dt), static_cast<int>(peer), static_cast<int>(tag), MPI_COMM_WORLD, r);
+    });
+  }
+  void barrier() override {
+    issue("barrier", {}, [&](MPI_Request* r) { return MPI_Ibarrier(MPI_COMM_WORLD, r); })->wait();
+  }
+
+  [[noreturn]] void abort(const std::string& reason) override {
+    std::cerr << fmt::format("meshfuse: rank {} of {} fails: {}\nmeshfuse: aborting every rank (MPI_Abort) so that no "
+                             "peer waits forever\n",
+                             rank_, size_, reason)
+              << std::flush;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);  // MPI_Abort does not return; this is for the compiler
+  }
+
+  // Used by MpiWork.
+  std::unique_lock<std::mutex> lock() {
+    return process_.threadMultiple() ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(mu_);
+  }
+  double timeoutSeconds() const { return timeout_s_; }
+
+ private:
+  template <typename Start>
+  std::unique_ptr<Work> issue(const char* what, const Team& team, Start&& start);
+
+  MPI_Datatype type(DataType dt) const { return process_.type(dt).type; }
+  MPI_Op mpiOp(DataType dt, ReduceOp op) const {
+    MpiType t = process_.type(dt);
+    return op == ReduceOp::Max ? t.max : t.sum;
+  }
+  static int toInt(int64_t count) {
+    MF_USER_CHECK(count >= 0 && count <= INT32_MAX, ErrorKind::Unsupported,
+                  "a single MPI message of {} elements exceeds MPI's 2^31 - 1 element limit", count);
+    return static_cast<int>(count);
+  }
+  static int indexIn(const Team& team, int64_t rank) {
+    return static_cast<int>(std::find(team.begin(), team.end(), rank) - team.begin());
+  }
+  void checkPeer(const char* what, int64_t peer) const {
+    MF_USER_CHECK(peer >= 0 && peer < size_ && peer != rank_, ErrorKind::Runtime,
+                  "{}: peer rank {} is not another rank of this world of {} ranks (this is rank {})", what, peer, size_,
+                  rank_);
+  }
+
+  // The sub-communicator of `team`; created on first use by the team's members only.
+  MPI_Comm commOf(const char* what, const Team& team, int64_t root) {
+    checkTeamAndRoot(what, team, root, rank_, size_);
+    auto lk = lock();
+    auto it = comms_.find(team);
+    if (it != comms_.end()) return it->second;
+    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    std::vector<int> ranks(team.begin(), team.end());
+    MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, /*tag=*/0, &comm);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    MF_USER_CHECK(rc == MPI_SUCCESS && comm != MPI_COMM_NULL, ErrorKind::Runtime,
+                  "{}: creating the communicator of team [{}] failed (MPI error {})", what, fmt::join(team, ", "), rc);
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    comms_.emplace(team, comm);
+    return comm;
+  }
+
+  MpiProcess& process_;
+  double timeout_s_;
+  int64_t rank_ = 0, size_ = 1;
+  std::mutex mu_;
+  std::map<Team, MPI_Comm> comms_;
+};
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(MpiCommunicator& comm, std::string what) : comm_(comm), what_(std::move(what)) {}
+  MPI_Request* request() { return &req_; }
+
+  void wait() override {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    for (int64_t spins = 0;; ++spins) {
+      int done = 0;
+      int rc = MPI_SUCCESS;
+      {
+        auto lk = comm_.lock();
+        rc = MPI_Test(&req_, &done, MPI_STATUS_IGNORE);
+      }
+      MF_USER_CHECK(rc == MPI_SUCCESS, ErrorKind::Runtime, "{} failed on rank {} (MPI error {})", what_, comm_.rank(), rc);
+      if (done) return;
+      // Check the watchdog now and then; yield so that oversubscribed ranks make progress.
+      if (spins % 1024 == 0 && comm_.timeoutSeconds() > 0 &&
+          std::chrono::duration<double>(Clock::now() - start).count() > comm_.timeoutSeconds())
+        comm_.abort(fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): a peer rank failed, hangs, or "
+                                "runs a different program",
+                                what_, comm_.timeoutSeconds()));
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  MpiCommunicator& comm_;
+  std::string what_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+
+template <typename Start>
+std::unique_ptr<Work> MpiCommunicator::issue(const char* what, const Team& team, Start&& start) {
+  auto work = std::make_unique<MpiWork>(*this, fmt::format("{} on team [{}]", what, fmt::join(team, ", ")));
+  int rc = MPI_SUCCESS;
+  {
+    auto lk = lock();
+    rc = start(work->request());
+  }
+  MF_USER_CHECK(rc == MPI_SUCCESS, ErrorKind::Runtime, "{} on team [{}] failed to start on rank {} (MPI error {})", what,
+                fmt::join(team, ", "), rank_, rc);
+  return work;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> makeMpiCommunicator() {
+  return std::make_unique<MpiCommunicator>(readRuntimeEnvironment().comm_timeout_s);
+}
+
+std::unique_ptr<Communicator> makeDefaultCommunicator() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized || readRuntimeEnvironment().launched_by_mpi) return makeMpiCommunicator();
+  return makeSelfCommunicator();
+}
+
+}  // namespace meshfuse

@@ -1,0 +1,106 @@
+// MultiDeviceExecutor: places the definition's inputs, compiles through the one pipeline,
+// caches per input layout, and runs this rank's host program.
+#include "meshfuse/executor.h"
+
+#include "meshfuse/ir/parser.h"
+#include "meshfuse/runtime/host_ir_evaluator.h"
+
+namespace meshfuse {
+
+struct MultiDeviceExecutor::Entry {
+  CompiledProgram compiled;
+  HostProgram program;
+  std::unique_ptr<HostIrEvaluator> evaluator;
+};
+
+std::unique_ptr<Fusion> placeInputs(const Fusion& definition, const std::vector<ShardedTensor>& layouts) {
+  MF_USER_CHECK(layouts.size() == definition.inputs().size(), ErrorKind::Value,
+                "the fusion takes {} inputs but {} were given", definition.inputs().size(), layouts.size());
+  std::unique_ptr<Fusion> f = cloneFusion(definition);
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const ShardedTensor& l = layouts[i];
+    if (l.mesh.size() == 0) continue;  // not distributed: keep what the definition says
+    TensorView* tv = f->inputs()[i];
+    try {
+      applyPlacements(tv, l.mesh, l.placements);
+    } catch (const UserError& e) {
+      throw UserError(e.kind(), fmt::format("input {}: {}", i, e.message()));
+    }
+  }
+  return f;
+}
+
+std::vector<ShardedTensor> inputLayouts(const Fusion& fusion) {
+  std::vector<ShardedTensor> out;
+  for (const TensorView* tv : fusion.inputs()) {
+    ShardedTensor s;
+    if (tv->mesh() != nullptr) {
+      s.mesh = *tv->mesh();
+      s.placements = placementsOf(tv);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+MultiDeviceExecutor::MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Communicator& comm,
+                                         std::unique_ptr<Backend> backend, ExecutorOptions options)
+    : definition_(std::move(definition)), comm_(comm), backend_(std::move(backend)), options_(options) {
+  MF_USER_CHECK(definition_ != nullptr, ErrorKind::Value, "MultiDeviceExecutor needs a fusion");
+  if (!backend_) backend_ = makeCpuBackend();
+}
+
+MultiDeviceExecutor::~MultiDeviceExecutor() = default;
+
+MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs) {
+  std::string key;
+  for (const ShardedTensor& in : inputs)
+    key += fmt::format("{}{}{};", in.mesh.toString(), placementsToString(in.placements), dtypeName(in.local.dtype()));
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return *it->second;
+  // Every check below fails identically on every rank (they all compile the same program).
+  for (size_t i = 0; i < inputs.size(); ++i)
+    for (int64_t d : inputs[i].mesh.devices())
+      MF_USER_CHECK(d < comm_.size(), ErrorKind::Mesh,
+                    "input {}: mesh {} names device {} but the world has {} ranks (world size {} < mesh size {}; "
+                    "launch with mpirun -np {})",
+                    i, inputs[i].mesh.toString(), d, comm_.size(), comm_.size(), inputs[i].mesh.size(),
+                    inputs[i].mesh.size());
+  auto e = std::make_unique<Entry>();
+  e->compiled = compile(placeInputs(*definition_, inputs), options_.pipeline);
+  e->program = programForRank(e->compiled, comm_.rank());
+  e->evaluator = std::make_unique<HostIrEvaluator>(e->program, *backend_, comm_);
+  return *cache_.emplace(key, std::move(e)).first->second;
+}
+
+const CompiledProgram& MultiDeviceExecutor::plan(const std::vector<ShardedTensor>& inputs) {
+  return entryFor(inputs).compiled;
+}
+
+const HostProgram& MultiDeviceExecutor::programFor(const std::vector<ShardedTensor>& inputs) {
+  return entryFor(inputs).program;
+}
+
+std::vector<ShardedTensor> MultiDeviceExecutor::run(const std::vector<ShardedTensor>& inputs) {
+  Entry& e = entryFor(inputs);
+  std::vector<Tensor> locals;
+  locals.reserve(inputs.size());
+  for (const ShardedTensor& in : inputs) locals.push_back(in.local);
+  std::vector<Tensor> outs = e.evaluator->run(locals);
+  last_collectives_ = e.evaluator->executed();
+  std::vector<ShardedTensor> result;
+  const Fusion& f = *e.compiled.fusion;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const TensorView* tv = f.outputs()[i];
+    ShardedTensor s;
+    s.local = std::move(outs[i]);
+    if (tv->mesh() != nullptr) {
+      s.mesh = *tv->mesh();
+      s.placements = placementsOf(tv);
+    }
+    result.push_back(std::move(s));
+  }
+  return result;
+}
+
+}  // namespace meshfuse

@@ -1,0 +1,128 @@
+// Helpers shared by the CLI's subcommands.
+#include "cli_common.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+#include "meshfuse/ir/parser.h"
+#include "meshfuse/ir/verifier.h"
+#include "meshfuse/npy.h"
+
+namespace meshfuse::cli {
+
+std::string readText(const std::string& path) {
+  if (path == "-") return std::string(std::istreambuf_iterator<char>(std::cin), {});
+  std::ifstream in(path);
+  MF_USER_CHECK(in.good(), ErrorKind::Runtime, "cannot open {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string displayPath(const std::string& path) { return path == "-" ? "<stdin>" : path; }
+
+
+std::vector<std::string> splitInput(const std::string& text, bool split) {
+  if (!split) return {text};
+  std::vector<std::string> pieces(1);
+  int64_t line_no = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line); ++line_no) {
+    if (line == "# -----") {
+      pieces.emplace_back(static_cast<size_t>(line_no + 1), '\n');  // keep later line numbers
+      continue;
+    }
+    pieces.back() += line + "\n";
+  }
+  return pieces;
+}
+
+SymbolBindings parseSizes(const std::vector<std::string>& args) {
+  SymbolBindings sizes;
+  for (const std::string& a : args) {
+    size_t eq = a.find('=');
+    MF_USER_CHECK(eq != std::string::npos && eq > 0, ErrorKind::Value, "--size {}: expected NAME=N, e.g. t=128", a);
+    try {
+      sizes[a.substr(0, eq)] = std::stoll(a.substr(eq + 1));
+    } catch (const std::exception&) {
+      userError(ErrorKind::Value, "--size {}: '{}' is not an integer", a, a.substr(eq + 1));
+    }
+  }
+  return sizes;
+}
+
+SymbolBindings completeBindings(const Fusion& f, SymbolBindings b, bool warn) {
+  for (const TensorView* tv : f.inputs())
+    for (const Extent& e : tv->shape()) {
+      if (e.isStatic() || b.count(e.symbol())) continue;
+      b[e.symbol()] = 8;
+      if (warn) std::cerr << fmt::format("note: size ?{} is not given; using 8 (set it with --size {}=N)\n", e.symbol(), e.symbol());
+    }
+  return b;
+}
+
+std::vector<Tensor> makeInputs(const Fusion& f, const std::vector<std::string>& npy_files, const SymbolBindings& sizes,
+                               uint64_t seed) {
+  std::vector<Tensor> inputs;
+  if (!npy_files.empty()) {
+    MF_USER_CHECK(npy_files.size() == f.inputs().size(), ErrorKind::Value,
+                  "--inputs: the fusion takes {} inputs but {} files were given", f.inputs().size(), npy_files.size());
+    for (size_t i = 0; i < npy_files.size(); ++i) {
+      Tensor t = readNpy(npy_files[i]);
+      DataType want = f.inputs()[i]->dtype();
+      if (t.dtype() != want && isFloatingPoint(t.dtype()) && isFloatingPoint(want))
+        t = Tensor::fromValues(want, t.shape(), t.toValues());
+      inputs.push_back(std::move(t));
+    }
+    return inputs;
+  }
+  for (size_t i = 0; i < f.inputs().size(); ++i) {
+    const TensorView* tv = f.inputs()[i];
+    std::vector<int64_t> shape;
+    for (const Extent& e : tv->shape()) shape.push_back(e.evaluate(sizes));
+    inputs.push_back(Tensor::random(tv->dtype(), shape, seed + i));
+  }
+  return inputs;
+}
+
+std::string summary(const Tensor& t) {
+  std::vector<double> v = t.toValues();
+  double sum = 0, sq = 0, lo = INFINITY, hi = -INFINITY;
+  for (double x : v) sum += x, sq += x * x, lo = std::min(lo, x), hi = std::max(hi, x);
+  double n = std::max<double>(1, static_cast<double>(v.size()));
+  double mean = sum / n;
+  return fmt::format("mean {:.6g}  std {:.6g}  min {:.6g}  max {:.6g}  sum {:.8g}", mean,
+                     std::sqrt(std::max(0.0, sq / n - mean * mean)), lo, hi, sum);
+}
+
+std::string formatCollective(const CollectiveInfo& c) {
+  return fmt::format("{:<15} axis {}  team [{}]  {} bytes  -> {}  ({})", commKindName(c.kind), c.mesh_axis,
+                     fmt::join(c.team, ", "), c.bytes, c.tensor, c.provenance);
+}
+
+std::string collectiveReport(const CompiledProgram& program, const std::vector<int64_t>& ranks,
+                             const SymbolBindings& sizes) {
+  std::set<int64_t> all;
+  for (int64_t m = 0; m < program.fusion->numMeshes(); ++m)
+    for (int64_t d : program.fusion->mesh(m).devices()) all.insert(d);
+  if (all.empty()) all.insert(0);
+  for (int64_t r : ranks)
+    MF_USER_CHECK(all.count(r), ErrorKind::Value, "--rank {}: no mesh of the fusion holds rank {}", r, r);
+  std::string out;
+  for (int64_t r : all) {
+    if (!ranks.empty() && std::find(ranks.begin(), ranks.end(), r) == ranks.end()) continue;
+    HostProgram p = programForRank(program, r);
+    std::vector<CollectiveInfo> cs = collectives(p, sizes);
+    out += fmt::format("rank {}: {} collective{}, peak memory {} bytes\n", r, cs.size(), cs.size() == 1 ? "" : "s",
+                       peakMemoryBytes(p, sizes));
+    for (const CollectiveInfo& c : cs) out += "  " + formatCollective(c) + "\n";
+  }
+  return out;
+}
+
+}  // namespace meshfuse::cli

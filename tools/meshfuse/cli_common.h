@@ -1,0 +1,63 @@
+// Helpers shared by the CLI's subcommands.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/host_ir.h"
+#include "meshfuse/pipeline.h"
+#include "meshfuse/tensor.h"
+
+namespace meshfuse::cli {
+
+std::string readText(const std::string& path);
+// The texts of FILE's cases: the whole file, or with `split` the pieces between lines that are
+// exactly "# -----" (as MLIR's --split-input-file). Each piece keeps its line numbers (earlier
+// lines become blank), so errors point into the original file.
+std::vector<std::string> splitInput(const std::string& text, bool split);
+// The name parse errors use for `path`.
+std::string displayPath(const std::string& path);
+// "t=128" arguments of --size.
+SymbolBindings parseSizes(const std::vector<std::string>& args);
+// Binds every symbolic input size: from `sizes`, else 8 (with a note on stderr when `warn`).
+SymbolBindings completeBindings(const Fusion& f, SymbolBindings sizes, bool warn);
+// Full (global) inputs: seeded random (input i uses seed + i), or read from .npy files.
+std::vector<Tensor> makeInputs(const Fusion& f, const std::vector<std::string>& npy_files, const SymbolBindings& sizes,
+                               uint64_t seed);
+// "mean .. std .. min .. max .. sum .." of a tensor.
+std::string summary(const Tensor& t);
+
+struct ShardedRunOptions {
+  std::vector<std::string> npy_inputs;
+  SymbolBindings sizes;
+  uint64_t seed = 0;
+  bool check = false;
+  bool print_hostir = false;
+  std::string save_dir;
+  int64_t fail_on_rank = -1;  // --inject-failure-on-rank: this rank throws before running
+};
+// Runs `definition` (inputs carry placements) on this process's rank; rank 0 gathers the
+// outputs and, with `check`, compares them with single-device execution. Returns the exit code.
+int runSharded(const Fusion& definition, const ShardedRunOptions& options);
+
+// Dtype-appropriate tolerances: |a - b| <= atol + rtol * |b|.
+struct Tolerance {
+  double rtol, atol;
+};
+Tolerance toleranceFor(DataType dt);
+struct Comparison {
+  double max_abs = 0, max_rel = 0;
+  bool pass = false;
+};
+Comparison compare(const Tensor& actual, const Tensor& expected);
+
+// "allreduce  axis 0  team [0, 1]  4096 bytes  -> %5  (why)".
+std::string formatCollective(const CollectiveInfo& c);
+// Every rank's collectives (or only `ranks`') without running, for `meshfuse collectives`.
+std::string collectiveReport(const CompiledProgram& program, const std::vector<int64_t>& ranks,
+                             const SymbolBindings& sizes);
+
+}  // namespace meshfuse::cli

@@ -1,0 +1,138 @@
+// `meshfuse run` of a sharded fusion: every rank runs its host program on its shard of the
+// seeded inputs; rank 0 gathers the outputs and, with --check, compares them with
+// single-device execution of the same definition.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+
+#include "cli_common.h"
+#include "meshfuse/executor.h"
+#include "meshfuse/ir/parser.h"
+#include "meshfuse/npy.h"
+#include "meshfuse/reference.h"
+#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/runtime/host_ir_evaluator.h"
+
+namespace meshfuse::cli {
+namespace {
+
+// Rank 0 receives every rank's block of `tv` (ranks outside its mesh hold none) and assembles
+// the global tensor; other ranks send theirs and get an empty tensor back.
+Tensor gatherGlobal(Communicator& comm, const TensorView* tv, const Tensor& local, const SymbolBindings& bindings) {
+  const DeviceMesh* mesh = tv->mesh();
+  if (mesh == nullptr) return comm.rank() == 0 ? local : Tensor();
+  if (comm.rank() != 0) {
+    if (mesh->contains(comm.rank())) comm.send(local.data(), local.numel(), local.dtype(), 0, /*tag=*/7)->wait();
+    return Tensor();
+  }
+  std::vector<Tensor> blocks(comm.size());
+  for (int64_t r : mesh->devices()) {
+    if (r == 0) {
+      blocks[r] = local;
+      continue;
+    }
+    blocks[r] = Tensor(tv->dtype(), localShape(tv, bindings));
+    comm.recv(blocks[r].data(), blocks[r].numel(), tv->dtype(), r, /*tag=*/7)->wait();
+  }
+  return assembleGlobal(tv, blocks);
+}
+
+}  // namespace
+
+Tolerance toleranceFor(DataType dt) {
+  switch (dt) {
+    case DataType::BFloat16: return {2e-2, 2e-2};
+    case DataType::Half: return {5e-3, 5e-3};
+    case DataType::Float: return {1e-4, 1e-5};
+    default: return {0, 0};
+  }
+}
+
+Comparison compare(const Tensor& actual, const Tensor& expected) {
+  Comparison c;
+  Tolerance tol = toleranceFor(expected.dtype());
+  std::vector<double> a = actual.toValues(), b = expected.toValues();
+  c.pass = actual.shape() == expected.shape();
+  for (size_t k = 0; k < a.size() && k < b.size(); ++k) {
+    double err = std::fabs(a[k] - b[k]);
+    c.max_abs = std::max(c.max_abs, err);
+    c.max_rel = std::max(c.max_rel, err / std::max(std::fabs(b[k]), 1e-30));
+    c.pass &= err <= tol.atol + tol.rtol * std::fabs(b[k]);
+  }
+  return c;
+}
+
+int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
+  std::unique_ptr<Communicator> comm = makeDefaultCommunicator();
+  const int64_t rank = comm->rank(), world = comm->size();
+  std::vector<ShardedTensor> inputs = inputLayouts(definition);
+  std::unique_ptr<MultiDeviceExecutor> exec;
+  std::vector<Tensor> full;
+  SymbolBindings sizes;
+  // Compile-time problems are found identically on every rank: rank 0 reports, all exit 1.
+  try {
+    int64_t covered = 0;
+    for (int64_t m = 0; m < definition.numMeshes(); ++m) covered = std::max(covered, definition.mesh(m).size());
+    for (const ShardedTensor& in : inputs)
+      for (int64_t d : in.mesh.devices()) covered = std::max(covered, d + 1);
+    MF_USER_CHECK(world == covered, ErrorKind::Mesh,
+                  "world size {} != mesh size {}: the meshes of {} name ranks 0..{}; launch with mpirun -np {}", world,
+                  covered, definition.numMeshes() == 1 ? "the fusion" : "its tensors", covered - 1, covered);
+    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm);
+    exec->plan(inputs);
+    sizes = completeBindings(definition, o.sizes, rank == 0);
+    full = makeInputs(definition, o.npy_inputs, sizes, o.seed);
+  } catch (const UserError& e) {
+    if (rank == 0) std::cerr << "meshfuse: " << errorKindName(e.kind()) << ": " << e.message() << "\n";
+    return 1;
+  }
+  // From here on, a rank that fails would leave the others waiting in a collective: it aborts
+  // them all (MPI_Abort) with its message instead.
+  try {
+    const CompiledProgram& compiled = exec->plan(inputs);
+    if (o.print_hostir && rank == 0) std::cout << "== host IR of rank 0\n" << exec->programFor(inputs).toString();
+    for (size_t i = 0; i < full.size(); ++i)
+      inputs[i].local = shardForRank(compiled.fusion->inputs()[i], full[i], rank);
+    MF_USER_CHECK(rank != o.fail_on_rank, ErrorKind::Runtime, "rank {} fails on purpose (--inject-failure-on-rank)",
+                  rank);
+    std::vector<ShardedTensor> outs = exec->run(inputs);
+    if (rank == 0) {
+      std::cout << fmt::format("== ran on {} ranks ({} communicator); collectives executed by rank 0: {}\n", world,
+                               comm->name(), exec->lastCollectives().size());
+      for (const CollectiveInfo& c : exec->lastCollectives()) std::cout << "  " << formatCollective(c) << "\n";
+    }
+    std::vector<Tensor> reference;
+    if (o.check && rank == 0) reference = evaluateReference(definition, full);
+    bool ok = true;
+    if (!o.save_dir.empty() && rank == 0) std::filesystem::create_directories(o.save_dir);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const TensorView* tv = compiled.fusion->outputs()[i];
+      Tensor global = gatherGlobal(*comm, tv, outs[i].local, sizes);
+      if (rank != 0) continue;
+      std::cout << fmt::format("output {} {}: {}{} {}  {}\n", i, compiled.fusion->displayName(tv),
+                               dtypeName(tv->dtype()), global.shapeString(), placementsToString(outs[i].placements),
+                               summary(global));
+      if (!o.save_dir.empty()) writeNpy(fmt::format("{}/output{}.npy", o.save_dir, i), global);
+      if (!o.check) continue;
+      Comparison c = compare(global, reference[i]);
+      std::cout << fmt::format("  vs single device: max abs err {:.3g}, max rel err {:.3g}: {}\n", c.max_abs,
+                               c.max_rel, c.pass ? "OK" : "MISMATCH");
+      ok &= c.pass;
+    }
+    if (o.check && rank == 0) std::cout << (ok ? "check passed\n" : "check FAILED\n") << std::flush;
+    // Every rank exits with rank 0's verdict.
+    int64_t code = ok ? 0 : 1;
+    Team everyone(world);
+    for (int64_t r = 0; r < world; ++r) everyone[r] = r;
+    comm->broadcast(&code, 1, DataType::Int64, 0, everyone)->wait();
+    return static_cast<int>(code);
+  } catch (const std::exception& e) {
+    if (world == 1) throw;
+    comm->abort(e.what());
+  }
+  return 1;  // not reached: abort() does not return (gcc ignores [[noreturn]] on virtual calls)
+}
+
+}  // namespace meshfuse::cli
