@@ -5,10 +5,10 @@
 // runtime gives each TensorView a local (per-rank) buffer of localShape(tv).
 //
 //   allocate %3                         a local buffer for %3
-//   gemm %3 = linear(%inp, %up_w)       a library GEMM (BLAS / cuBLASLt)
-//   launch %4 = gelu(%3)                a generated (or reference) kernel
-//   comm #0 allreduce %4 -> %5 axis 0 team [0, 1, 2, 3]   starts a collective; returns handle #0
-//   wait #0                             blocks until handle #0 completes
+//   gemm #1 (%inp, %up_w) -> (%3)       segment #1: a library GEMM (BLAS / cuBLASLt)
+//   launch #2 (%3) -> (%4)              segment #2: a generated kernel (gelu, ...)
+//   comm h0 allreduce %4 -> %5 axis 0 team [0, 1, 2, 3]   starts a collective; returns handle h0
+//   wait h0                             blocks until handle h0 completes
 //   slice %6 = %5 dim 0 axis 0          Replicate -> Shard: keeps this rank's slice, no comm
 //   deallocate %3                       frees %3 after its last use
 #pragma once
@@ -19,6 +19,7 @@
 
 #include "meshfuse/ir/extent.h"
 #include "meshfuse/runtime/communicator.h"
+#include "meshfuse/segment.h"
 
 namespace meshfuse {
 
@@ -55,7 +56,7 @@ const char* commKindName(CommKind k);
 
 struct HostNode {
   HostNodeKind kind = HostNodeKind::Allocate;
-  const Expr* expr = nullptr;    // LaunchKernel, Gemm; Communication/ShardSlice: the `set`
+  int64_t segment = -1;            // LaunchKernel, Gemm: index into HostProgram::segments
   const TensorView* tv = nullptr;  // Allocate, Deallocate
   const TensorView* in = nullptr;  // Communication, ShardSlice
   const TensorView* out = nullptr; // Communication, ShardSlice
@@ -72,8 +73,10 @@ struct HostNode {
 
 struct HostProgram {
   std::shared_ptr<Fusion> fusion;  // the decomposed fusion the nodes refer to
+  std::shared_ptr<const std::vector<Segment>> segments;  // what LaunchKernel/Gemm nodes run
   int64_t rank = -1;               // -1: the collective program of all ranks
   std::vector<HostNode> nodes;
+  const Segment& segment(const HostNode& n) const { return segments->at(n.segment); }
   std::string toString() const;
 };
 

@@ -48,6 +48,17 @@ int64_t localBytes(const TensorView* tv, const SymbolBindings& b) {
   return n;
 }
 
+// "#2 %act = gelu(%up)" for a one-op segment; "#2 (%a, %b) -> (%c, %d) {add, gelu, sum}" else.
+std::string segmentCall(const Fusion& f, int64_t index, const Segment& seg) {
+  if (seg.exprs.size() == 1)
+    return fmt::format("#{} {} = {}", index, f.displayName(seg.exprs[0]->output()), printExprCall(f, seg.exprs[0]));
+  std::vector<std::string> ins, outs, ops;
+  for (const TensorView* tv : seg.inputs) ins.push_back(f.displayName(tv));
+  for (const TensorView* tv : seg.outputs) outs.push_back(f.displayName(tv));
+  for (const Expr* e : seg.exprs) ops.push_back(std::string(e->name()));
+  return fmt::format("#{} ({}) -> ({}) {{{}}}", index, fmt::join(ins, ", "), fmt::join(outs, ", "), fmt::join(ops, ", "));
+}
+
 }  // namespace
 
 std::string HostProgram::toString() const {
@@ -69,17 +80,17 @@ std::string HostProgram::toString() const {
         break;
       case HostNodeKind::LaunchKernel:
       case HostNodeKind::Gemm:
-        line += fmt::format(" {} = {}", name(n.expr->output()), printExprCall(f, n.expr));
+        line += " " + segmentCall(f, n.segment, segment(n));
         break;
       case HostNodeKind::Communication: {
-        line += fmt::format(" #{} {} {} -> {} axis {}", n.handle, commKindName(n.comm), name(n.in), name(n.out), n.mesh_axis);
+        line += fmt::format(" h{} {} {} -> {} axis {}", n.handle, commKindName(n.comm), name(n.in), name(n.out), n.mesh_axis);
         if (n.comm == CommKind::Allgather || n.comm == CommKind::AllToAll) line += fmt::format(" from dim {}", n.in_dim);
         if (n.comm == CommKind::ReduceScatter || n.comm == CommKind::AllToAll) line += fmt::format(" to dim {}", n.out_dim);
         if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
         break;
       }
       case HostNodeKind::Wait:
-        line += fmt::format(" #{}", n.handle);
+        line += fmt::format(" h{}", n.handle);
         break;
       case HostNodeKind::ShardSlice:
         line += fmt::format(" {} = {} dim {} axis {}", name(n.out), name(n.in), n.out_dim, n.mesh_axis);

@@ -10,12 +10,10 @@
 namespace meshfuse {
 namespace {
 
-std::vector<const TensorView*> reads(const HostNode& n) {
+std::vector<const TensorView*> reads(const HostProgram& p, const HostNode& n) {
   std::vector<const TensorView*> r;
   if (n.in) r.push_back(n.in);
-  if (n.expr && n.kind != HostNodeKind::Communication && n.kind != HostNodeKind::ShardSlice)
-    for (const Val* v : n.expr->inputs())
-      if (v && v->valKind() == ValKind::TensorView) r.push_back(static_cast<const TensorView*>(v));
+  if (n.segment >= 0) r = p.segment(n).inputs;
   return r;
 }
 
@@ -30,7 +28,7 @@ void insertDeallocations(HostProgram& p) {
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     const HostNode& n = p.nodes[i];
     size_t until = n.kind == HostNodeKind::Communication ? wait_of.at(n.handle) : i;
-    for (const TensorView* tv : reads(n)) last_use[tv] = std::max(last_use[tv], until);
+    for (const TensorView* tv : reads(p, n)) last_use[tv] = std::max(last_use[tv], until);
   }
   std::vector<HostNode> out;
   std::map<size_t, std::vector<const TensorView*>> frees;

@@ -58,16 +58,23 @@ bool classifySet(const Expr* e, HostNode& n) {
 HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion) {
   HostProgram p;
   p.fusion = fusion;
+  auto segments = std::make_shared<std::vector<Segment>>(segmentFusion(*fusion));
+  p.segments = segments;
   int64_t handles = 0;
-  for (const Expr* e : fusion->exprs()) {
-    HostNode alloc;
-    alloc.kind = HostNodeKind::Allocate;
-    alloc.tv = e->output();
-    p.nodes.push_back(alloc);
+  for (size_t i = 0; i < segments->size(); ++i) {
+    const Segment& seg = (*segments)[i];
+    for (const TensorView* out : seg.outputs) {
+      HostNode alloc;
+      alloc.kind = HostNodeKind::Allocate;
+      alloc.tv = out;
+      p.nodes.push_back(alloc);
+    }
     HostNode n;
-    n.kind = HostNodeKind::LaunchKernel;
-    n.expr = e;
-    if (e->kind() == OpKind::Set && e->output()->mesh() != nullptr && classifySet(e, n)) {
+    n.segment = static_cast<int64_t>(i);
+    if (seg.kind == Segment::Kind::Communication) {
+      bool moves_data = classifySet(seg.exprs.at(0), n);
+      MF_CHECK(moves_data, "a communication segment whose set moves no data");
+      n.segment = -1;
       if (n.kind == HostNodeKind::Communication) {
         n.handle = handles++;
         p.nodes.push_back(n);
@@ -77,8 +84,8 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion) {
         p.nodes.push_back(w);
         continue;
       }
-    } else if (e->info().category == OpCategory::Gemm) {
-      n.kind = HostNodeKind::Gemm;
+    } else {
+      n.kind = seg.kind == Segment::Kind::Gemm ? HostNodeKind::Gemm : HostNodeKind::LaunchKernel;
     }
     p.nodes.push_back(n);
   }

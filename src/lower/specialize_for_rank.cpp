@@ -11,10 +11,10 @@
 namespace meshfuse {
 namespace {
 
-const TensorView* anchorOf(const HostNode& n) {
+const TensorView* anchorOf(const HostProgram& p, const HostNode& n) {
   if (n.tv) return n.tv;
   if (n.out) return n.out;
-  if (n.expr) return n.expr->output();
+  if (n.segment >= 0) return p.segment(n).outputs.at(0);
   return nullptr;
 }
 
@@ -23,6 +23,7 @@ const TensorView* anchorOf(const HostNode& n) {
 HostProgram specializeForRank(const HostProgram& program, int64_t rank) {
   HostProgram p;
   p.fusion = program.fusion;
+  p.segments = program.segments;
   p.rank = rank;
   std::vector<int64_t> kept_handles;
   for (const HostNode& n : program.nodes) {
@@ -30,7 +31,7 @@ HostProgram specializeForRank(const HostProgram& program, int64_t rank) {
       if (std::find(kept_handles.begin(), kept_handles.end(), n.handle) != kept_handles.end()) p.nodes.push_back(n);
       continue;
     }
-    const TensorView* tv = anchorOf(n);
+    const TensorView* tv = anchorOf(program, n);
     const DeviceMesh* mesh = tv ? tv->mesh() : nullptr;
     if (mesh != nullptr && !mesh->contains(rank)) continue;  // another rank's (or stage's) work
     HostNode s = n;

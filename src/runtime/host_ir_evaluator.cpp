@@ -94,12 +94,12 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
         break;
       case HostNodeKind::LaunchKernel:
       case HostNodeKind::Gemm: {
-        std::vector<const Tensor*> operands;
-        for (const Val* v : n.expr->inputs())
-          operands.push_back(v && v->valKind() == ValKind::TensorView ? &value(static_cast<const TensorView*>(v)) : nullptr);
-        Tensor& out = value(n.expr->output());
-        if (n.kind == HostNodeKind::Gemm) backend_.gemm(n.expr, operands, out);
-        else backend_.launchKernel(n.expr, operands, out);
+        const Segment& seg = program_.segment(n);
+        std::vector<const Tensor*> ins;
+        std::vector<Tensor*> outs;
+        for (const TensorView* tv : seg.inputs) ins.push_back(&value(tv));
+        for (const TensorView* tv : seg.outputs) outs.push_back(&value(tv));
+        backend_.runSegment(seg, ins, outs, [this](const TensorView* tv) { return localShape(tv, bindings_); });
         break;
       }
       case HostNodeKind::Communication:

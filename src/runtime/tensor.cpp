@@ -1,7 +1,9 @@
 // Host tensors.
 #include "meshfuse/tensor.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -9,9 +11,63 @@
 
 namespace meshfuse {
 
-Tensor::Tensor(DataType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
-  for (int64_t s : shape_) MF_USER_CHECK(s >= 0, ErrorKind::Shape, "negative tensor size {}", s);
-  storage_ = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(numel() * dtypeSize(dtype_)));
+namespace {
+void checkShape(const std::vector<int64_t>& shape) {
+  for (int64_t s : shape) MF_USER_CHECK(s >= 0, ErrorKind::Shape, "negative tensor size {}", s);
+}
+}  // namespace
+
+Tensor::Tensor(DataType dtype, std::vector<int64_t> shape) : Tensor(empty(dtype, std::move(shape))) {
+  if (nbytes() > 0) std::memset(data_, 0, nbytes());
+}
+
+Tensor Tensor::empty(DataType dtype, std::vector<int64_t> shape) {
+  checkShape(shape);
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  // 64-byte aligned so that generated kernels can use aligned vector loads.
+  size_t bytes = (std::max<size_t>(t.nbytes(), 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  MF_USER_CHECK(p != nullptr, ErrorKind::Runtime, "out of host memory allocating {} bytes", bytes);
+  t.owner_ = std::shared_ptr<void>(p, std::free);
+  t.data_ = static_cast<std::byte*>(p);
+  return t;
+}
+
+Tensor Tensor::wrap(void* data, DataType dtype, std::vector<int64_t> shape, std::shared_ptr<void> owner,
+                    Device device) {
+  checkShape(shape);
+  Tensor t;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.shape_ = std::move(shape);
+  t.owner_ = owner ? std::move(owner) : std::shared_ptr<void>(data, [](void*) {});
+  t.data_ = static_cast<std::byte*>(data);
+  return t;
+}
+
+Tensor Tensor::slice0(int64_t start, int64_t length) const {
+  MF_CHECK(rank() > 0 && start >= 0 && length >= 0 && start + length <= shape_[0],
+           "slice0 [{}, {}) of a tensor of shape {}", start, start + length, shapeString());
+  Tensor t = *this;
+  t.shape_[0] = length;
+  t.data_ = data_ + static_cast<size_t>(start) * (numel() / std::max<int64_t>(shape_[0], 1)) * dtypeSize(dtype_);
+  return t;
+}
+
+Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  MF_CHECK(t.numel() == numel(), "reshaping {} elements into {}", numel(), t.shapeString());
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  MF_CHECK(device_ == Device::Cpu, "clone of a device tensor");
+  Tensor t = empty(dtype_, shape_);
+  if (nbytes() > 0) std::memcpy(t.data_, data_, nbytes());
+  return t;
 }
 
 int64_t Tensor::numel() const {
@@ -42,7 +98,7 @@ Tensor Tensor::random(DataType dtype, std::vector<int64_t> shape, uint64_t seed)
 }
 
 double Tensor::get(int64_t i) const {
-  const std::byte* p = storage_->data();
+  const std::byte* p = data_;
   switch (dtype_) {
     case DataType::Float: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
     case DataType::BFloat16: { uint16_t b; std::memcpy(&b, p + 2 * i, 2); return bf16BitsToFloat(b); }
@@ -54,7 +110,7 @@ double Tensor::get(int64_t i) const {
 }
 
 void Tensor::set(int64_t i, double v) {
-  std::byte* p = storage_->data();
+  std::byte* p = data_;
   switch (dtype_) {
     case DataType::Float: { float f = static_cast<float>(v); std::memcpy(p + 4 * i, &f, 4); return; }
     case DataType::BFloat16: { uint16_t b = floatToBf16Bits(static_cast<float>(v)); std::memcpy(p + 2 * i, &b, 2); return; }

@@ -1,28 +1,53 @@
-// The Backend interface: memory, kernels and GEMMs for the host-IR evaluator. `cpu` runs on the
-// host (reference kernels, BLAS GEMMs); the CUDA backend arrives with the CUDA issue.
+// The Backend interface: memory, segments (generated kernels and library GEMMs) and streams for
+// the host-IR evaluator (DESIGN.md "Host IR").
+//
+//   reference  the reference executor's loops, per op (the oracle; slow)
+//   cpu        LLVM-JIT kernels and BLAS GEMMs, threads as streams
+//   cuda       NVRTC kernels, cuBLASLt GEMMs, CUDA streams and events
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "meshfuse/segment.h"
 #include "meshfuse/tensor.h"
 
 namespace meshfuse {
 
-class Expr;
+class TensorView;
+
+// The shape of a segment's TensorView in this launch: its local (per-rank) shape, and inside a
+// Stream-parallel loop the shape of one chunk. Kernels are specialized for these shapes.
+using ShapeFn = std::function<std::vector<int64_t>(const TensorView*)>;
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  virtual Device device() const { return Device::Cpu; }
+
+  // Memory the segments and collectives read and write (uninitialized).
   virtual Tensor allocate(DataType dtype, const std::vector<int64_t>& shape) = 0;
-  // Runs op `e` on operand tensors aligned with e->inputs() (nullptr: scalar or absent).
-  virtual void launchKernel(const Expr* e, const std::vector<const Tensor*>& operands, Tensor& out) = 0;
-  virtual void gemm(const Expr* e, const std::vector<const Tensor*>& operands, Tensor& out) = 0;
+
+  // Runs a Kernel or Gemm segment. `inputs` align with seg.inputs and `outputs` with
+  // seg.outputs (already allocated with their shapes). Compiles on first use of a (segment
+  // structure, shapes, dtypes) and reuses the compiled code afterwards.
+  virtual void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs,
+                          const std::vector<Tensor*>& outputs, const ShapeFn& shape_of) = 0;
+
+  // Compile-time statistics, for --timing and the compile-cache tests.
+  struct Stats {
+    int64_t kernels_compiled = 0;
+    double compile_seconds = 0;
+  };
+  virtual Stats stats() const { return {}; }
 };
 
-// Host memory, the reference kernels (until generated kernels land) and BLAS GEMMs.
+// The reference executor's loops, one op at a time: obviously correct, slow. Tests' oracle.
+std::unique_ptr<Backend> makeReferenceBackend();
+// The CPU backend of the runtime (generated kernels and BLAS GEMMs).
 std::unique_ptr<Backend> makeCpuBackend();
 
 }  // namespace meshfuse
