@@ -38,6 +38,7 @@ struct ShardedTensor {
 
 struct ExecutorOptions {
   PipelineOptions pipeline;
+  bool keep_stages = false;  // keep each stage's IR text in CompiledProgram::stages (for plan())
 };
 
 class MultiDeviceExecutor {

@@ -67,7 +67,7 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
                     i, inputs[i].mesh.toString(), d, comm_.size(), comm_.size(), inputs[i].mesh.size(),
                     inputs[i].mesh.size());
   auto e = std::make_unique<Entry>();
-  e->compiled = compile(placeInputs(*definition_, inputs), options_.pipeline);
+  e->compiled = compile(placeInputs(*definition_, inputs), options_.pipeline, options_.keep_stages);
   e->program = programForRank(e->compiled, comm_.rank());
   e->evaluator = std::make_unique<HostIrEvaluator>(e->program, *backend_, comm_);
   return *cache_.emplace(key, std::move(e)).first->second;
