@@ -1,6 +1,8 @@
 // Communication/compute decomposition (contract in decompose_reshardings.h).
 #include "decompose/decompose_reshardings.h"
 
+#include <map>
+
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ops.h"
 #include "propagation/required_sharding.h"
@@ -36,7 +38,8 @@ OutputChoice outputChoice(const Expr* e, const ShardingRule& rule, int64_t a) {
   return c;
 }
 
-// Inserts `set`s before `e` that take `from` to `target` one mesh axis at a time.
+// Inserts `set`s before `e` that take `from` to `target` one mesh axis at a time. `why` holds
+// one "{}" for `from`.
 TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target, const std::string& why) {
   TensorView* cur = from;
   Sharding s = readSharding(from);
@@ -51,17 +54,33 @@ TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target
     TensorView* next = ops::set(cur);
     writeSharding(next, s);
     next->setPinned(false);
-    next->setProvenance(fmt::format("{}: {}", why, step));
+    next->setProvenance({fmt::format("{}: {}", why, step), {from}});
     cur = next;
   }
   f.setInsertionPoint(nullptr);
   return cur;
 }
 
+// Resharded copies made so far, so that several consumers needing the same sharding of a value
+// share one collective (q, k and v projections read one gathered activation).
+class ReshardCache {
+ public:
+  TensorView* get(Fusion& f, Expr* e, TensorView* from, const Sharding& target, const std::string& why) {
+    auto key = std::make_pair(from, toString(target) + fmt::format("@{}", target.mesh));
+    auto it = done_.find(key);
+    if (it != done_.end()) return it->second;
+    return done_[key] = reshard(f, e, from, target, why);
+  }
+
+ private:
+  std::map<std::pair<TensorView*, std::string>, TensorView*> done_;
+};
+
 }  // namespace
 
 void decomposeReshardings(Fusion& f) {
   std::vector<Expr*> exprs = f.exprs();
+  ReshardCache cache;
   for (Expr* e : exprs) {
     if (e->kind() == OpKind::Set) {
       // A set that changes several axes becomes a chain of single-axis sets.
@@ -74,7 +93,7 @@ void decomposeReshardings(Fusion& f) {
       if (diffs > 1) {
         Sharding mid = to;
         mid.axes[last] = from.axes[last];
-        TensorView* staged = reshard(f, e, in, mid, fmt::format("staged for {}", f.displayName(e->output())));
+        TensorView* staged = reshard(f, e, in, mid, fmt::format("staged for {} of {{}}", e->name()));
         f.replaceOperand(e, in, staged);
       }
       continue;
@@ -100,8 +119,7 @@ void decomposeReshardings(Fusion& f) {
         need.axes[a] = *req;
       }
       if (need == actual) continue;
-      TensorView* fixed = reshard(f, e, in, need, fmt::format("{} needs {} as {}", e->name(), f.displayName(in),
-                                                              toString(need)));
+      TensorView* fixed = cache.get(f, e, in, need, fmt::format("{} needs {{}} as {}", e->name(), toString(need)));
       f.replaceOperand(e, in, fixed);
     }
   }

@@ -246,6 +246,14 @@ std::string Fusion::displayName(const Val* v) const {
   return fmt::format("%{}", n);  // a value being created right now: the next number
 }
 
+void Fusion::checkExtentConstraints(const SymbolBindings& bindings) const {
+  for (const ExtentConstraint& c : extent_constraints_) {
+    int64_t a = c.a.evaluate(bindings), b = c.b.evaluate(bindings);
+    MF_USER_CHECK(a == b, ErrorKind::Shape, "{}: {} mismatch: {} has {} = {} but {} has {} = {}", c.op, c.what,
+                  displayName(c.ta), c.a.toString(), a, displayName(c.tb), c.b.toString(), b);
+  }
+}
+
 TensorView* Fusion::findTensor(std::string_view display_name) const {
   if (display_name.starts_with("%")) display_name.remove_prefix(1);
   int64_t n = 0;

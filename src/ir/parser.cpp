@@ -382,7 +382,7 @@ class Parser {
     for (const auto& [tok, s] : type.steps) at(tok, [&] { tv->applyStep(s); });
     if (type.has_mesh) {
       tv->setPinned(!type.has_provenance);
-      tv->setProvenance(type.has_provenance ? type.provenance : "");
+      tv->setProvenance(Provenance::literal(type.has_provenance ? type.provenance : ""));
     }
   }
 

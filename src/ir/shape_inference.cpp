@@ -54,10 +54,13 @@ struct Ctx {
     for (const Extent& e : t->shape()) s.push_back(e.toString());
     return fmt::format("[{}]", fmt::join(s, ", "));
   }
+  // Equal extents, or (when one is symbolic) a constraint checked once sizes are bound.
   void requireSameExtent(const Extent& a, const Extent& b, const std::string& what,
                          const TensorView* ta, const TensorView* tb) const {
-    MF_USER_CHECK(a == b, ErrorKind::Shape, "{}: {} mismatch: {} has {} but {} has {}", op(), what,
-                  name(ta), a.toString(), name(tb), b.toString());
+    if (a == b) return;
+    MF_USER_CHECK(!a.isStatic() || !b.isStatic(), ErrorKind::Shape, "{}: {} mismatch: {} has {} but {} has {}", op(),
+                  what, name(ta), a.toString(), name(tb), b.toString());
+    f.addExtentConstraint({a, b, std::string(op()), what, ta, tb});
   }
 };
 

@@ -1,6 +1,8 @@
 // TensorView: domains and the schedule API.
 #include <algorithm>
 
+#include <fmt/args.h>
+
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
 
@@ -17,6 +19,32 @@ std::vector<Extent> TensorView::shape() const {
   std::vector<Extent> out;
   for (IterDomain* id : dims()) out.push_back(id->extent());
   return out;
+}
+
+Provenance Provenance::join(const std::vector<Provenance>& notes) {
+  Provenance out;
+  for (const Provenance& n : notes) {
+    if (n.text.empty()) continue;
+    if (!out.text.empty()) out.text += "; ";
+    out.text += n.text;
+    out.refs.insert(out.refs.end(), n.refs.begin(), n.refs.end());
+  }
+  return out;
+}
+
+Provenance Provenance::literal(std::string_view text) {
+  Provenance p;
+  for (char c : text) {
+    p.text += c;
+    if (c == '{' || c == '}') p.text += c;  // a format string: braces are doubled
+  }
+  return p;
+}
+
+std::string TensorView::provenance() const {
+  fmt::dynamic_format_arg_store<fmt::format_context> args;
+  for (const Val* v : provenance_.refs) args.push_back(fusion_->displayName(v));
+  return fmt::vformat(provenance_.text, args);
 }
 
 const DeviceMesh* TensorView::mesh() const {

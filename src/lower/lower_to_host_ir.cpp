@@ -59,6 +59,13 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion) {
   HostProgram p;
   p.fusion = fusion;
   auto segments = std::make_shared<std::vector<Segment>>(segmentFusion(*fusion));
+  // A resharding on a mesh axis of one device moves no data: a local copy kernel.
+  for (Segment& seg : *segments) {
+    HostNode n;
+    if (seg.kind == Segment::Kind::Communication && classifySet(seg.exprs.at(0), n) &&
+        seg.exprs[0]->output()->mesh()->size(n.mesh_axis) == 1)
+      seg.kind = Segment::Kind::Kernel;
+  }
   p.segments = segments;
   int64_t handles = 0;
   for (size_t i = 0; i < segments->size(); ++i) {

@@ -22,7 +22,7 @@ struct TvState {
   Sharding sharding;
   std::vector<int64_t> partial_dims;          // per axis: logical reduction index or -1
   std::vector<std::optional<int64_t>> hints;  // per axis: a dims() index sharded upstream
-  std::vector<std::string> why;               // per axis
+  std::vector<Provenance> why;                // per axis
 };
 
 class Propagator {
@@ -52,7 +52,8 @@ class Propagator {
           for (int64_t a = 0; a < mesh_.rank(); ++a) {
             std::optional<AxisState> req = requiredOperandState(e, rule, outputChoice(e, a), i);
             s.sharding.axes[a] = req.value_or(Placement::replicate());
-            s.why[a] = fmt::format("{} as {}'s operand needs", s.sharding.axes[a].toString(), e->name());
+            s.why[a] = Provenance::literal(
+                fmt::format("{} as {}'s operand needs", s.sharding.axes[a].toString(), e->name()));
           }
           states_[in] = s;
           changed = true;
@@ -62,7 +63,7 @@ class Propagator {
     for (TensorView* tv : f_.tensorViews()) {
       if (decided(tv)) continue;
       TvState s = fresh();
-      for (int64_t a = 0; a < mesh_.rank(); ++a) s.why[a] = "Replicate(): nothing decides it";
+      for (int64_t a = 0; a < mesh_.rank(); ++a) s.why[a] = Provenance::literal("Replicate(): nothing decides it");
       states_[tv] = s;
     }
     write();
@@ -75,7 +76,7 @@ class Propagator {
     s.sharding = {mesh_index_, std::vector<AxisState>(mesh_.rank(), Placement::replicate())};
     s.partial_dims.assign(mesh_.rank(), -1);
     s.hints.assign(mesh_.rank(), std::nullopt);
-    s.why.assign(mesh_.rank(), "");
+    s.why.assign(mesh_.rank(), Provenance{});
     return s;
   }
 
@@ -189,12 +190,12 @@ class Propagator {
         if (!rule.contraction_ok) return;
         c.state = Placement::partial();
         c.contraction_dim = ol;
-        c.why = fmt::format("Partial(): contracted dim {} is sharded in {} ({})", d, f_.displayName(e->inputs()[i]), how);
+        c.why = {fmt::format("Partial(): contracted dim {} is sharded in {{}} ({})", d, how), {e->inputs()[i]}};
       } else {
         c.state = Placement::shard(dimIndexOfLogical(o, ol));
         c.out_logical = ol;
-        c.why = fmt::format("{}: dim {} of {} ({}) through {}", c.state.toString(), d, f_.displayName(e->inputs()[i]),
-                            how, e->name());
+        c.why = {fmt::format("{}: dim {} of {{}} ({}) through {}", c.state.toString(), d, how, e->name()),
+                 {e->inputs()[i]}};
       }
       add(c);
     };
@@ -207,7 +208,7 @@ class Propagator {
         OutputChoice c;
         c.state = Placement::partial();
         c.source_operand = static_cast<int64_t>(i);
-        c.why = fmt::format("Partial(): pending sum of {} passes through {}", f_.displayName(in), e->name());
+        c.why = {fmt::format("Partial(): pending sum of {{}} passes through {}", e->name()), {in}};
         add(c);
       }
     }
@@ -218,7 +219,7 @@ class Propagator {
       if (std::optional<int64_t> h = states_.at(in).hints[a]; h && *h < in->rank()) fromDim(i, *h, "sharded upstream");
     }
     OutputChoice rep;
-    rep.why = fmt::format("Replicate(): no cheaper sharding for {} on mesh axis {}", e->name(), a);
+    rep.why = Provenance::literal(fmt::format("Replicate(): no cheaper sharding for {} on mesh axis {}", e->name(), a));
     add(rep);
     return out;
   }
@@ -291,9 +292,7 @@ class Propagator {
       const TvState& s = states_.at(tv);
       writeSharding(tv, s.sharding, s.partial_dims);
       tv->setPinned(false);
-      std::vector<std::string> why;
-      for (const std::string& w : s.why) why.push_back(w);
-      tv->setProvenance(fmt::format("{}", fmt::join(why, "; ")));
+      tv->setProvenance(Provenance::join(s.why));
     }
   }
 
@@ -304,7 +303,7 @@ class Propagator {
       if (o->pinned()) continue;
       const TvState& s = states_.at(o);
       Sharding target = s.sharding;
-      std::vector<std::string> why;
+      std::vector<Provenance> why;
       bool partial = false;
       for (int64_t a = 0; a < mesh_.rank(); ++a) {
         if (target.axes[a].kind != Placement::Partial) continue;
@@ -314,19 +313,20 @@ class Propagator {
         for (int64_t b = 0; b < mesh_.rank(); ++b) taken |= b != a && h && target.axes[b] == Placement::shard(*h);
         if (h && !taken && o->shape()[*h].divisible(mesh_.size(a))) {
           target.axes[a] = Placement::shard(*h);
-          why.push_back(fmt::format("output materialized: Partial() reduce-scattered to Shard({}) on mesh axis {}, as "
-                                    "dim {} is sharded there in the inputs it derives from",
-                                    *h, a, *h));
+          why.push_back(Provenance::literal(
+              fmt::format("output materialized: Partial() reduce-scattered to Shard({}) on mesh axis {}, as dim {} is "
+                          "sharded there in the inputs it derives from",
+                          *h, a, *h)));
         } else {
           target.axes[a] = Placement::replicate();
-          why.push_back(fmt::format("output materialized: Partial() all-reduced to Replicate() on mesh axis {}", a));
+          why.push_back(Provenance::literal(fmt::format("output materialized: Partial() all-reduced to Replicate() on mesh axis {}", a)));
         }
       }
       if (!partial) continue;
       TensorView* m = ops::set(o);
       writeSharding(m, target);
       m->setPinned(false);
-      m->setProvenance(fmt::format("{}", fmt::join(why, "; ")));
+      m->setProvenance(Provenance::join(why));
       f_.replaceOutput(o, m);
       if (!o->name().empty()) {
         std::string name = o->name();

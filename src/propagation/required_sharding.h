@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "meshfuse/ir/val.h"
 #include "propagation/sharding.h"
 #include "propagation/sharding_rule.h"
 
@@ -18,7 +19,7 @@ struct OutputChoice {
   int64_t out_logical = -1;      // Shard: the output logical index
   int64_t contraction_dim = -1;  // Partial from a sharded contracted dim: its logical index
   int64_t source_operand = -1;   // Partial passing through from this operand (AnyOne)
-  std::string why;
+  Provenance why;
 };
 
 // nullopt when no operand state can give that output (e.g. a scalar added to a Partial).

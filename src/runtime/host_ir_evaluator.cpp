@@ -64,6 +64,7 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
                     shape[d].symbol(), global, it->second);
     }
   }
+  f.checkExtentConstraints(b);
   return b;
 }
 

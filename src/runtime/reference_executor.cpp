@@ -379,6 +379,7 @@ SymbolBindings bindInputs(const Fusion& f, const std::vector<Tensor>& inputs) {
                     e.symbol(), it->second, actual);
     }
   }
+  f.checkExtentConstraints(b);
   return b;
 }
 

@@ -118,7 +118,7 @@ TEST(TextRoundTrip, GoldenTextOfAShardedFusion) {
   TensorView* y = f.apply(OpKind::Linear, {inp, up_w});
   applyPlacements(y, tp, {Placement::shard(1)});
   y->setPinned(false);
-  y->setProvenance("linear: n from %up_w");
+  y->setProvenance(Provenance::literal("linear: n from %up_w"));
   TensorView* g = f.apply(OpKind::Gelu, {y}, {{"approximate", std::string("tanh")}});
   f.addOutput(g);
   EXPECT_EQ(expectRoundTrip(f), R"(fusion {
@@ -266,7 +266,7 @@ TEST(TextRoundTrip, ProvenanceWithANewline) {
   TensorView* x = f.defineTensor({4}, DataType::Float, "x");
   x->setDeviceMesh(DeviceMesh({0, 1}));
   x->setPinned(false);
-  x->setProvenance("first rule\nthen second rule");
+  x->setProvenance(Provenance::literal("first rule\nthen second rule"));
   expectRoundTrip(f);
 }
 

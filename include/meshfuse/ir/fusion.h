@@ -69,6 +69,17 @@ class Fusion {
   // The name the printer and error messages use: the user's name, or %N where N numbers the
   // unnamed TensorViews in program order (deterministic, independent of creation counters).
   std::string displayName(const Val* v) const;
+
+  // Two extents an op requires equal that are only known at run time (?s0 vs ?s1, or ?s0 vs
+  // 8): recorded by shape inference, checked by checkExtentConstraints once sizes are bound.
+  struct ExtentConstraint {
+    Extent a, b;
+    std::string op, what;   // "add", "dim 0"
+    const Val *ta, *tb;     // the operands that have them
+  };
+  void addExtentConstraint(ExtentConstraint c) { extent_constraints_.push_back(std::move(c)); }
+  // Throws ShapeError naming the op, both tensors and both values on a violated constraint.
+  void checkExtentConstraints(const SymbolBindings& bindings) const;
   // Looks a TensorView up by display name; nullptr when absent.
   TensorView* findTensor(std::string_view display_name) const;
 
@@ -86,6 +97,7 @@ class Fusion {
   std::vector<TensorView*> outputs_;
   std::vector<Expr*> exprs_;
   Expr* insertion_point_ = nullptr;
+  std::vector<ExtentConstraint> extent_constraints_;
 };
 
 }  // namespace meshfuse

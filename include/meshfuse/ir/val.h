@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshfuse/ir/dtype.h"
@@ -50,6 +51,18 @@ class Scalar : public Val {
   double value_;
 };
 
+// Why a TensorView is sharded the way it is (which input or rule decided it). `text` holds one
+// "{}" per entry of `refs`, replaced by the referenced values' display names when rendered:
+// positional names (%3) shift as passes insert values, so names are resolved at print time.
+struct Provenance {
+  std::string text;
+  std::vector<const Val*> refs;
+  // Joins notes with "; " (e.g. one note per mesh axis).
+  static Provenance join(const std::vector<Provenance>& notes);
+  // A note without references (its braces are escaped).
+  static Provenance literal(std::string_view text);
+};
+
 // One recorded loop-domain scheduling step; the printer prints these, the parser replays them.
 struct ScheduleStep {
   enum Kind { Split, Merge, Parallelize } kind;
@@ -80,8 +93,9 @@ class TensorView : public Val {
   // propagation never changes its sharding.
   bool pinned() const { return pinned_; }
   void setPinned(bool p) { pinned_ = p; }
-  const std::string& provenance() const { return provenance_; }
-  void setProvenance(std::string p) { provenance_ = std::move(p); }
+  // The provenance text with current display names ("" when pinned or undecided).
+  std::string provenance() const;
+  void setProvenance(Provenance p) { provenance_ = std::move(p); }
 
   // Schedule API (nvFuser-like). Axes index the current loop domain; negative counts from the
   // end. Throw PlacementError/ValueError with the tensor's name on bad arguments.
@@ -116,7 +130,7 @@ class TensorView : public Val {
   int64_t mesh_index_ = -1;
   int64_t num_partial_dims_ = 0;  // the last ones of logical_
   bool pinned_ = false;
-  std::string provenance_;
+  Provenance provenance_;
 };
 
 }  // namespace meshfuse

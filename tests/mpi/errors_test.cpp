@@ -1,0 +1,93 @@
+// Bad input to a multi-rank run: a typed error with a clear message on every rank, never a hang.
+#include "mpi_test_main.h"
+#include "meshfuse/ir/parser.h"
+#include "meshfuse/ops.h"
+#include "models.h"
+
+namespace meshfuse::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// The message of the UserError `fn` throws (and its kind), or "" when it throws none.
+std::string errorOf(ErrorKind kind, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.kind(), kind) << e.message();
+    return e.message();
+  }
+  ADD_FAILURE() << "expected a " << errorKindName(kind);
+  return "";
+}
+
+std::vector<ShardedTensor> mlpInputs(const DeviceMesh& mesh, int64_t t) {
+  return {{Tensor(DataType::Float, {t, 16}), mesh, {R}},
+          {Tensor(DataType::Float, {64 / mesh.size(), 16}), mesh, {S(0)}},
+          {Tensor(DataType::Float, {16, 64 / mesh.size()}), mesh, {S(1)}}};
+}
+
+TEST(Errors, MeshLargerThanTheWorld) {
+  Fusion f;
+  models::buildMlp(f, 16);
+  std::vector<int64_t> ids(worldSize() * 2);
+  std::iota(ids.begin(), ids.end(), 0);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  EXPECT_THAT(errorOf(ErrorKind::Mesh, [&] { exec.run(mlpInputs(DeviceMesh(ids), 4)); }),
+              AllOf(HasSubstr(fmt::format("the world has {} ranks", worldSize())),
+                    HasSubstr(fmt::format("mpirun -np {}", 2 * worldSize()))));
+}
+
+TEST(Errors, WrongNumberOfPlacements) {
+  Fusion f;
+  models::buildMlp(f, 16);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
+  in[1].placements = {S(0), R};
+  EXPECT_THAT(errorOf(ErrorKind::Placement, [&] { exec.run(in); }),
+              HasSubstr("input 1: %up_w: got 2 placements [Shard(0), Replicate()] for a rank-1 mesh"));
+}
+
+TEST(Errors, WrongNumberOfInputs) {
+  Fusion f;
+  models::buildMlp(f, 16);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
+  in.pop_back();
+  EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }), HasSubstr("the fusion takes 3 inputs but 2 were given"));
+}
+
+TEST(Errors, UnevenShardIsRejectedClearly) {
+  if (worldSize() == 1) GTEST_SKIP() << "every size divides into one shard";
+  Fusion f;
+  f.addOutput(ops::neg(f.defineTensor({worldSize() + 1, 4}, DataType::Float, "x")));
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {1, 4}), worldMesh(), {S(0)}}};
+  EXPECT_THAT(errorOf(ErrorKind::Unsupported, [&] { exec.run(in); }),
+              HasSubstr(fmt::format("uneven sharding not supported: %x dim 0 has size {}", worldSize() + 1)));
+}
+
+TEST(Errors, LocalShapeThatDoesNotMatchThePlacement) {
+  Fusion f;
+  models::buildMlp(f, 16);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
+  in[1].local = Tensor(DataType::Float, {64, 16});  // the full weight, not this rank's shard
+  if (worldSize() == 1) GTEST_SKIP() << "the full weight is the shard";
+  EXPECT_THAT(errorOf(ErrorKind::Shape, [&] { exec.run(in); }),
+              AllOf(HasSubstr("input 1 (%up_w): dim 0 must be 64 globally"), HasSubstr("[64, 16]")));
+}
+
+TEST(Errors, WrongDtype) {
+  Fusion f;
+  models::buildMlp(f, 16);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
+  in[0].local = Tensor(DataType::BFloat16, {4, 16});
+  EXPECT_THAT(errorOf(ErrorKind::Dtype, [&] { exec.run(in); }),
+              HasSubstr("input 0 (%inp): expected dtype f32 but got bf16"));
+}
+
+}  // namespace
+}  // namespace meshfuse::testing

@@ -1,0 +1,118 @@
+// main() of the multi-rank tests: MPI_Init/MPI_Finalize around GoogleTest (gtest_main never
+// finalizes MPI), and only rank 0 prints test progress so the log stays readable.
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <cmath>
+
+#include "meshfuse/ir/parser.h"
+#include "mpi_test_main.h"
+
+namespace meshfuse::testing {
+namespace {
+std::unique_ptr<Communicator> g_world;
+}
+
+Communicator& world() { return *g_world; }
+
+ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<DeviceMesh, Ps>>& layouts,
+                      const SymbolBindings& sizes) {
+  ShardedRun run;
+  std::vector<ShardedTensor> inputs;
+  for (size_t i = 0; i < definition.inputs().size(); ++i) {
+    const TensorView* tv = definition.inputs()[i];
+    std::vector<int64_t> shape;
+    for (const Extent& e : tv->shape()) shape.push_back(e.evaluate(sizes));
+    run.full_inputs.push_back(Tensor::random(tv->dtype(), shape, 100 + i));
+    inputs.push_back({Tensor(), layouts.at(i).first, layouts.at(i).second});
+  }
+  run.reference = evaluateReference(definition, run.full_inputs);
+  MultiDeviceExecutor exec(cloneFusion(definition), world());
+  const CompiledProgram& plan = exec.plan(inputs);
+  run.compiled = plan.fusion;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    inputs[i].local = shardForRank(plan.fusion->inputs()[i], run.full_inputs[i], worldRank());
+  run.local_outputs = exec.run(inputs);
+  run.collectives = exec.lastCollectives();
+  // Gather every output's blocks on every rank (all blocks of an output have one shape).
+  Team everyone(worldSize());
+  std::iota(everyone.begin(), everyone.end(), 0);
+  for (size_t i = 0; i < run.local_outputs.size(); ++i) {
+    const Tensor& local = run.local_outputs[i].local;
+    Tensor all(local.dtype(), {worldSize() * std::max<int64_t>(local.numel(), 1)});
+    world().allgather(local.data(), all.data(), local.numel(), local.dtype(), everyone)->wait();
+    std::vector<Tensor> blocks;
+    for (int64_t r = 0; r < worldSize(); ++r) blocks.push_back(all.slice0(r * local.numel(), local.numel()).reshaped(local.shape()));
+    run.gathered.push_back(assembleGlobal(plan.fusion->outputs()[i], blocks));
+  }
+  return run;
+}
+
+std::vector<std::string> kinds(const std::vector<CollectiveInfo>& cs) {
+  std::vector<std::string> out;
+  for (const CollectiveInfo& c : cs) out.push_back(commKindName(c.kind));
+  return out;
+}
+
+void expectMatchesReference(const ShardedRun& run) {
+  ASSERT_EQ(run.gathered.size(), run.reference.size());
+  for (size_t i = 0; i < run.reference.size(); ++i) {
+    const Tensor& a = run.gathered[i];
+    const Tensor& b = run.reference[i];
+    ASSERT_EQ(a.shape(), b.shape()) << "output " << i;
+    double rtol = b.dtype() == DataType::Float ? 1e-4 : 2e-2, atol = b.dtype() == DataType::Float ? 1e-4 : 2e-2;
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t k = 0; k < b.numel(); ++k) {
+      double err = std::fabs(a.get(k) - b.get(k));
+      if (err > atol + rtol * std::fabs(b.get(k))) ++bad;
+      worst = std::max(worst, err);
+    }
+    EXPECT_EQ(bad, 0) << "output " << i << ": " << bad << " of " << b.numel()
+                      << " elements differ from single-device execution; max abs err " << worst;
+  }
+}
+
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  // (UnitTest::current_test_info() would deadlock inside OnTestPartResult: gtest holds its lock.)
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    test_ = std::string(t.test_suite_name()) + "." + t.name();
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s: %s:%d: %s\n", rank_, test_.c_str(), r.file_name() ? r.file_name() : "?",
+                 r.line_number(), r.message());
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
+
+}  // namespace meshfuse::testing
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (rank != 0) {  // other ranks print only their failures, tagged with the rank
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new meshfuse::testing::FailurePrinter(rank));
+  }
+  int failed = 0;
+  {
+    meshfuse::testing::g_world = meshfuse::makeMpiCommunicator();
+    failed = RUN_ALL_TESTS();
+    meshfuse::testing::g_world.reset();
+  }
+  // Every rank's verdict counts: a failure on any rank fails the run.
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_failed && !failed) std::fprintf(stderr, "rank %d passed, but another rank failed\n", rank);
+  MPI_Finalize();
+  return any_failed ? 1 : 0;
+}

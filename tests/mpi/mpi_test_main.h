@@ -1,0 +1,59 @@
+// Shared helpers of the multi-rank tests (run under `mpirun -np N`, own main()):
+// a world communicator, running a definition sharded across the world, gathering outputs
+// everywhere and comparing them with single-device execution.
+#pragma once
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "meshfuse/executor.h"
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/placement.h"
+#include "meshfuse/reference.h"
+#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/runtime/host_ir_evaluator.h"
+
+namespace meshfuse::testing {
+
+// The world communicator of this test process (created once by main()).
+Communicator& world();
+inline int64_t worldSize() { return world().size(); }
+inline int64_t worldRank() { return world().rank(); }
+// A 1-D mesh over every rank.
+inline DeviceMesh worldMesh() {
+  std::vector<int64_t> ids(worldSize());
+  std::iota(ids.begin(), ids.end(), 0);
+  return DeviceMesh(ids);
+}
+
+using Ps = std::vector<Placement>;
+inline Placement S(int64_t d) { return Placement::shard(d); }
+inline const Placement R = Placement::replicate();
+inline const Placement P = Placement::partial();
+
+struct ShardedRun {
+  std::vector<Tensor> full_inputs;
+  std::vector<Tensor> reference;   // single-device outputs of the definition
+  std::vector<Tensor> gathered;    // the sharded outputs, assembled from every rank's block
+  std::vector<ShardedTensor> local_outputs;
+  std::vector<CollectiveInfo> collectives;  // executed by this rank
+  std::shared_ptr<Fusion> compiled;         // the decomposed fusion
+};
+
+// Runs `definition` with seeded random inputs (shapes from `sizes` for symbolic dims) placed by
+// `layouts` (one per input: mesh + placements); every rank gathers every output.
+ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<DeviceMesh, Ps>>& layouts,
+                      const SymbolBindings& sizes = {});
+
+// Kinds of the collectives, in execution order: "allreduce", "allgather", ...
+std::vector<std::string> kinds(const std::vector<CollectiveInfo>& cs);
+// Asserts every gathered output matches the reference within dtype tolerance.
+void expectMatchesReference(const ShardedRun& run);
+
+}  // namespace meshfuse::testing
