@@ -13,6 +13,8 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -90,16 +92,97 @@ class MpiProcess {
   MPI_Op bf16_sum_{}, bf16_max_{}, f16_sum_{}, f16_max_{};
 };
 
+// Aborts the job when a blocking MPI call that cannot be polled (creating a team's
+// communicator, which every member must join) has not returned within the timeout. Waits on
+// non-blocking operations poll and check the clock themselves (MpiWork::wait).
+class Watchdog {
+ public:
+  Watchdog(double timeout_s, std::function<void(const std::string&)> on_expiry)
+      : timeout_s_(timeout_s), on_expiry_(std::move(on_expiry)) {
+    if (timeout_s_ > 0) thread_ = std::thread([this] { loop(); });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Runs `blocking` under the watchdog.
+  template <typename F>
+  auto guard(const std::string& what, F&& blocking) {
+    if (timeout_s_ <= 0) return blocking();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      armed_ = true;
+      what_ = what;
+      deadline_ = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s_));
+    }
+    cv_.notify_all();
+    auto disarm = [this] {
+      std::lock_guard<std::mutex> lk(mu_);
+      armed_ = false;
+    };
+    try {
+      auto result = blocking();
+      disarm();
+      return result;
+    } catch (...) {
+      disarm();
+      throw;
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      if (armed_ && std::chrono::steady_clock::now() > deadline_) {
+        std::string what = what_;
+        lk.unlock();
+        on_expiry_(fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): a peer rank failed, hangs, "
+                               "or runs a different program",
+                               what, timeout_s_));
+        lk.lock();
+      }
+      cv_.wait_for(lk, std::chrono::milliseconds(100));
+    }
+  }
+
+  double timeout_s_;
+  std::function<void(const std::string&)> on_expiry_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, armed_ = false;
+  std::string what_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::thread thread_;
+};
+
 class MpiWork;
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(double timeout_s) : process_(MpiProcess::get()), timeout_s_(timeout_s) {
+  explicit MpiCommunicator(double timeout_s)
+      : process_(MpiProcess::get()),
+        timeout_s_(timeout_s),
+        watchdog_(timeout_s, [this](const std::string& why) { abort(why); }) {
     int r = 0, n = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &r);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     rank_ = r;
     size_ = n;
+    // A private copy of the world for the whole-world team, so that our collectives never
+    // interleave with the application's own on MPI_COMM_WORLD (mpi4py, a trainer).
+    MPI_Comm world = MPI_COMM_NULL;
+    watchdog_.guard("creating meshfuse's world communicator (MPI_Comm_dup)",
+                    [&] { return MPI_Comm_dup(MPI_COMM_WORLD, &world); });
+    MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
+    Team everyone(size_);
+    for (int64_t i = 0; i < size_; ++i) everyone[i] = i;
+    comms_.emplace(everyone, world);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -236,7 +319,8 @@ class MpiCommunicator final : public Communicator {
     std::vector<int> ranks(team.begin(), team.end());
     MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
     MPI_Comm comm = MPI_COMM_NULL;
-    int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, /*tag=*/0, &comm);
+    int rc = watchdog_.guard(fmt::format("creating the communicator of team [{}] for {}", fmt::join(team, ", "), what),
+                             [&] { return MPI_Comm_create_group(MPI_COMM_WORLD, group, /*tag=*/0, &comm); });
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     MF_USER_CHECK(rc == MPI_SUCCESS && comm != MPI_COMM_NULL, ErrorKind::Runtime,
@@ -248,6 +332,7 @@ class MpiCommunicator final : public Communicator {
 
   MpiProcess& process_;
   double timeout_s_;
+  Watchdog watchdog_;
   int64_t rank_ = 0, size_ = 1;
   std::mutex mu_;
   std::map<Team, MPI_Comm> comms_;
