@@ -6,6 +6,7 @@
 
 #include "lower/dead_code_elimination.h"
 #include "decompose/decompose_reshardings.h"
+#include "decompose/layout_for_communication.h"
 #include "propagation/propagate_shardings.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
@@ -19,6 +20,8 @@ const std::vector<FusionPass>& fusionPasses() {
       {"dead-code-elimination", "remove ops whose results reach no output", eliminateDeadCode},
       {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones", propagateShardings},
       {"decompose-reshardings", "split every op into local compute plus single-axis communications", decomposeReshardings},
+      {"layout-for-communication", "move each collective's sharded dim outermost (permutes only where needed)",
+       layoutForCommunication},
   };
   return passes;
 }
@@ -58,6 +61,8 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   runPasses(*fusion, {"propagate-shardings"}, options);
   if (keep_stages) out.stages["propagated"] = printFusion(*fusion);
   runPasses(*fusion, {"decompose-reshardings"}, options);
+  // layout-for-communication needs the single-axis sets decompose-reshardings makes.
+  runPasses(*fusion, {"layout-for-communication"}, options);
   if (options.verify) verify(*fusion, {.require_meshes = !fusion->inputs().empty() && fusion->inputs()[0]->mesh()});
   if (keep_stages) out.stages["decomposed"] = printFusion(*fusion);
   out.fusion = std::shared_ptr<Fusion>(std::move(fusion));

@@ -10,6 +10,13 @@ namespace {
 
 std::vector<int64_t> zeros(size_t n) { return std::vector<int64_t>(n, 0); }
 
+// Whether blocks along dim `d` of a row-major tensor of `shape` are contiguous.
+bool contiguousBlocks(const std::vector<int64_t>& shape, int64_t d) {
+  for (int64_t i = 0; i < d; ++i)
+    if (shape[i] != 1) return false;
+  return true;
+}
+
 int64_t numel(const std::vector<int64_t>& s) {
   int64_t n = 1;
   for (int64_t x : s) n *= x;
@@ -138,37 +145,16 @@ void HostIrEvaluator::communicate(const HostNode& n) {
     case CommKind::Allreduce:
       p.work = comm_.allreduce(in.data(), out.data(), in.numel(), dt, ReduceOp::Sum, n.team);
       break;
-    case CommKind::Allgather: {
-      // Chunk j (rank j's block) lands at offset j * local along in_dim.
-      auto staging = std::make_shared<Tensor>(dt, stagingShape(in.shape(), team));
-      p.work = comm_.allgather(in.data(), staging->data(), in.numel(), dt, n.team);
-      std::vector<int64_t> chunk = in.shape();
-      int64_t d = n.in_dim;
-      p.finish = [staging, chunk, d, team, rank, &out] {
-        for (int64_t j = 0; j < team; ++j) {
-          std::vector<int64_t> so(rank, 0), dof(rank, 0);
-          so[0] = j * chunk[0];
-          dof[d] = j * chunk[d];
-          copyBlock(*staging, so, out, dof, chunk);
-        }
-      };
+    case CommKind::Allgather:
+      // layout-for-communication made the gathered dim outermost: rank j's block is the j-th
+      // contiguous chunk of the output.
+      MF_CHECK(contiguousBlocks(out.shape(), n.in_dim), "allgather along non-outermost dim {}", n.in_dim);
+      p.work = comm_.allgather(in.data(), out.data(), in.numel(), dt, n.team);
       break;
-    }
-    case CommKind::ReduceScatter: {
-      // Pack: chunk j of the staging buffer is the input's j-th slice along out_dim.
-      std::vector<int64_t> chunk = out.shape();
-      Tensor staging(dt, stagingShape(chunk, team));
-      for (int64_t j = 0; j < team; ++j) {
-        std::vector<int64_t> so(rank, 0), dof(rank, 0);
-        so[n.out_dim] = j * chunk[n.out_dim];
-        dof[0] = j * chunk[0];
-        copyBlock(in, so, staging, dof, chunk);
-      }
-      auto keep = std::make_shared<Tensor>(std::move(staging));
-      p.work = comm_.reduceScatter(keep->data(), out.data(), out.numel(), dt, ReduceOp::Sum, n.team);
-      p.finish = [keep] {};
+    case CommKind::ReduceScatter:
+      MF_CHECK(contiguousBlocks(in.shape(), n.out_dim), "reduce-scatter along non-outermost dim {}", n.out_dim);
+      p.work = comm_.reduceScatter(in.data(), out.data(), out.numel(), dt, ReduceOp::Sum, n.team);
       break;
-    }
     case CommKind::AllToAll: {
       // Send chunk j = my slice j along out_dim; receive from rank j its block along in_dim.
       std::vector<int64_t> send_chunk = in.shape();

@@ -96,6 +96,7 @@ class TensorView : public Val {
   // The provenance text with current display names ("" when pinned or undecided).
   std::string provenance() const;
   void setProvenance(Provenance p) { provenance_ = std::move(p); }
+  const Provenance& provenanceNote() const { return provenance_; }
 
   // Schedule API (nvFuser-like). Axes index the current loop domain; negative counts from the
   // end. Throw PlacementError/ValueError with the tensor's name on bad arguments.
