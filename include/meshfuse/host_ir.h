@@ -98,6 +98,7 @@ struct CollectiveInfo {
   Team team;
   int64_t bytes;  // bytes this rank contributes (its send buffer)
   std::string tensor;      // the output's name
+  std::string source;      // the input's name
   std::string provenance;  // why this collective exists
 };
 std::vector<CollectiveInfo> collectives(const HostProgram& program, const SymbolBindings& bindings);

@@ -118,7 +118,8 @@ std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindin
   std::vector<CollectiveInfo> out;
   for (const HostNode& n : p.nodes) {
     if (n.kind != HostNodeKind::Communication) continue;
-    out.push_back({n.comm, n.mesh_axis, n.team, localBytes(n.in, b), p.fusion->displayName(n.out), n.out->provenance()});
+    out.push_back({n.comm, n.mesh_axis, n.team, localBytes(n.in, b), p.fusion->displayName(n.out),
+                   p.fusion->displayName(n.in), n.out->provenance()});
   }
   return out;
 }

@@ -140,7 +140,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
   const size_t rank = in.shape().size();
   Pending p;
   executed_.push_back({n.comm, n.mesh_axis, n.team, static_cast<int64_t>(in.nbytes()), program_.fusion->displayName(n.out),
-                       n.out->provenance()});
+                       program_.fusion->displayName(n.in), n.out->provenance()});
   switch (n.comm) {
     case CommKind::Allreduce:
       p.work = comm_.allreduce(in.data(), out.data(), in.numel(), dt, ReduceOp::Sum, n.team);

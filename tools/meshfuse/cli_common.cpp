@@ -101,8 +101,8 @@ std::string summary(const Tensor& t) {
 }
 
 std::string formatCollective(const CollectiveInfo& c) {
-  return fmt::format("{:<15} axis {}  team [{}]  {} bytes  -> {}  ({})", commKindName(c.kind), c.mesh_axis,
-                     fmt::join(c.team, ", "), c.bytes, c.tensor, c.provenance);
+  return fmt::format("{:<15} {} -> {}  mesh axis {}  team [{}]  {} bytes  ({})", commKindName(c.kind), c.source,
+                     c.tensor, c.mesh_axis, fmt::join(c.team, ", "), c.bytes, c.provenance);
 }
 
 std::string collectiveReport(const CompiledProgram& program, const std::vector<int64_t>& ranks,
