@@ -1,16 +1,21 @@
 // Host IR: the per-rank program the runtime interprets (DESIGN.md "Host IR").
 //
-// Node kinds are listed once (MESHFUSE_HOST_NODES); the printer and the evaluator dispatch on
-// that list. Each node names the TensorViews of the decomposed Fusion it reads and writes; the
-// runtime gives each TensorView a local (per-rank) buffer of localShape(tv).
+// Node kinds are listed once (MESHFUSE_HOST_NODES); the printer, the passes and the evaluator
+// dispatch on that list. Nodes name TensorViews of the decomposed Fusion; the runtime gives each
+// TensorView a local (per-rank) buffer of localShape(tv). Inside a `for` loop a node may touch a
+// block of a tensor's dim 0 (a BlockRef), which is how stream chunks and ring steps are written.
 //
-//   allocate %3                         a local buffer for %3
-//   gemm #1 (%inp, %up_w) -> (%3)       segment #1: a library GEMM (BLAS / cuBLASLt)
-//   launch #2 (%3) -> (%4)              segment #2: a generated kernel (gelu, ...)
-//   comm h0 allreduce %4 -> %5 axis 0 team [0, 1, 2, 3]   starts a collective; returns handle h0
-//   wait h0                             blocks until handle h0 completes
-//   slice %6 = %5 dim 0 axis 0          Replicate -> Shard: keeps this rank's slice, no comm
-//   deallocate %3                       frees %3 after its last use
+//   allocate %3 : f32[?t, 64]                 a local buffer for %3 (or one block of it)
+//   gemm #1 %3 = linear(%inp, %up_w)          segment #1: a library GEMM (BLAS / cuBLASLt)
+//   launch #2 %4 = gelu(%3)                   segment #2: a generated kernel
+//   comm h0 allreduce %4 -> %5 ...            starts a collective; returns handle h0
+//   wait h0                                   blocks the current stream until h0 completes
+//   slice %6 = %5 dim 0 axis 0                Replicate -> Shard: keeps this rank's block, no comm
+//   deallocate %3                             frees %3 after its last use
+//   for i in [0, 4) { ... }                   a Stream-parallel loop (chunks, ring steps, microbatches)
+//   stream 2                                  later nodes run on stream 2 (0: the main stream)
+//   record e0 / wait e0                       cross-stream order: an event and a wait for it
+//   sync                                      the main stream waits for every stream (join)
 #pragma once
 
 #include <memory>
@@ -27,14 +32,19 @@ class Fusion;
 class Expr;
 class TensorView;
 
-#define MESHFUSE_HOST_NODES(X) \
-  X(Allocate, "allocate")      \
-  X(Deallocate, "deallocate")  \
-  X(LaunchKernel, "launch")    \
-  X(Gemm, "gemm")              \
-  X(Communication, "comm")     \
-  X(Wait, "wait")              \
-  X(ShardSlice, "slice")
+#define MESHFUSE_HOST_NODES(X)    \
+  X(Allocate, "allocate")         \
+  X(Deallocate, "deallocate")     \
+  X(LaunchKernel, "launch")       \
+  X(Gemm, "gemm")                 \
+  X(Communication, "comm")        \
+  X(Wait, "wait")                 \
+  X(ShardSlice, "slice")          \
+  X(ForLoop, "for")               \
+  X(SetCurrentStream, "stream")   \
+  X(RecordEvent, "record")        \
+  X(WaitEvent, "wait_event")      \
+  X(Synchronize, "sync")
 
 enum class HostNodeKind {
 #define MESHFUSE_X(e, s) e,
@@ -54,21 +64,52 @@ enum class CommKind {
 };
 const char* commKindName(CommKind k);
 
+// A tensor, or one block of its dim 0 viewed as `blocks` equal blocks. The block index is
+// (loop_coeff * i + rank_coeff * r + offset) mod blocks, with i the innermost loop's variable
+// and r this rank's index along `mesh_axis` (ring algorithms walk the blocks of other ranks).
+struct BlockRef {
+  const TensorView* tv = nullptr;
+  int64_t blocks = 1;
+  int64_t loop_coeff = 0, rank_coeff = 0, offset = 0;
+  int64_t mesh_axis = -1;
+  bool whole() const { return blocks == 1; }
+  std::string toString(const Fusion& f) const;  // "%x" or "%x[(i - r + 1) % 4 of 4]"
+};
+
 struct HostNode {
   HostNodeKind kind = HostNodeKind::Allocate;
-  int64_t segment = -1;            // LaunchKernel, Gemm: index into HostProgram::segments
-  const TensorView* tv = nullptr;  // Allocate, Deallocate
-  const TensorView* in = nullptr;  // Communication, ShardSlice
-  const TensorView* out = nullptr; // Communication, ShardSlice
-  // Communication
+  // Allocate / Deallocate: the tensor. Allocate with chunk_blocks = b makes a buffer of one
+  // block of b (a per-iteration chunk buffer inside a loop).
+  const TensorView* tv = nullptr;
+  int64_t chunk_blocks = 1;
+  // LaunchKernel, Gemm: index into HostProgram::segments, and the blocks it touches, aligned
+  // with the segment's inputs then outputs (empty: every tensor whole).
+  int64_t segment = -1;
+  std::vector<BlockRef> views;
+  // Communication, ShardSlice: what it reads and writes.
+  BlockRef in, out;
   CommKind comm = CommKind::Allreduce;
   ReduceOp reduce_op = ReduceOp::Sum;
-  int64_t mesh_axis = -1;  // also ShardSlice
+  int64_t mesh_axis = -1;  // the mesh axis whose slice is the team (also ShardSlice)
   Team team;               // global ranks (filled by specialize-for-rank)
   int64_t root = -1;
-  int64_t in_dim = -1;     // the dims() index sharded in `in` (allgather, all-to-all)
-  int64_t out_dim = -1;    // the dims() index sharded in `out` (reduce-scatter, all-to-all, slice)
+  int64_t in_dim = -1;     // dims() index sharded in `in` (allgather, all-to-all)
+  int64_t out_dim = -1;    // dims() index sharded in `out` (reduce-scatter, all-to-all, slice)
+  // SendRecv: a ring step along mesh_axis sends to the rank `shift` places ahead and receives
+  // from the one `shift` behind; a stage boundary sends to `send_to`'s rank and receives from
+  // `recv_from`'s (global ranks; -1: this rank does not send / receive).
+  int64_t shift = 0;
+  int64_t send_to = -1, recv_from = -1;
   int64_t handle = -1;     // Communication, Wait
+  // ForLoop
+  int64_t trip_count = 0;
+  std::vector<HostNode> body;
+  // SetCurrentStream
+  int64_t stream = 0;
+  // RecordEvent / WaitEvent: event `event` of iteration (i + iteration_offset); a wait for an
+  // iteration before the first is a no-op.
+  int64_t event = -1;
+  int64_t iteration_offset = 0;
 };
 
 struct HostProgram {
@@ -91,7 +132,7 @@ void insertDeallocations(HostProgram& program);
 // bindings of symbolic sizes.
 int64_t peakMemoryBytes(const HostProgram& program, const SymbolBindings& bindings);
 
-// The communications of a specialized program, for reports.
+// The communications of a specialized program, for reports (a loop's count once per trip).
 struct CollectiveInfo {
   CommKind kind;
   int64_t mesh_axis;
@@ -102,5 +143,14 @@ struct CollectiveInfo {
   std::string provenance;  // why this collective exists
 };
 std::vector<CollectiveInfo> collectives(const HostProgram& program, const SymbolBindings& bindings);
+
+// Calls `fn` on every node, loop bodies included (pre-order).
+template <typename Node, typename F>
+void forEachNode(std::vector<Node>& nodes, F&& fn) {
+  for (Node& n : nodes) {
+    fn(n);
+    forEachNode(n.body, fn);
+  }
+}
 
 }  // namespace meshfuse

@@ -20,6 +20,22 @@ const char* commKindName(CommKind k) {
   return "?";
 }
 
+std::string BlockRef::toString(const Fusion& f) const {
+  std::string name = f.displayName(tv);
+  if (whole()) return name;
+  std::string index;
+  auto term = [&](int64_t c, const char* var) {
+    if (c == 0) return;
+    std::string t = c == 1 ? var : c == -1 ? std::string("-") + var : fmt::format("{}*{}", c, var);
+    index += index.empty() ? t : (t[0] == '-' ? " - " + t.substr(1) : " + " + t);
+  };
+  term(loop_coeff, "i");
+  term(rank_coeff, "r");
+  if (offset != 0 || index.empty()) index += index.empty() ? fmt::format("{}", offset) : fmt::format(" + {}", offset);
+  bool wraps = rank_coeff != 0 || loop_coeff < 0;
+  return fmt::format("{}[{} of {}]", name, wraps ? "(" + index + ") % " + std::to_string(blocks) : index, blocks);
+}
+
 namespace {
 
 const char* nodeName(HostNodeKind k) {
@@ -33,57 +49,61 @@ const char* nodeName(HostNodeKind k) {
   return "?";
 }
 
-// "f32[?t/4, 64]": the per-rank type of a TensorView.
-std::string localType(const TensorView* tv) {
+// "f32[?t/4, 64]": the per-rank type of a TensorView (one block of `blocks` along dim 0).
+std::string localType(const TensorView* tv, int64_t blocks = 1) {
   std::vector<int64_t> factors = shardFactors(tv);
   std::vector<std::string> dims;
   std::vector<Extent> shape = tv->shape();
-  for (size_t d = 0; d < shape.size(); ++d) dims.push_back(shape[d].divided(factors[d]).toString());
+  for (size_t d = 0; d < shape.size(); ++d)
+    dims.push_back(shape[d].divided(factors[d] * (d == 0 ? blocks : 1)).toString());
   return fmt::format("{}[{}]", dtypeName(tv->dtype()), fmt::join(dims, ", "));
 }
 
-int64_t localBytes(const TensorView* tv, const SymbolBindings& b) {
+int64_t localBytes(const TensorView* tv, const SymbolBindings& b, int64_t blocks = 1) {
   int64_t n = dtypeSize(tv->dtype());
   for (int64_t s : localShape(tv, b)) n *= s;
-  return n;
+  return n / blocks;
 }
 
 // "#2 %act = gelu(%up)" for a one-op segment; "#2 (%a, %b) -> (%c, %d) {add, gelu, sum}" else.
-std::string segmentCall(const Fusion& f, int64_t index, const Segment& seg) {
-  if (seg.exprs.size() == 1)
-    return fmt::format("#{} {} = {}", index, f.displayName(seg.exprs[0]->output()), printExprCall(f, seg.exprs[0]));
+// With views, the tensors are written as the blocks the node touches.
+std::string segmentCall(const Fusion& f, const HostNode& n, const Segment& seg) {
   std::vector<std::string> ins, outs, ops;
-  for (const TensorView* tv : seg.inputs) ins.push_back(f.displayName(tv));
-  for (const TensorView* tv : seg.outputs) outs.push_back(f.displayName(tv));
+  for (size_t i = 0; i < seg.inputs.size(); ++i)
+    ins.push_back(n.views.empty() ? f.displayName(seg.inputs[i]) : n.views[i].toString(f));
+  for (size_t i = 0; i < seg.outputs.size(); ++i)
+    outs.push_back(n.views.empty() ? f.displayName(seg.outputs[i]) : n.views[seg.inputs.size() + i].toString(f));
+  if (seg.exprs.size() == 1 && n.views.empty())
+    return fmt::format("#{} {} = {}", n.segment, outs[0], printExprCall(f, seg.exprs[0]));
   for (const Expr* e : seg.exprs) ops.push_back(std::string(e->name()));
-  return fmt::format("#{} ({}) -> ({}) {{{}}}", index, fmt::join(ins, ", "), fmt::join(outs, ", "), fmt::join(ops, ", "));
+  return fmt::format("#{} ({}) -> ({}) {{{}}}", n.segment, fmt::join(ins, ", "), fmt::join(outs, ", "),
+                     fmt::join(ops, ", "));
 }
 
-}  // namespace
-
-std::string HostProgram::toString() const {
-  const Fusion& f = *fusion;
-  auto name = [&](const TensorView* tv) { return f.displayName(tv); };
-  std::string s = rank < 0 ? "hostir {\n" : fmt::format("hostir rank {} {{\n", rank);
-  std::vector<std::string> ins, outs;
-  for (const TensorView* tv : f.inputs()) ins.push_back(name(tv) + " : " + localType(tv));
-  for (const TensorView* tv : f.outputs()) outs.push_back(name(tv));
-  s += fmt::format("  inputs {}\n", fmt::join(ins, ", "));
+void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const std::string& indent, std::string& s) {
+  const Fusion& f = *p.fusion;
   for (const HostNode& n : nodes) {
     std::string line = nodeName(n.kind);
     switch (n.kind) {
       case HostNodeKind::Allocate:
-        line += fmt::format(" {} : {}", name(n.tv), localType(n.tv));
+        line += fmt::format(" {} : {}", f.displayName(n.tv), localType(n.tv, n.chunk_blocks));
+        if (n.chunk_blocks > 1) line += fmt::format(" (one block of {})", n.chunk_blocks);
         break;
       case HostNodeKind::Deallocate:
-        line += " " + name(n.tv);
+        line += " " + f.displayName(n.tv);
         break;
       case HostNodeKind::LaunchKernel:
       case HostNodeKind::Gemm:
-        line += " " + segmentCall(f, n.segment, segment(n));
+        line += " " + segmentCall(f, n, p.segment(n));
         break;
       case HostNodeKind::Communication: {
-        line += fmt::format(" h{} {} {} -> {} axis {}", n.handle, commKindName(n.comm), name(n.in), name(n.out), n.mesh_axis);
+        line += fmt::format(" h{} {} {} -> {}", n.handle, commKindName(n.comm), n.in.toString(f), n.out.toString(f));
+        if (n.comm == CommKind::SendRecv) {
+          if (n.shift != 0) line += fmt::format(" shift {}", n.shift);
+          if (n.send_to >= 0) line += fmt::format(" to rank {}", n.send_to);
+          if (n.recv_from >= 0) line += fmt::format(" from rank {}", n.recv_from);
+        }
+        if (n.mesh_axis >= 0) line += fmt::format(" axis {}", n.mesh_axis);
         if (n.comm == CommKind::Allgather || n.comm == CommKind::AllToAll) line += fmt::format(" from dim {}", n.in_dim);
         if (n.comm == CommKind::ReduceScatter || n.comm == CommKind::AllToAll) line += fmt::format(" to dim {}", n.out_dim);
         if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
@@ -93,34 +113,86 @@ std::string HostProgram::toString() const {
         line += fmt::format(" h{}", n.handle);
         break;
       case HostNodeKind::ShardSlice:
-        line += fmt::format(" {} = {} dim {} axis {}", name(n.out), name(n.in), n.out_dim, n.mesh_axis);
+        line += fmt::format(" {} = {} dim {} axis {}", n.out.toString(f), n.in.toString(f), n.out_dim, n.mesh_axis);
+        break;
+      case HostNodeKind::ForLoop:
+        s += fmt::format("{}for i in [0, {}) {{\n", indent, n.trip_count);
+        printNodes(p, n.body, indent + "  ", s);
+        s += indent + "}\n";
+        continue;
+      case HostNodeKind::SetCurrentStream:
+        line += fmt::format(" {}", n.stream);
+        break;
+      case HostNodeKind::RecordEvent:
+      case HostNodeKind::WaitEvent:
+        line += fmt::format(" e{}", n.event);
+        if (n.iteration_offset != 0) line += fmt::format(" of iteration i{:+}", n.iteration_offset);
+        break;
+      case HostNodeKind::Synchronize:
         break;
     }
-    s += "  " + line + "\n";
+    s += indent + line + "\n";
   }
+}
+
+}  // namespace
+
+std::string HostProgram::toString() const {
+  const Fusion& f = *fusion;
+  std::string s = rank < 0 ? "hostir {\n" : fmt::format("hostir rank {} {{\n", rank);
+  std::vector<std::string> ins, outs;
+  for (const TensorView* tv : f.inputs())
+    if (rank < 0 || tv->mesh() == nullptr || tv->mesh()->contains(rank)) ins.push_back(f.displayName(tv) + " : " + localType(tv));
+  for (const TensorView* tv : f.outputs())
+    if (rank < 0 || tv->mesh() == nullptr || tv->mesh()->contains(rank)) outs.push_back(f.displayName(tv));
+  s += fmt::format("  inputs {}\n", fmt::join(ins, ", "));
+  printNodes(*this, nodes, "  ", s);
   s += fmt::format("  outputs {}\n}}\n", fmt::join(outs, ", "));
   return s;
 }
 
+namespace {
+
+void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, int64_t& live, int64_t& peak) {
+  for (const HostNode& n : nodes) {
+    if (n.kind == HostNodeKind::Allocate) peak = std::max(peak, live += localBytes(n.tv, b, n.chunk_blocks));
+    if (n.kind == HostNodeKind::Deallocate) live -= localBytes(n.tv, b, n.chunk_blocks);
+    // A loop body's buffers are freed inside the body: one iteration's worth counts.
+    if (n.kind == HostNodeKind::ForLoop) {
+      int64_t body_live = live;
+      accountMemory(n.body, b, body_live, peak);
+    }
+  }
+}
+
+void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const SymbolBindings& b, int64_t trips,
+             std::vector<CollectiveInfo>& out) {
+  for (const HostNode& n : nodes) {
+    if (n.kind == HostNodeKind::ForLoop) {
+      collect(p, n.body, b, trips * n.trip_count, out);
+      continue;
+    }
+    if (n.kind != HostNodeKind::Communication) continue;
+    for (int64_t t = 0; t < trips; ++t)
+      out.push_back({n.comm, n.mesh_axis, n.team, localBytes(n.in.tv, b, n.in.blocks), p.fusion->displayName(n.out.tv),
+                     p.fusion->displayName(n.in.tv), n.out.tv->provenance()});
+  }
+}
+
+}  // namespace
+
 int64_t peakMemoryBytes(const HostProgram& p, const SymbolBindings& b) {
-  int64_t live = 0, peak = 0;
+  int64_t live = 0;
   for (const TensorView* tv : p.fusion->inputs())
     if (tv->mesh() == nullptr || p.rank < 0 || tv->mesh()->contains(p.rank)) live += localBytes(tv, b);
-  peak = live;
-  for (const HostNode& n : p.nodes) {
-    if (n.kind == HostNodeKind::Allocate) peak = std::max(peak, live += localBytes(n.tv, b));
-    if (n.kind == HostNodeKind::Deallocate) live -= localBytes(n.tv, b);
-  }
+  int64_t peak = live;
+  accountMemory(p.nodes, b, live, peak);
   return peak;
 }
 
 std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindings& b) {
   std::vector<CollectiveInfo> out;
-  for (const HostNode& n : p.nodes) {
-    if (n.kind != HostNodeKind::Communication) continue;
-    out.push_back({n.comm, n.mesh_axis, n.team, localBytes(n.in, b), p.fusion->displayName(n.out),
-                   p.fusion->displayName(n.in), n.out->provenance()});
-  }
+  collect(p, p.nodes, b, 1, out);
   return out;
 }
 

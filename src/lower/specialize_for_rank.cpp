@@ -2,7 +2,9 @@
 // collectives of teams it belongs to, with each team resolved to global ranks.
 //
 // requires: lower-to-host-ir.   guarantees: every node's TensorViews live on a mesh containing
-//   `rank`; every Communication has its team (the mesh slice along its axis through `rank`).
+//   `rank` (a stage-boundary SendRecv is kept by both its sender and its receiver, with the side
+//   this rank does not take part in cleared); every Communication has its team (the mesh slice
+//   along its axis through `rank`); loops whose bodies hold no work of this rank are dropped.
 #include <algorithm>
 
 #include "meshfuse/host_ir.h"
@@ -13,9 +15,66 @@ namespace {
 
 const TensorView* anchorOf(const HostProgram& p, const HostNode& n) {
   if (n.tv) return n.tv;
-  if (n.out) return n.out;
+  if (n.out.tv) return n.out.tv;
   if (n.segment >= 0) return p.segment(n).outputs.at(0);
   return nullptr;
+}
+
+bool onRank(const TensorView* tv, int64_t rank) {
+  return tv == nullptr || tv->mesh() == nullptr || tv->mesh()->contains(rank);
+}
+
+// Keeps `rank`'s nodes; returns whether any work (not just stream bookkeeping) was kept.
+bool specialize(const HostProgram& p, const std::vector<HostNode>& in, int64_t rank, std::vector<int64_t>& handles,
+                std::vector<HostNode>& out) {
+  bool work = false;
+  for (const HostNode& n : in) {
+    switch (n.kind) {
+      case HostNodeKind::Wait:
+        if (std::find(handles.begin(), handles.end(), n.handle) != handles.end()) out.push_back(n);
+        continue;
+      case HostNodeKind::ForLoop: {
+        HostNode loop = n;
+        loop.body.clear();
+        if (specialize(p, n.body, rank, handles, loop.body)) {
+          out.push_back(std::move(loop));
+          work = true;
+        }
+        continue;
+      }
+      case HostNodeKind::SetCurrentStream:
+      case HostNodeKind::RecordEvent:
+      case HostNodeKind::WaitEvent:
+      case HostNodeKind::Synchronize:
+        out.push_back(n);
+        continue;
+      case HostNodeKind::Communication:
+        if (n.comm == CommKind::SendRecv && n.mesh_axis < 0) {  // a stage boundary between meshes
+          bool sends = onRank(n.in.tv, rank), receives = onRank(n.out.tv, rank);
+          if (!sends && !receives) continue;
+          HostNode s = n;
+          if (!sends) s.send_to = -1;
+          if (!receives) s.recv_from = -1;
+          out.push_back(s);
+          handles.push_back(n.handle);
+          work = true;
+          continue;
+        }
+        break;
+      default:
+        break;
+    }
+    const TensorView* tv = anchorOf(p, n);
+    if (!onRank(tv, rank)) continue;  // another rank's (or stage's) work
+    HostNode s = n;
+    if (n.kind == HostNodeKind::Communication) {
+      s.team = tv->mesh()->team(rank, n.mesh_axis);
+      handles.push_back(n.handle);
+    }
+    out.push_back(s);
+    work = true;
+  }
+  return work;
 }
 
 }  // namespace
@@ -25,22 +84,8 @@ HostProgram specializeForRank(const HostProgram& program, int64_t rank) {
   p.fusion = program.fusion;
   p.segments = program.segments;
   p.rank = rank;
-  std::vector<int64_t> kept_handles;
-  for (const HostNode& n : program.nodes) {
-    if (n.kind == HostNodeKind::Wait) {
-      if (std::find(kept_handles.begin(), kept_handles.end(), n.handle) != kept_handles.end()) p.nodes.push_back(n);
-      continue;
-    }
-    const TensorView* tv = anchorOf(program, n);
-    const DeviceMesh* mesh = tv ? tv->mesh() : nullptr;
-    if (mesh != nullptr && !mesh->contains(rank)) continue;  // another rank's (or stage's) work
-    HostNode s = n;
-    if (n.kind == HostNodeKind::Communication) {
-      s.team = mesh->team(rank, n.mesh_axis);
-      kept_handles.push_back(n.handle);
-    }
-    p.nodes.push_back(s);
-  }
+  std::vector<int64_t> handles;
+  specialize(program, program.nodes, rank, handles, p.nodes);
   return p;
 }
 

@@ -1,5 +1,7 @@
-// The host-IR interpreter.
+// The host-IR interpreter (see host_ir_evaluator.h).
 #include "meshfuse/runtime/host_ir_evaluator.h"
+
+#include <cstring>
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
@@ -10,6 +12,12 @@ namespace {
 
 std::vector<int64_t> zeros(size_t n) { return std::vector<int64_t>(n, 0); }
 
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
 // Whether blocks along dim `d` of a row-major tensor of `shape` are contiguous.
 bool contiguousBlocks(const std::vector<int64_t>& shape, int64_t d) {
   for (int64_t i = 0; i < d; ++i)
@@ -17,68 +25,27 @@ bool contiguousBlocks(const std::vector<int64_t>& shape, int64_t d) {
   return true;
 }
 
-int64_t numel(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t x : s) n *= x;
-  return n;
-}
-
-// Offsets of `rank`'s block of `tv` in the global tensor, per dims() index. Several mesh axes
-// sharding one dim nest in mesh-axis order (axis 0 outermost), as applyPlacements splits.
-std::vector<int64_t> blockOffsets(const TensorView* tv, const std::vector<int64_t>& local, int64_t rank) {
-  std::vector<int64_t> off(local.size(), 0);
-  const DeviceMesh* mesh = tv->mesh();
-  if (mesh == nullptr) return off;
-  std::vector<Placement> ps = placementsOf(tv);
-  std::vector<int64_t> coords = mesh->coordinates(rank);
-  std::vector<int64_t> index(local.size(), 0);  // block index along each dim
-  for (int64_t a = 0; a < mesh->rank(); ++a)
-    if (ps[a].kind == Placement::Shard) index[ps[a].dim] = index[ps[a].dim] * mesh->size(a) + coords[a];
-  for (size_t d = 0; d < local.size(); ++d) off[d] = index[d] * local[d];
-  return off;
-}
+int64_t positiveMod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
 
 }  // namespace
 
-SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& locals, int64_t rank) {
-  MF_USER_CHECK(locals.size() == f.inputs().size(), ErrorKind::Value, "the fusion takes {} inputs but {} were given",
-                f.inputs().size(), locals.size());
-  SymbolBindings b;
-  for (size_t i = 0; i < locals.size(); ++i) {
-    const TensorView* tv = f.inputs()[i];
-    if (tv->mesh() != nullptr && !tv->mesh()->contains(rank)) continue;
-    const Tensor& t = locals[i];
-    const std::string name = f.displayName(tv);
-    MF_USER_CHECK(t.dtype() == tv->dtype(), ErrorKind::Dtype, "input {} ({}): expected dtype {} but got {}", i, name,
-                  dtypeName(tv->dtype()), dtypeName(t.dtype()));
-    std::vector<Extent> shape = tv->shape();
-    MF_USER_CHECK(t.rank() == static_cast<int64_t>(shape.size()), ErrorKind::Shape,
-                  "input {} ({}): expected rank {} but got a local tensor of shape {}", i, name, shape.size(),
-                  t.shapeString());
-    std::vector<int64_t> factors = shardFactors(tv);
-    for (size_t d = 0; d < shape.size(); ++d) {
-      int64_t global = t.shape()[d] * factors[d];
-      if (shape[d].isStatic()) {
-        MF_USER_CHECK(shape[d].value() == global, ErrorKind::Shape,
-                      "input {} ({}): dim {} must be {} globally ({} per rank over {} shards) but the local tensor has "
-                      "shape {}",
-                      i, name, d, shape[d].value(), shape[d].value() / factors[d], factors[d], t.shapeString());
-        continue;
-      }
-      auto [it, fresh] = b.emplace(shape[d].symbol(), global);
-      MF_USER_CHECK(fresh || it->second == global, ErrorKind::Shape,
-                    "input {} ({}): dim {} is ?{} = {} but an earlier input bound it to {}", i, name, d,
-                    shape[d].symbol(), global, it->second);
-    }
-  }
-  f.checkExtentConstraints(b);
-  return b;
-}
+// A communication in flight: filled by the task that issues it, finished by the Wait's task.
+struct HostIrEvaluator::Handle {
+  std::unique_ptr<Work> work;
+  std::vector<std::unique_ptr<Work>> more;  // a send/recv pair
+  std::function<void()> finish;              // unpacks staging buffers (all-to-all)
+};
 
 HostIrEvaluator::HostIrEvaluator(const HostProgram& program, Backend& backend, Communicator& comm)
-    : program_(program), backend_(backend), comm_(comm) {
+    : program_(program), backend_(backend), comm_(comm), streams_(backend.streams()) {
   MF_CHECK(program.rank == comm.rank(), "program for rank {} run on rank {}", program.rank, comm.rank());
 }
+
+HostIrEvaluator::~HostIrEvaluator() = default;
+
+void HostIrEvaluator::setTracing(bool on) { tracing_ = on; }
+
+std::vector<TraceEvent> HostIrEvaluator::takeTrace() { return std::move(trace_); }
 
 Tensor& HostIrEvaluator::value(const TensorView* tv) {
   auto it = values_.find(tv);
@@ -86,154 +53,272 @@ Tensor& HostIrEvaluator::value(const TensorView* tv) {
   return it->second;
 }
 
-std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs) {
+std::vector<int64_t> HostIrEvaluator::shapeOf(const TensorView* tv) {
+  auto it = shapes_.find(tv);
+  if (it != shapes_.end()) return it->second;
+  return shapes_[tv] = localShape(tv, bindings_);
+}
+
+int64_t HostIrEvaluator::blockIndex(const BlockRef& ref) const {
+  int64_t i = loop_vars_.empty() ? 0 : loop_vars_.back();
+  int64_t r = ref.rank_coeff == 0 ? 0 : ref.tv->mesh()->indexAlong(comm_.rank(), ref.mesh_axis);
+  return positiveMod(ref.loop_coeff * i + ref.rank_coeff * r + ref.offset, ref.blocks);
+}
+
+Tensor HostIrEvaluator::view(const BlockRef& ref) {
+  Tensor& t = value(ref.tv);
+  if (ref.whole()) return t;
+  const int64_t rows = t.shape().at(0);
+  MF_USER_CHECK(rows % ref.blocks == 0, ErrorKind::Unsupported,
+                "uneven chunking not supported: {} has {} rows on rank {}, which do not split into {} equal blocks",
+                program_.fusion->displayName(ref.tv), rows, comm_.rank(), ref.blocks);
+  const int64_t block = rows / ref.blocks;
+  return t.slice0(blockIndex(ref) * block, block);
+}
+
+std::string HostIrEvaluator::describe(const HostNode& n) const {
   const Fusion& f = *program_.fusion;
-  bindings_ = bindLocalInputs(f, local_inputs, comm_.rank());
-  values_.clear();
-  executed_.clear();
-  for (size_t i = 0; i < local_inputs.size(); ++i) values_[f.inputs()[i]] = local_inputs[i];
-  for (const HostNode& n : program_.nodes) {
-    switch (n.kind) {
-      case HostNodeKind::Allocate:
-        values_[n.tv] = backend_.allocate(n.tv->dtype(), localShape(n.tv, bindings_));
-        break;
-      case HostNodeKind::Deallocate:
-        values_.erase(n.tv);
-        break;
-      case HostNodeKind::LaunchKernel:
-      case HostNodeKind::Gemm: {
-        const Segment& seg = program_.segment(n);
-        std::vector<const Tensor*> ins;
-        std::vector<Tensor*> outs;
-        for (const TensorView* tv : seg.inputs) ins.push_back(&value(tv));
-        for (const TensorView* tv : seg.outputs) outs.push_back(&value(tv));
-        backend_.runSegment(seg, ins, outs, [this](const TensorView* tv) { return localShape(tv, bindings_); });
-        break;
-      }
-      case HostNodeKind::Communication:
-        communicate(n);
-        break;
-      case HostNodeKind::Wait:
-        wait(n.handle);
-        break;
-      case HostNodeKind::ShardSlice: {
-        const Tensor& in = value(n.in);
-        Tensor& out = value(n.out);
-        std::vector<int64_t> off = zeros(out.shape().size());
-        off[n.out_dim] = n.out->mesh()->indexAlong(comm_.rank(), n.mesh_axis) * out.shape()[n.out_dim];
-        copyBlock(in, off, out, zeros(off.size()), out.shape());
-        break;
-      }
-    }
+  if (n.segment >= 0) {
+    const Segment& seg = program_.segment(n);
+    std::string s = segmentKindName(seg.kind);
+    for (const Expr* e : seg.exprs) s += " " + std::string(e->name());
+    return s;
   }
-  MF_CHECK(pending_.empty(), "{} communications were never waited for", pending_.size());
+  return fmt::format("{} {}", commKindName(n.comm), f.displayName(n.out.tv));
+}
+
+std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs,
+                                         const std::vector<std::vector<int64_t>>& global_shapes) {
+  const Fusion& f = *program_.fusion;
+  bindings_ = bindLocalInputs(f, local_inputs, comm_.rank(), global_shapes);
+  values_.clear();
+  shapes_.clear();
+  handles_.clear();
+  events_.clear();
+  executed_.clear();
+  loop_vars_.clear();
+  stream_ = 0;
+  for (size_t i = 0; i < local_inputs.size(); ++i) values_[f.inputs()[i]] = local_inputs[i];
+  streams_.setTracing(tracing_);
+  try {
+    execute(program_.nodes);
+    streams_.synchronize();
+  } catch (...) {
+    try {
+      streams_.synchronize();  // let in-flight tasks finish before the buffers go away
+    } catch (...) {
+    }
+    throw;
+  }
+  if (tracing_) trace_ = streams_.takeTrace();
   std::vector<Tensor> outs;
-  for (const TensorView* o : f.outputs()) outs.push_back(o->mesh() && !o->mesh()->contains(comm_.rank()) ? Tensor() : value(o));
+  for (const TensorView* o : f.outputs())
+    outs.push_back(o->mesh() && !o->mesh()->contains(comm_.rank()) ? Tensor() : value(o));
   return outs;
 }
 
+void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
+  for (const HostNode& n : nodes) {
+    switch (n.kind) {
+      case HostNodeKind::Allocate: {
+        std::vector<int64_t> shape = shapeOf(n.tv);
+        if (n.chunk_blocks > 1) {
+          MF_USER_CHECK(shape.at(0) % n.chunk_blocks == 0, ErrorKind::Unsupported,
+                        "uneven chunking not supported: {} has {} rows, which do not split into {} equal blocks",
+                        program_.fusion->displayName(n.tv), shape[0], n.chunk_blocks);
+          shape[0] /= n.chunk_blocks;
+        }
+        values_[n.tv] = backend_.allocate(n.tv->dtype(), shape);
+        break;
+      }
+      case HostNodeKind::Deallocate:
+        values_.erase(n.tv);  // tasks already submitted keep the memory alive until they ran
+        break;
+      case HostNodeKind::LaunchKernel:
+      case HostNodeKind::Gemm:
+        launch(n);
+        break;
+      case HostNodeKind::Communication:
+        if (n.comm == CommKind::SendRecv) {
+          sendRecv(n);
+        } else {
+          communicate(n);
+        }
+        break;
+      case HostNodeKind::Wait: {
+        auto key = std::make_pair(n.handle, loop_vars_.empty() ? int64_t{0} : loop_vars_.back());
+        auto it = handles_.find(key);
+        MF_CHECK(it != handles_.end(), "wait on unknown handle h{}", n.handle);
+        std::shared_ptr<Handle> h = it->second;
+        handles_.erase(it);
+        streams_.submit(stream_, TaskKind::Communication, "wait", [h] {
+          if (h->work) h->work->wait();
+          for (auto& w : h->more) w->wait();
+          if (h->finish) h->finish();
+        });
+        break;
+      }
+      case HostNodeKind::ShardSlice: {
+        Tensor in = view(n.in), out = view(n.out);
+        std::vector<int64_t> off = zeros(out.shape().size());
+        off[n.out_dim] = n.out.tv->mesh()->indexAlong(comm_.rank(), n.mesh_axis) * out.shape()[n.out_dim];
+        streams_.submit(stream_, TaskKind::Copy, "slice", [in, out, off]() mutable {
+          copyBlock(in, off, out, zeros(off.size()), out.shape());
+        });
+        break;
+      }
+      case HostNodeKind::ForLoop:
+        loop_vars_.push_back(0);
+        for (int64_t i = 0; i < n.trip_count; ++i) {
+          loop_vars_.back() = i;
+          execute(n.body);
+        }
+        loop_vars_.pop_back();
+        break;
+      case HostNodeKind::SetCurrentStream:
+        stream_ = n.stream;
+        break;
+      case HostNodeKind::RecordEvent: {
+        int64_t i = loop_vars_.empty() ? 0 : loop_vars_.back();
+        events_[{n.event, i + n.iteration_offset}] = streams_.record(stream_);
+        break;
+      }
+      case HostNodeKind::WaitEvent: {
+        int64_t i = loop_vars_.empty() ? 0 : loop_vars_.back();
+        auto it = events_.find({n.event, i + n.iteration_offset});
+        if (i + n.iteration_offset < 0) break;  // before the first iteration: nothing to wait for
+        MF_CHECK(it != events_.end(), "wait for event e{} of iteration {} that was never recorded", n.event,
+                 i + n.iteration_offset);
+        streams_.wait(stream_, it->second);
+        break;
+      }
+      case HostNodeKind::Synchronize:
+        for (const auto& [key, event] : events_) streams_.wait(0, event);
+        break;
+    }
+  }
+}
+
+void HostIrEvaluator::launch(const HostNode& n) {
+  const Segment& seg = program_.segment(n);
+  const size_t ni = seg.inputs.size();
+  std::vector<Tensor> ins, outs;
+  for (size_t i = 0; i < ni; ++i) ins.push_back(n.views.empty() ? value(seg.inputs[i]) : view(n.views[i]));
+  for (size_t i = 0; i < seg.outputs.size(); ++i)
+    outs.push_back(n.views.empty() ? value(seg.outputs[i]) : view(n.views[ni + i]));
+  // Shapes of this launch: the tensors it touches have the shapes of their views; a chunked
+  // launch's intermediates are chunked along dim 0 like the operands they derive from.
+  std::map<const TensorView*, std::vector<int64_t>> shapes;
+  int64_t chunk = 1;
+  for (size_t i = 0; i < ni; ++i) shapes[seg.inputs[i]] = ins[i].shape();
+  for (size_t i = 0; i < outs.size(); ++i) shapes[seg.outputs[i]] = outs[i].shape();
+  for (const BlockRef& v : n.views) chunk = std::max(chunk, v.blocks);
+  for (const Expr* e : seg.exprs) {
+    if (shapes.count(e->output())) continue;
+    std::vector<int64_t> s = shapeOf(e->output());
+    if (chunk > 1 && !s.empty()) s[0] /= chunk;
+    shapes[e->output()] = s;
+  }
+  Backend* backend = &backend_;
+  streams_.submit(stream_, TaskKind::Compute, describe(n), [backend, &seg, ins, outs, shapes]() mutable {
+    std::vector<const Tensor*> in_ptrs;
+    std::vector<Tensor*> out_ptrs;
+    for (const Tensor& t : ins) in_ptrs.push_back(&t);
+    for (Tensor& t : outs) out_ptrs.push_back(&t);
+    backend->runSegment(seg, in_ptrs, out_ptrs, [&shapes](const TensorView* tv) { return shapes.at(tv); });
+  });
+}
+
 void HostIrEvaluator::communicate(const HostNode& n) {
-  const Tensor& in = value(n.in);
-  Tensor& out = value(n.out);
+  Tensor in = view(n.in), out = view(n.out);
   const int64_t team = static_cast<int64_t>(n.team.size());
   const DataType dt = in.dtype();
-  const size_t rank = in.shape().size();
-  Pending p;
-  executed_.push_back({n.comm, n.mesh_axis, n.team, static_cast<int64_t>(in.nbytes()), program_.fusion->displayName(n.out),
-                       program_.fusion->displayName(n.in), n.out->provenance()});
+  auto h = std::make_shared<Handle>();
+  handles_[{n.handle, loop_vars_.empty() ? int64_t{0} : loop_vars_.back()}] = h;
+  executed_.push_back({n.comm, n.mesh_axis, n.team, static_cast<int64_t>(in.nbytes()),
+                       program_.fusion->displayName(n.out.tv), program_.fusion->displayName(n.in.tv),
+                       n.out.tv->provenance()});
+  Communicator* comm = &comm_;
+  std::function<void()> issue;
   switch (n.comm) {
     case CommKind::Allreduce:
-      p.work = comm_.allreduce(in.data(), out.data(), in.numel(), dt, ReduceOp::Sum, n.team);
+      issue = [=]() mutable { h->work = comm->allreduce(in.data(), out.data(), in.numel(), dt, ReduceOp::Sum, n.team); };
       break;
     case CommKind::Allgather:
       // layout-for-communication made the gathered dim outermost: rank j's block is the j-th
       // contiguous chunk of the output.
       MF_CHECK(contiguousBlocks(out.shape(), n.in_dim), "allgather along non-outermost dim {}", n.in_dim);
-      p.work = comm_.allgather(in.data(), out.data(), in.numel(), dt, n.team);
+      issue = [=]() mutable { h->work = comm->allgather(in.data(), out.data(), in.numel(), dt, n.team); };
       break;
     case CommKind::ReduceScatter:
       MF_CHECK(contiguousBlocks(in.shape(), n.out_dim), "reduce-scatter along non-outermost dim {}", n.out_dim);
-      p.work = comm_.reduceScatter(in.data(), out.data(), out.numel(), dt, ReduceOp::Sum, n.team);
+      issue = [=]() mutable {
+        h->work = comm->reduceScatter(in.data(), out.data(), out.numel(), dt, ReduceOp::Sum, n.team);
+      };
       break;
     case CommKind::AllToAll: {
       // Send chunk j = my slice j along out_dim; receive from rank j its block along in_dim.
-      std::vector<int64_t> send_chunk = in.shape();
-      send_chunk[n.out_dim] /= team;
-      auto send = std::make_shared<Tensor>(dt, stagingShape(send_chunk, team));
-      for (int64_t j = 0; j < team; ++j) {
-        std::vector<int64_t> so(rank, 0), dof(rank, 0);
-        so[n.out_dim] = j * send_chunk[n.out_dim];
-        dof[0] = j * send_chunk[0];
-        copyBlock(in, so, *send, dof, send_chunk);
-      }
-      auto recv = std::make_shared<Tensor>(dt, stagingShape(send_chunk, team));
-      p.work = comm_.allToAll(send->data(), recv->data(), numel(send_chunk), dt, n.team);
-      int64_t d = n.in_dim;
-      p.finish = [send, recv, send_chunk, d, team, rank, &out] {
+      // (Its send and receive blocks run along different dims: the runtime packs them.)
+      const size_t rank = in.shape().size();
+      std::vector<int64_t> chunk = in.shape();
+      chunk[n.out_dim] /= team;
+      const int64_t out_dim = n.out_dim, in_dim = n.in_dim;
+      issue = [=] {
+        auto send = std::make_shared<Tensor>(Tensor::empty(dt, stagingShape(chunk, team)));
+        auto recv = std::make_shared<Tensor>(Tensor::empty(dt, stagingShape(chunk, team)));
         for (int64_t j = 0; j < team; ++j) {
           std::vector<int64_t> so(rank, 0), dof(rank, 0);
-          so[0] = j * send_chunk[0];
-          dof[d] = j * send_chunk[d];
-          copyBlock(*recv, so, out, dof, send_chunk);
+          so[out_dim] = j * chunk[out_dim];
+          dof[0] = j * chunk[0];
+          copyBlock(in, so, *send, dof, chunk);
         }
+        h->work = comm->allToAll(send->data(), recv->data(), numel(chunk), dt, n.team);
+        h->finish = [send, recv, chunk, in_dim, team, rank, out]() mutable {
+          for (int64_t j = 0; j < team; ++j) {
+            std::vector<int64_t> so(rank, 0), dof(rank, 0);
+            so[0] = j * chunk[0];
+            dof[in_dim] = j * chunk[in_dim];
+            copyBlock(*recv, so, out, dof, chunk);
+          }
+        };
       };
       break;
     }
     default:
       userError(ErrorKind::Unsupported, "{} communications are not lowered yet", commKindName(n.comm));
   }
-  pending_[n.handle] = std::move(p);
+  streams_.submit(stream_, TaskKind::Communication, describe(n), std::move(issue));
 }
 
-void HostIrEvaluator::wait(int64_t handle) {
-  auto it = pending_.find(handle);
-  MF_CHECK(it != pending_.end(), "wait on unknown handle #{}", handle);
-  it->second.work->wait();
-  if (it->second.finish) it->second.finish();
-  pending_.erase(it);
-}
-
-Tensor shardForRank(const TensorView* tv, const Tensor& full, int64_t rank) {
-  if (tv->mesh() == nullptr) return full;
-  std::vector<int64_t> factors = shardFactors(tv);
-  std::vector<int64_t> local = full.shape();
-  for (size_t d = 0; d < local.size(); ++d) {
-    MF_USER_CHECK(local[d] % factors[d] == 0, ErrorKind::Unsupported,
-                  "uneven sharding not supported: {} dim {} has size {} which does not divide into {} shards",
-                  tv->fusion()->displayName(tv), d, local[d], factors[d]);
-    local[d] /= factors[d];
+void HostIrEvaluator::sendRecv(const HostNode& n) {
+  auto h = std::make_shared<Handle>();
+  handles_[{n.handle, loop_vars_.empty() ? int64_t{0} : loop_vars_.back()}] = h;
+  int64_t to = n.send_to, from = n.recv_from;
+  if (n.shift != 0) {  // a ring step along a mesh axis
+    const DeviceMesh* mesh = n.in.tv->mesh();
+    Team team = mesh->team(comm_.rank(), n.mesh_axis);
+    const int64_t size = static_cast<int64_t>(team.size());
+    const int64_t me = mesh->indexAlong(comm_.rank(), n.mesh_axis);
+    to = team[positiveMod(me + n.shift, size)];
+    from = team[positiveMod(me - n.shift, size)];
   }
-  Tensor out(full.dtype(), local);
-  std::vector<Placement> ps = placementsOf(tv);
-  std::vector<int64_t> coords = tv->mesh()->coordinates(rank);
-  for (size_t a = 0; a < ps.size(); ++a)
-    if (ps[a].kind == Placement::Partial && coords[a] != 0) return out;  // zeros: the sum is held by index 0
-  copyBlock(full, blockOffsets(tv, local, rank), out, zeros(local.size()), local);
-  return out;
-}
-
-Tensor assembleGlobal(const TensorView* tv, const std::vector<Tensor>& locals) {
-  const DeviceMesh* mesh = tv->mesh();
-  if (mesh == nullptr) return locals.at(0);
-  std::vector<Placement> ps = placementsOf(tv);
-  std::vector<int64_t> factors = shardFactors(tv);
-  const Tensor& first = locals.at(mesh->devices()[0]);
-  std::vector<int64_t> global = first.shape();
-  for (size_t d = 0; d < global.size(); ++d) global[d] *= factors[d];
-  Tensor out(first.dtype(), global);
-  for (int64_t r : mesh->devices()) {
-    std::vector<int64_t> coords = mesh->coordinates(r);
-    bool skip = false, partial = false;
-    for (size_t a = 0; a < ps.size(); ++a) {
-      if (ps[a].kind == Placement::Replicate && coords[a] != 0) skip = true;
-      if (ps[a].kind == Placement::Partial) partial = true;
+  Tensor in = to >= 0 ? view(n.in) : Tensor(), out = from >= 0 ? view(n.out) : Tensor();
+  if (to >= 0)
+    executed_.push_back({CommKind::SendRecv, n.mesh_axis, {comm_.rank(), to}, static_cast<int64_t>(in.nbytes()),
+                         program_.fusion->displayName(n.out.tv), program_.fusion->displayName(n.in.tv),
+                         n.out.tv->provenance()});
+  // Tags tell a pipeline's successive microbatches (and ring steps) apart.
+  const int64_t tag = n.handle * 1024 + (loop_vars_.empty() ? 0 : loop_vars_.back() % 1024);
+  Communicator* comm = &comm_;
+  const int64_t me = comm_.rank();
+  streams_.submit(stream_, TaskKind::Communication, describe(n), [=]() mutable {
+    if (to == me && from == me) {  // both stages on this rank: a copy
+      std::memcpy(out.data(), in.data(), in.nbytes());
+      return;
     }
-    if (skip) continue;
-    const Tensor& l = locals.at(r);
-    if (partial) addBlock(l, zeros(global.size()), out, blockOffsets(tv, l.shape(), r), l.shape());
-    else copyBlock(l, zeros(global.size()), out, blockOffsets(tv, l.shape(), r), l.shape());
-  }
-  return out;
+    if (from >= 0) h->more.push_back(comm->recv(out.data(), out.numel(), out.dtype(), from, tag));
+    if (to >= 0) h->more.push_back(comm->send(in.data(), in.numel(), in.dtype(), to, tag));
+  });
 }
 
 }  // namespace meshfuse

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "meshfuse/runtime/streams.h"
 #include "meshfuse/segment.h"
 #include "meshfuse/tensor.h"
 
@@ -37,12 +38,18 @@ class Backend {
   virtual void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs,
                           const std::vector<Tensor*>& outputs, const ShapeFn& shape_of) = 0;
 
+  // The streams tasks run on. The default is CpuStreams (threads); a GPU backend overrides it.
+  virtual Streams& streams();
+
   // Compile-time statistics, for --timing and the compile-cache tests.
   struct Stats {
     int64_t kernels_compiled = 0;
     double compile_seconds = 0;
   };
   virtual Stats stats() const { return {}; }
+
+ private:
+  std::unique_ptr<Streams> streams_;
 };
 
 // The reference executor's loops, one op at a time: obviously correct, slow. Tests' oracle.

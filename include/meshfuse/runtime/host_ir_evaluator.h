@@ -1,9 +1,14 @@
 // HostIrEvaluator: interprets a rank's host program over a Backend and a Communicator.
+//
+// The interpreter walks the nodes on the host thread and submits each piece of work (kernels,
+// GEMMs, copies, collectives) as a task to the current stream of the backend's Streams; loops
+// run their body once per trip with the loop variable bound; events order streams. A run ends
+// by synchronizing every stream, so run() returns finished outputs.
 #pragma once
 
-#include <functional>
 #include <map>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "meshfuse/host_ir.h"
@@ -17,36 +22,56 @@ class HostIrEvaluator {
  public:
   // `program` must be specialized for comm.rank().
   HostIrEvaluator(const HostProgram& program, Backend& backend, Communicator& comm);
+  ~HostIrEvaluator();
 
   // Runs the program on this rank's local inputs (aligned with the fusion's inputs; a rank
-  // outside an input's mesh passes an empty Tensor). Returns the local outputs. Throws a
-  // UserError naming the input and both shapes when a local input has the wrong shape/dtype.
-  std::vector<Tensor> run(const std::vector<Tensor>& local_inputs);
+  // outside an input's mesh passes an empty Tensor, and `global_shapes` then gives that input's
+  // global shape so symbolic sizes can be bound). Returns the local outputs (empty for outputs
+  // on meshes without this rank). Throws a UserError naming the input and both shapes when a
+  // local input has the wrong shape or dtype.
+  std::vector<Tensor> run(const std::vector<Tensor>& local_inputs,
+                          const std::vector<std::vector<int64_t>>& global_shapes = {});
 
-  // The collectives the last run executed, in order.
+  // The collectives the last run executed, in issue order.
   const std::vector<CollectiveInfo>& executed() const { return executed_; }
 
+  // Timeline of the next runs (see Streams::setTracing); takeTrace() returns the last run's.
+  void setTracing(bool on);
+  std::vector<TraceEvent> takeTrace();
+
  private:
+  struct Handle;
+  void execute(const std::vector<HostNode>& nodes);
+  void launch(const HostNode& n);
   void communicate(const HostNode& n);
-  void wait(int64_t handle);
+  void sendRecv(const HostNode& n);
+  Tensor view(const BlockRef& ref);
   Tensor& value(const TensorView* tv);
+  std::vector<int64_t> shapeOf(const TensorView* tv);
+  int64_t blockIndex(const BlockRef& ref) const;
+  std::string describe(const HostNode& n) const;
 
   const HostProgram& program_;
   Backend& backend_;
   Communicator& comm_;
+  Streams& streams_;
   SymbolBindings bindings_;
-  std::map<const TensorView*, Tensor> values_;
-  struct Pending {
-    std::unique_ptr<Work> work;
-    std::function<void()> finish;  // unpacks staging buffers into the output
-  };
-  std::map<int64_t, Pending> pending_;
+  std::unordered_map<const TensorView*, Tensor> values_;
+  std::unordered_map<const TensorView*, std::vector<int64_t>> shapes_;  // local shapes, per run
+  std::vector<int64_t> loop_vars_;   // innermost last
+  int64_t stream_ = 0;
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Handle>> handles_;         // (handle, iteration)
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Event>> events_;           // (event, iteration)
   std::vector<CollectiveInfo> executed_;
+  bool tracing_ = false;
+  std::vector<TraceEvent> trace_;
 };
 
 // Binds symbolic sizes from local inputs: a sharded dim's global size is its local size times
-// the number of shards. Checks dtypes and shapes, naming the input and both shapes.
-SymbolBindings bindLocalInputs(const Fusion& fusion, const std::vector<Tensor>& local_inputs, int64_t rank);
+// the number of shards. Checks dtypes and shapes, naming the input and both shapes. An input
+// this rank does not hold is bound from `global_shapes[i]` when given.
+SymbolBindings bindLocalInputs(const Fusion& fusion, const std::vector<Tensor>& local_inputs, int64_t rank,
+                               const std::vector<std::vector<int64_t>>& global_shapes = {});
 
 // The block of the full (global) tensor that `rank` holds for `tv`'s sharding. A Partial axis
 // gives the whole value to the rank at index 0 along that axis and zeros to the others.

@@ -1,0 +1,69 @@
+// Timelines: overlap summaries and Chrome/Perfetto trace JSON.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#include "meshfuse/runtime/streams.h"
+
+namespace meshfuse {
+
+const char* taskKindName(TaskKind k) {
+  switch (k) {
+    case TaskKind::Compute: return "compute";
+    case TaskKind::Communication: return "communication";
+    case TaskKind::Copy: return "copy";
+    case TaskKind::Wait: return "wait";
+  }
+  return "?";
+}
+
+OverlapSummary summarizeOverlap(const std::vector<TraceEvent>& events) {
+  // The union of compute intervals, as sorted disjoint intervals.
+  std::vector<std::pair<double, double>> compute;
+  for (const TraceEvent& e : events)
+    if (e.kind == TaskKind::Compute) compute.push_back({e.begin_us, e.end_us});
+  std::sort(compute.begin(), compute.end());
+  std::vector<std::pair<double, double>> merged;
+  for (auto [b, e] : compute) {
+    if (!merged.empty() && b <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, e);
+    } else {
+      merged.push_back({b, e});
+    }
+  }
+  OverlapSummary s;
+  for (auto [b, e] : merged) s.compute_us += e - b;
+  for (const TraceEvent& e : events) {
+    if (e.kind != TaskKind::Communication) continue;
+    s.communication_us += e.end_us - e.begin_us;
+    for (auto [b, f] : merged) s.hidden_us += std::max(0.0, std::min(f, e.end_us) - std::max(b, e.begin_us));
+  }
+  return s;
+}
+
+std::string chromeTraceJson(const std::vector<std::vector<TraceEvent>>& per_rank) {
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t rank = 0; rank < per_rank.size(); ++rank) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
+    std::vector<int64_t> streams;
+    for (const TraceEvent& e : per_rank[rank]) {
+      if (std::find(streams.begin(), streams.end(), e.stream) == streams.end()) streams.push_back(e.stream);
+      events.push_back({{"name", e.name},
+                        {"cat", taskKindName(e.kind)},
+                        {"ph", "X"},
+                        {"ts", e.begin_us},
+                        {"dur", e.end_us - e.begin_us},
+                        {"pid", rank},
+                        {"tid", e.stream}});
+    }
+    for (int64_t s : streams)
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", rank},
+                        {"tid", s},
+                        {"args", {{"name", s == 0 ? std::string("main stream") : "stream " + std::to_string(s)}}}});
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1);
+}
+
+}  // namespace meshfuse
