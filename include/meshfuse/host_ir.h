@@ -11,6 +11,7 @@
 //   comm h0 allreduce %4 -> %5 ...            starts a collective; returns handle h0
 //   wait h0                                   blocks the current stream until h0 completes
 //   slice %6 = %5 dim 0 axis 0                Replicate -> Shard: keeps this rank's block, no comm
+//   copy %x -> %g[r of 4]  /  add %t -> %acc   a local copy, or an accumulation (ring reductions)
 //   deallocate %3                             frees %3 after its last use
 //   for i in [0, 4) { ... }                   a Stream-parallel loop (chunks, ring steps, microbatches)
 //   stream 2                                  later nodes run on stream 2 (0: the main stream)
@@ -40,6 +41,7 @@ class TensorView;
   X(Communication, "comm")        \
   X(Wait, "wait")                 \
   X(ShardSlice, "slice")          \
+  X(Copy, "copy")                 \
   X(ForLoop, "for")               \
   X(SetCurrentStream, "stream")   \
   X(RecordEvent, "record")        \
@@ -65,15 +67,24 @@ enum class CommKind {
 const char* commKindName(CommKind k);
 
 // A tensor, or one block of its dim 0 viewed as `blocks` equal blocks. The block index is
-// (loop_coeff * i + rank_coeff * r + offset) mod blocks, with i the innermost loop's variable
-// and r this rank's index along `mesh_axis` (ring algorithms walk the blocks of other ranks).
+// (sum_j loop_coeffs[j] * i_j + rank_coeff * r + offset) mod blocks, with i_j the variables of
+// the enclosing loops (outermost first) and r this rank's index along `mesh_axis` (ring
+// algorithms walk the blocks of other ranks).
 struct BlockRef {
   const TensorView* tv = nullptr;
+  int64_t slot = 0;  // 0: the tensor's buffer; k > 0: a temporary of the same type (ring steps)
   int64_t blocks = 1;
-  int64_t loop_coeff = 0, rank_coeff = 0, offset = 0;
+  std::vector<int64_t> loop_coeffs;
+  int64_t rank_coeff = 0, offset = 0;
   int64_t mesh_axis = -1;
+  static BlockRef of(const TensorView* tv, int64_t slot = 0) {  // the whole tensor
+    BlockRef r;
+    r.tv = tv;
+    r.slot = slot;
+    return r;
+  }
   bool whole() const { return blocks == 1; }
-  std::string toString(const Fusion& f) const;  // "%x" or "%x[(i - r + 1) % 4 of 4]"
+  std::string toString(const Fusion& f) const;  // "%x", "%x~1" (slot 1), "%x[(2*i0 - 2*r + i1) % 4 of 4]"
 };
 
 struct HostNode {
@@ -81,13 +92,15 @@ struct HostNode {
   // Allocate / Deallocate: the tensor. Allocate with chunk_blocks = b makes a buffer of one
   // block of b (a per-iteration chunk buffer inside a loop).
   const TensorView* tv = nullptr;
+  int64_t slot = 0;  // see BlockRef::slot
   int64_t chunk_blocks = 1;
   // LaunchKernel, Gemm: index into HostProgram::segments, and the blocks it touches, aligned
   // with the segment's inputs then outputs (empty: every tensor whole).
   int64_t segment = -1;
   std::vector<BlockRef> views;
-  // Communication, ShardSlice: what it reads and writes.
+  // Communication, ShardSlice, Copy: what it reads and writes.
   BlockRef in, out;
+  bool accumulate = false;  // Copy: out += in instead of out = in
   CommKind comm = CommKind::Allreduce;
   ReduceOp reduce_op = ReduceOp::Sum;
   int64_t mesh_axis = -1;  // the mesh axis whose slice is the team (also ShardSlice)
@@ -106,10 +119,13 @@ struct HostNode {
   std::vector<HostNode> body;
   // SetCurrentStream
   int64_t stream = 0;
-  // RecordEvent / WaitEvent: event `event` of iteration (i + iteration_offset); a wait for an
-  // iteration before the first is a no-op.
+  // RecordEvent / WaitEvent: instance (sum_j event_coeffs[j] * i_j + event_offset) of event
+  // `event` (i_j: the enclosing loops' variables, outermost first); a wait for a negative
+  // instance is a no-op. So an event recorded per iteration of `for i` is waited for by the next
+  // iteration with coeffs {1}, offset -1.
   int64_t event = -1;
-  int64_t iteration_offset = 0;
+  std::vector<int64_t> event_coeffs;
+  int64_t event_offset = 0;
 };
 
 struct HostProgram {

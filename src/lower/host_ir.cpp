@@ -20,19 +20,35 @@ const char* commKindName(CommKind k) {
   return "?";
 }
 
-std::string BlockRef::toString(const Fusion& f) const {
-  std::string name = f.displayName(tv);
-  if (whole()) return name;
+namespace {
+
+// "2*i0 - 2*r + i1 - 2" for coefficients of the loop variables, the rank index and a constant;
+// `wraps` is set when the value may need a modulo to be a valid index.
+std::string indexExpr(const std::vector<int64_t>& loop_coeffs, int64_t rank_coeff, int64_t offset, bool& wraps) {
   std::string index;
-  auto term = [&](int64_t c, const char* var) {
+  wraps = rank_coeff != 0;
+  auto term = [&](int64_t c, const std::string& var) {
     if (c == 0) return;
-    std::string t = c == 1 ? var : c == -1 ? std::string("-") + var : fmt::format("{}*{}", c, var);
+    wraps |= c < 0;
+    std::string t = c == 1 ? var : c == -1 ? "-" + var : fmt::format("{}*{}", c, var);
     index += index.empty() ? t : (t[0] == '-' ? " - " + t.substr(1) : " + " + t);
   };
-  term(loop_coeff, "i");
+  for (size_t j = 0; j < loop_coeffs.size(); ++j)
+    term(loop_coeffs[j], loop_coeffs.size() == 1 ? std::string("i") : fmt::format("i{}", j));
   term(rank_coeff, "r");
-  if (offset != 0 || index.empty()) index += index.empty() ? fmt::format("{}", offset) : fmt::format(" + {}", offset);
-  bool wraps = rank_coeff != 0 || loop_coeff < 0;
+  if (offset < 0) wraps = true;
+  if (offset != 0 || index.empty())
+    index += index.empty() ? fmt::format("{}", offset) : fmt::format(" {} {}", offset < 0 ? '-' : '+', std::abs(offset));
+  return index;
+}
+
+}  // namespace
+
+std::string BlockRef::toString(const Fusion& f) const {
+  std::string name = f.displayName(tv) + (slot > 0 ? fmt::format("~{}", slot) : "");
+  if (whole()) return name;
+  bool wraps = false;
+  std::string index = indexExpr(loop_coeffs, rank_coeff, offset, wraps);
   return fmt::format("{}[{} of {}]", name, wraps ? "(" + index + ") % " + std::to_string(blocks) : index, blocks);
 }
 
@@ -80,17 +96,24 @@ std::string segmentCall(const Fusion& f, const HostNode& n, const Segment& seg) 
                      fmt::join(ops, ", "));
 }
 
-void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const std::string& indent, std::string& s) {
+bool hasNestedLoop(const HostNode& loop) {
+  for (const HostNode& b : loop.body)
+    if (b.kind == HostNodeKind::ForLoop) return true;
+  return false;
+}
+
+void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const std::string& indent, std::string& s,
+                int depth = 0) {
   const Fusion& f = *p.fusion;
   for (const HostNode& n : nodes) {
     std::string line = nodeName(n.kind);
     switch (n.kind) {
       case HostNodeKind::Allocate:
-        line += fmt::format(" {} : {}", f.displayName(n.tv), localType(n.tv, n.chunk_blocks));
+        line += fmt::format(" {} : {}", BlockRef::of(n.tv, n.slot).toString(f), localType(n.tv, n.chunk_blocks));
         if (n.chunk_blocks > 1) line += fmt::format(" (one block of {})", n.chunk_blocks);
         break;
       case HostNodeKind::Deallocate:
-        line += " " + f.displayName(n.tv);
+        line += " " + BlockRef::of(n.tv, n.slot).toString(f);
         break;
       case HostNodeKind::LaunchKernel:
       case HostNodeKind::Gemm:
@@ -115,19 +138,24 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
       case HostNodeKind::ShardSlice:
         line += fmt::format(" {} = {} dim {} axis {}", n.out.toString(f), n.in.toString(f), n.out_dim, n.mesh_axis);
         break;
+      case HostNodeKind::Copy:
+        line = fmt::format("{} {} -> {}", n.accumulate ? "add" : "copy", n.in.toString(f), n.out.toString(f));
+        break;
       case HostNodeKind::ForLoop:
-        s += fmt::format("{}for i in [0, {}) {{\n", indent, n.trip_count);
-        printNodes(p, n.body, indent + "  ", s);
+        s += fmt::format("{}for {} in [0, {}) {{\n", indent, depth == 0 && !hasNestedLoop(n) ? "i" : fmt::format("i{}", depth),
+                         n.trip_count);
+        printNodes(p, n.body, indent + "  ", s, depth + 1);
         s += indent + "}\n";
         continue;
       case HostNodeKind::SetCurrentStream:
         line += fmt::format(" {}", n.stream);
         break;
       case HostNodeKind::RecordEvent:
-      case HostNodeKind::WaitEvent:
-        line += fmt::format(" e{}", n.event);
-        if (n.iteration_offset != 0) line += fmt::format(" of iteration i{:+}", n.iteration_offset);
+      case HostNodeKind::WaitEvent: {
+        bool wraps = false;
+        line += fmt::format(" e{}[{}]", n.event, indexExpr(n.event_coeffs, 0, n.event_offset, wraps));
         break;
+      }
       case HostNodeKind::Synchronize:
         break;
     }

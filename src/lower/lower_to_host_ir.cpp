@@ -19,8 +19,8 @@ bool classifySet(const Expr* e, HostNode& n) {
   Sharding from = readSharding(in), to = readSharding(out);
   MF_USER_CHECK(in->mesh() && out->mesh() && *in->mesh() == *out->mesh(), ErrorKind::Unsupported,
                 "set: moving data between meshes (pipeline stages) is not supported yet");
-  n.in = {in};
-  n.out = {out};
+  n.in = BlockRef::of(in);
+  n.out = BlockRef::of(out);
   int64_t axis = -1;
   for (size_t a = 0; a < to.axes.size(); ++a) {
     if (from.axes[a] == to.axes[a]) continue;

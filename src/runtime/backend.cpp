@@ -1,7 +1,30 @@
 // What every Backend shares.
 #include "meshfuse/runtime/backend.h"
 
+#include <cstring>
+
+#include "meshfuse/error.h"
+
 namespace meshfuse {
+
+void Backend::copy(Tensor& dst, const Tensor& src) {
+  MF_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy of {} into {}", src.shapeString(),
+           dst.shapeString());
+  if (src.nbytes() > 0 && dst.data() != src.data()) std::memcpy(dst.data(), src.data(), src.nbytes());
+}
+
+void Backend::accumulate(Tensor& dst, const Tensor& src) {
+  MF_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "accumulating {} into {}", src.shapeString(),
+           dst.shapeString());
+  const int64_t n = dst.numel();
+  if (dst.dtype() == DataType::Float) {
+    float* d = static_cast<float*>(dst.data());
+    const float* x = static_cast<const float*>(src.data());
+    for (int64_t i = 0; i < n; ++i) d[i] += x[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) dst.set(i, dst.get(i) + src.get(i));  // bf16/f16/i64: through double
+}
 
 Streams& Backend::streams() {
   if (!streams_) streams_ = makeCpuStreams();

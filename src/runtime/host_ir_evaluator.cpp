@@ -47,10 +47,20 @@ void HostIrEvaluator::setTracing(bool on) { tracing_ = on; }
 
 std::vector<TraceEvent> HostIrEvaluator::takeTrace() { return std::move(trace_); }
 
-Tensor& HostIrEvaluator::value(const TensorView* tv) {
-  auto it = values_.find(tv);
-  MF_CHECK(it != values_.end(), "{} has no buffer on rank {}", program_.fusion->displayName(tv), comm_.rank());
+Tensor& HostIrEvaluator::value(const TensorView* tv, int64_t slot) {
+  auto it = values_.find({tv, slot});
+  MF_CHECK(it != values_.end(), "{} has no buffer on rank {}", BlockRef::of(tv, slot).toString(*program_.fusion),
+           comm_.rank());
   return it->second;
+}
+
+int64_t HostIrEvaluator::eventInstance(const HostNode& n) const {
+  MF_CHECK(n.event_coeffs.size() <= loops_.size(), "an event index over {} loops inside {} loops",
+           n.event_coeffs.size(), loops_.size());
+  int64_t index = n.event_offset;
+  const size_t first = loops_.size() - n.event_coeffs.size();
+  for (size_t j = 0; j < n.event_coeffs.size(); ++j) index += n.event_coeffs[j] * loops_[first + j].i;
+  return index;
 }
 
 std::vector<int64_t> HostIrEvaluator::shapeOf(const TensorView* tv) {
@@ -59,14 +69,25 @@ std::vector<int64_t> HostIrEvaluator::shapeOf(const TensorView* tv) {
   return shapes_[tv] = localShape(tv, bindings_);
 }
 
+int64_t HostIrEvaluator::iteration() const {
+  int64_t it = 0;
+  for (const Loop& l : loops_) it = it * l.trips + l.i;
+  return it;
+}
+
 int64_t HostIrEvaluator::blockIndex(const BlockRef& ref) const {
-  int64_t i = loop_vars_.empty() ? 0 : loop_vars_.back();
-  int64_t r = ref.rank_coeff == 0 ? 0 : ref.tv->mesh()->indexAlong(comm_.rank(), ref.mesh_axis);
-  return positiveMod(ref.loop_coeff * i + ref.rank_coeff * r + ref.offset, ref.blocks);
+  MF_CHECK(ref.loop_coeffs.size() <= loops_.size(), "a block index over {} loops inside {} loops",
+           ref.loop_coeffs.size(), loops_.size());
+  int64_t index = ref.offset;
+  // The coefficients belong to the innermost loops (outermost first).
+  const size_t first = loops_.size() - ref.loop_coeffs.size();
+  for (size_t j = 0; j < ref.loop_coeffs.size(); ++j) index += ref.loop_coeffs[j] * loops_[first + j].i;
+  if (ref.rank_coeff != 0) index += ref.rank_coeff * ref.tv->mesh()->indexAlong(comm_.rank(), ref.mesh_axis);
+  return positiveMod(index, ref.blocks);
 }
 
 Tensor HostIrEvaluator::view(const BlockRef& ref) {
-  Tensor& t = value(ref.tv);
+  Tensor& t = value(ref.tv, ref.slot);
   if (ref.whole()) return t;
   const int64_t rows = t.shape().at(0);
   MF_USER_CHECK(rows % ref.blocks == 0, ErrorKind::Unsupported,
@@ -96,9 +117,9 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
   handles_.clear();
   events_.clear();
   executed_.clear();
-  loop_vars_.clear();
+  loops_.clear();
   stream_ = 0;
-  for (size_t i = 0; i < local_inputs.size(); ++i) values_[f.inputs()[i]] = local_inputs[i];
+  for (size_t i = 0; i < local_inputs.size(); ++i) values_[{f.inputs()[i], 0}] = local_inputs[i];
   streams_.setTracing(tracing_);
   try {
     execute(program_.nodes);
@@ -114,6 +135,7 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
   std::vector<Tensor> outs;
   for (const TensorView* o : f.outputs())
     outs.push_back(o->mesh() && !o->mesh()->contains(comm_.rank()) ? Tensor() : value(o));
+  values_.clear();  // the caller owns the outputs now; intermediates go
   return outs;
 }
 
@@ -128,11 +150,11 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
                         program_.fusion->displayName(n.tv), shape[0], n.chunk_blocks);
           shape[0] /= n.chunk_blocks;
         }
-        values_[n.tv] = backend_.allocate(n.tv->dtype(), shape);
+        values_[{n.tv, n.slot}] = backend_.allocate(n.tv->dtype(), shape);
         break;
       }
       case HostNodeKind::Deallocate:
-        values_.erase(n.tv);  // tasks already submitted keep the memory alive until they ran
+        values_.erase({n.tv, n.slot});  // tasks already submitted keep the memory alive until they ran
         break;
       case HostNodeKind::LaunchKernel:
       case HostNodeKind::Gemm:
@@ -146,7 +168,7 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         }
         break;
       case HostNodeKind::Wait: {
-        auto key = std::make_pair(n.handle, loop_vars_.empty() ? int64_t{0} : loop_vars_.back());
+        auto key = std::make_pair(n.handle, iteration());
         auto it = handles_.find(key);
         MF_CHECK(it != handles_.end(), "wait on unknown handle h{}", n.handle);
         std::shared_ptr<Handle> h = it->second;
@@ -167,28 +189,38 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         });
         break;
       }
+      case HostNodeKind::Copy: {
+        Tensor in = view(n.in), out = view(n.out);
+        Backend* backend = &backend_;
+        bool add = n.accumulate;
+        streams_.submit(stream_, add ? TaskKind::Compute : TaskKind::Copy, add ? "add" : "copy", [=]() mutable {
+          if (add) {
+            backend->accumulate(out, in);
+          } else {
+            backend->copy(out, in);
+          }
+        });
+        break;
+      }
       case HostNodeKind::ForLoop:
-        loop_vars_.push_back(0);
+        loops_.push_back({0, n.trip_count});
         for (int64_t i = 0; i < n.trip_count; ++i) {
-          loop_vars_.back() = i;
+          loops_.back().i = i;
           execute(n.body);
         }
-        loop_vars_.pop_back();
+        loops_.pop_back();
         break;
       case HostNodeKind::SetCurrentStream:
         stream_ = n.stream;
         break;
-      case HostNodeKind::RecordEvent: {
-        int64_t i = loop_vars_.empty() ? 0 : loop_vars_.back();
-        events_[{n.event, i + n.iteration_offset}] = streams_.record(stream_);
+      case HostNodeKind::RecordEvent:
+        events_[{n.event, eventInstance(n)}] = streams_.record(stream_);
         break;
-      }
       case HostNodeKind::WaitEvent: {
-        int64_t i = loop_vars_.empty() ? 0 : loop_vars_.back();
-        auto it = events_.find({n.event, i + n.iteration_offset});
-        if (i + n.iteration_offset < 0) break;  // before the first iteration: nothing to wait for
-        MF_CHECK(it != events_.end(), "wait for event e{} of iteration {} that was never recorded", n.event,
-                 i + n.iteration_offset);
+        int64_t instance = eventInstance(n);
+        if (instance < 0) break;  // before the first instance: nothing to wait for
+        auto it = events_.find({n.event, instance});
+        MF_CHECK(it != events_.end(), "wait for instance {} of event e{}, which was never recorded", instance, n.event);
         streams_.wait(stream_, it->second);
         break;
       }
@@ -234,7 +266,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
   const int64_t team = static_cast<int64_t>(n.team.size());
   const DataType dt = in.dtype();
   auto h = std::make_shared<Handle>();
-  handles_[{n.handle, loop_vars_.empty() ? int64_t{0} : loop_vars_.back()}] = h;
+  handles_[{n.handle, iteration()}] = h;
   executed_.push_back({n.comm, n.mesh_axis, n.team, static_cast<int64_t>(in.nbytes()),
                        program_.fusion->displayName(n.out.tv), program_.fusion->displayName(n.in.tv),
                        n.out.tv->provenance()});
@@ -292,7 +324,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
 
 void HostIrEvaluator::sendRecv(const HostNode& n) {
   auto h = std::make_shared<Handle>();
-  handles_[{n.handle, loop_vars_.empty() ? int64_t{0} : loop_vars_.back()}] = h;
+  handles_[{n.handle, iteration()}] = h;
   int64_t to = n.send_to, from = n.recv_from;
   if (n.shift != 0) {  // a ring step along a mesh axis
     const DeviceMesh* mesh = n.in.tv->mesh();
@@ -308,7 +340,7 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
                          program_.fusion->displayName(n.out.tv), program_.fusion->displayName(n.in.tv),
                          n.out.tv->provenance()});
   // Tags tell a pipeline's successive microbatches (and ring steps) apart.
-  const int64_t tag = n.handle * 1024 + (loop_vars_.empty() ? 0 : loop_vars_.back() % 1024);
+  const int64_t tag = n.handle * 1024 + iteration() % 1024;
   Communicator* comm = &comm_;
   const int64_t me = comm_.rank();
   streams_.submit(stream_, TaskKind::Communication, describe(n), [=]() mutable {

@@ -38,6 +38,11 @@ class Backend {
   virtual void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs,
                           const std::vector<Tensor*>& outputs, const ShapeFn& shape_of) = 0;
 
+  // dst = src, and dst += src (same dtype and element count): the runtime's own data movement
+  // (stage copies, ring reductions). The defaults work on host memory.
+  virtual void copy(Tensor& dst, const Tensor& src);
+  virtual void accumulate(Tensor& dst, const Tensor& src);
+
   // The streams tasks run on. The default is CpuStreams (threads); a GPU backend overrides it.
   virtual Streams& streams();
 

@@ -46,7 +46,8 @@ class HostIrEvaluator {
   void communicate(const HostNode& n);
   void sendRecv(const HostNode& n);
   Tensor view(const BlockRef& ref);
-  Tensor& value(const TensorView* tv);
+  Tensor& value(const TensorView* tv, int64_t slot = 0);
+  int64_t eventInstance(const HostNode& n) const;
   std::vector<int64_t> shapeOf(const TensorView* tv);
   int64_t blockIndex(const BlockRef& ref) const;
   std::string describe(const HostNode& n) const;
@@ -56,9 +57,13 @@ class HostIrEvaluator {
   Communicator& comm_;
   Streams& streams_;
   SymbolBindings bindings_;
-  std::unordered_map<const TensorView*, Tensor> values_;
+  std::map<std::pair<const TensorView*, int64_t>, Tensor> values_;  // (tensor, slot)
   std::unordered_map<const TensorView*, std::vector<int64_t>> shapes_;  // local shapes, per run
-  std::vector<int64_t> loop_vars_;   // innermost last
+  struct Loop {
+    int64_t i, trips;
+  };
+  std::vector<Loop> loops_;  // enclosing loops, innermost last
+  int64_t iteration() const;  // the enclosing loops' iterations counted together (row-major)
   int64_t stream_ = 0;
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Handle>> handles_;         // (handle, iteration)
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Event>> events_;           // (event, iteration)
