@@ -25,6 +25,7 @@
 #include "meshfuse/pipeline.h"
 #include "meshfuse/runtime/backend.h"
 #include "meshfuse/runtime/communicator.h"
+#include "meshfuse/runtime/streams.h"
 #include "meshfuse/tensor.h"
 
 namespace meshfuse {
@@ -34,11 +35,15 @@ struct ShardedTensor {
   Tensor local;  // empty on a rank outside `mesh`
   DeviceMesh mesh;
   std::vector<Placement> placements;  // one per mesh axis
+  // The global shape, needed only on a rank outside `mesh` (another pipeline stage) when the
+  // fusion has symbolic sizes: it binds them there.
+  std::vector<int64_t> global_shape = {};
 };
 
 struct ExecutorOptions {
   PipelineOptions pipeline;
   bool keep_stages = false;  // keep each stage's IR text in CompiledProgram::stages (for plan())
+  bool trace = false;        // record each run's timeline (lastTrace())
 };
 
 class MultiDeviceExecutor {
@@ -61,6 +66,9 @@ class MultiDeviceExecutor {
 
   // The collectives of the last run(), in execution order.
   const std::vector<CollectiveInfo>& lastCollectives() const { return last_collectives_; }
+  // The last run's timeline, with ExecutorOptions::trace (per stream: kernels, GEMMs,
+  // collectives, waits).
+  const std::vector<TraceEvent>& lastTrace() const { return last_trace_; }
   int64_t cacheSize() const { return static_cast<int64_t>(cache_.size()); }
   const Fusion& definition() const { return *definition_; }
 
@@ -74,6 +82,7 @@ class MultiDeviceExecutor {
   ExecutorOptions options_;
   std::map<std::string, std::unique_ptr<Entry>> cache_;
   std::vector<CollectiveInfo> last_collectives_;
+  std::vector<TraceEvent> last_trace_;
 };
 
 // A definition whose inputs are placed by `layouts` (mesh + placements; a layout with an empty

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "meshfuse/ir/extent.h"
+#include "meshfuse/overlap.h"
 #include "meshfuse/runtime/communicator.h"
 #include "meshfuse/segment.h"
 
@@ -117,8 +118,10 @@ struct HostNode {
   // ForLoop
   int64_t trip_count = 0;
   std::vector<HostNode> body;
-  // SetCurrentStream
+  // SetCurrentStream: `stream`, or with stream_pool > 0 stream + (i mod stream_pool) for the
+  // innermost loop's variable i (each iteration on its own stream of a bounded pool).
   int64_t stream = 0;
+  int64_t stream_pool = 0;
   // RecordEvent / WaitEvent: instance (sum_j event_coeffs[j] * i_j + event_offset) of event
   // `event` (i_j: the enclosing loops' variables, outermost first); a wait for a negative
   // instance is a no-op. So an event recorded per iteration of `for i` is waited for by the next
@@ -137,8 +140,9 @@ struct HostProgram {
   std::string toString() const;
 };
 
-// lower-to-host-ir: the collective host program of a decomposed fusion.
-HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion);
+// lower-to-host-ir: the collective host program of a decomposed fusion; sets marked by
+// decompose-for-overlap become Stream-parallel loops over `overlap.streams` streams.
+HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& overlap = {});
 // specialize-for-rank: keeps only `rank`'s work (MPMD) and resolves every team to global ranks.
 HostProgram specializeForRank(const HostProgram& program, int64_t rank);
 // insert-deallocations: frees each intermediate right after its last use.

@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "meshfuse/host_ir.h"
+#include "meshfuse/overlap.h"
 
 namespace meshfuse {
 
 class Fusion;
 
 struct PipelineOptions {
+  OverlapOptions overlap;            // decompose-for-overlap and the stream pool of its loops
   bool verify = true;                // run the verifier after every pass
   std::ostream* dump = nullptr;      // when set, print the IR after each pass here
   std::ostream* timing = nullptr;    // when set, print each pass's wall time here
@@ -25,7 +27,7 @@ struct PipelineOptions {
 struct FusionPass {
   std::string name;         // the CLI's --pass=NAME
   std::string description;  // one line for --help
-  std::function<void(Fusion&)> run;
+  std::function<void(Fusion&, const PipelineOptions&)> run;
 };
 
 // Every fusion-to-fusion pass, in pipeline order.

@@ -73,7 +73,8 @@ void rewrite(Fusion& f, Expr* e, int64_t d) {
   TensorView* moved = ops::set(front);
   writeSharding(moved, permuted(to, to_front));
   moved->setPinned(false);
-  TensorView* restored = permuteWith(moved, back, to, why(out));
+  TensorView* restored = permuteWith(moved, back, to, {});
+  restored->setProvenance(why(restored));
   // The collective keeps the reason of the set it replaces.
   moved->setProvenance(out->pinned() ? Provenance{fmt::format("{{}} is pinned {} by the user", toString(to)), {restored}}
                                      : out->provenanceNote());

@@ -151,6 +151,12 @@ void Fusion::replaceAllUses(TensorView* old, TensorView* replacement) {
     if (o == old) o = replacement;
 }
 
+void Fusion::setAttribute(Expr* e, const std::string& name, AttrValue value) {
+  const AttrSpec* spec = e->info().findAttr(name);
+  MF_CHECK(spec != nullptr && attrHasType(value, spec->type), "{} has no attribute '{}' of that type", e->name(), name);
+  e->attrs_[name] = std::move(value);
+}
+
 void Fusion::rename(Val* v, std::string name) {
   if (v->name_ == name) return;
   checkNewName(*this, name);

@@ -28,6 +28,7 @@ void applyPlacements(TensorView* tv, const DeviceMesh& mesh, const std::vector<P
   MF_USER_CHECK(static_cast<int64_t>(placements.size()) == mesh.rank(), ErrorKind::Placement,
                 "{}: got {} placements {} for a rank-{} mesh {} (one placement per mesh axis is needed)", name,
                 placements.size(), placementsToString(placements), mesh.rank(), mesh.toString());
+  std::optional<StreamSplit> stream = streamSplitOf(tv);  // chunking survives a new placement
   tv->resetSchedule();
   tv->setDeviceMesh(mesh);
   const int64_t rank = tv->rank();
@@ -63,6 +64,7 @@ void applyPlacements(TensorView* tv, const DeviceMesh& mesh, const std::vector<P
     tv->split(loop_axis, n);
     tv->parallelize(loop_axis, pt);
   }
+  if (stream) applyStreamSplit(tv, *stream);
 }
 
 std::vector<Placement> placementsOf(const TensorView* tv) {
@@ -89,6 +91,31 @@ std::vector<Placement> placementsOf(const TensorView* tv) {
     out.push_back(Placement::shard(std::find(dims.begin(), dims.end(), lid) - dims.begin()));
   }
   return out;
+}
+
+std::optional<StreamSplit> streamSplitOf(const TensorView* tv) {
+  int64_t axis = tv->loopAxisOf(ParallelType::Stream);
+  if (axis < 0) return std::nullopt;
+  int64_t logical = tv->logicalAxisOf(axis);
+  const IterDomain* id = tv->loop()[axis];
+  if (logical < 0 || !id->extent().isStatic() || tv->logical()[logical]->isReduction()) return std::nullopt;
+  std::vector<IterDomain*> dims = tv->dims();
+  return StreamSplit{std::find(dims.begin(), dims.end(), tv->logical()[logical]) - dims.begin(), id->extent().value()};
+}
+
+void applyStreamSplit(TensorView* tv, const StreamSplit& s) {
+  const IterDomain* target = tv->dims().at(s.dim);
+  for (size_t i = 0; i < tv->loop().size(); ++i) {
+    const IterDomain* id = tv->loop()[i];
+    if (id->isDeviceDim()) continue;
+    const IterDomain* root = id;
+    while (root->definition() != nullptr) root = root->definition()->inputs[0];
+    if (root != target) continue;
+    tv->split(static_cast<int64_t>(i), s.chunks);
+    tv->parallelize(static_cast<int64_t>(i), ParallelType::Stream);
+    return;
+  }
+  MF_CHECK(false, "no loop axis for dim {} of {}", s.dim, tv->fusion()->displayName(tv));
 }
 
 std::vector<int64_t> shardFactors(const TensorView* tv) {

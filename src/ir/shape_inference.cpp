@@ -142,6 +142,11 @@ InferredOutput pointwise(const Ctx& c) {
   switch (cat) {
     case OpCategory::Unary:
       if (c.kind != OpKind::Neg && c.kind != OpKind::Abs && c.kind != OpKind::Relu) c.requireFloat(tvs[0]);
+      if (c.kind == OpKind::Gelu) {
+        const auto& a = c.attr<std::string>("approximate");
+        MF_USER_CHECK(a == "none" || a == "tanh", ErrorKind::Value,
+                      "gelu: approximate must be \"none\" or \"tanh\" but is \"{}\"", a);
+      }
       MF_USER_CHECK(dt != DataType::Bool || c.kind == OpKind::Abs, ErrorKind::Dtype,
                     "{}: not defined for bool tensor {}", c.op(), c.name(tvs[0]));
       break;
@@ -425,8 +430,14 @@ InferredOutput inferOutput(Fusion& f, OpKind kind, const std::vector<Val*>& inpu
       return pointwise(c);
     case OpCategory::Cast:
       return {c.attr<DataType>("dtype"), c.copyDims(c.tv(0))};
-    case OpCategory::Set:
+    case OpCategory::Set: {
+      const auto& overlap = c.attr<std::string>("overlap");
+      MF_USER_CHECK(overlap == "none" || overlap == "collective" || overlap == "ring", ErrorKind::Value,
+                    "set: overlap must be \"none\", \"collective\" or \"ring\" but is \"{}\"", overlap);
+      MF_USER_CHECK(c.attr<int64_t>("chunks") >= 1, ErrorKind::Value, "set: chunks must be at least 1 but is {}",
+                    c.attr<int64_t>("chunks"));
       return {c.tv(0)->dtype(), c.copyDims(c.tv(0))};
+    }
     case OpCategory::Reduction:
       return reduction(c);
     case OpCategory::Gemm:

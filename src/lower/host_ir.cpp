@@ -148,7 +148,7 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
         s += indent + "}\n";
         continue;
       case HostNodeKind::SetCurrentStream:
-        line += fmt::format(" {}", n.stream);
+        line += n.stream_pool > 0 ? fmt::format(" {} + i % {}", n.stream, n.stream_pool) : fmt::format(" {}", n.stream);
         break;
       case HostNodeKind::RecordEvent:
       case HostNodeKind::WaitEvent: {

@@ -2,9 +2,14 @@
 //
 // requires: decompose-reshardings (each `set` changes at most one mesh axis).
 // guarantees: every computed TensorView is allocated before it is written; every `set` that
-//   changes a sharding is one Communication (+ its Wait) or a ShardSlice; linear/matmul are
-//   Gemm nodes, every other op a LaunchKernel. Waits follow their communication at once (the
-//   overlap issue moves them).
+//   changes a sharding is one Communication (+ its Wait) or a ShardSlice; Gemm segments are
+//   Gemm nodes, kernel segments LaunchKernel nodes; a set marked by decompose-for-overlap and
+//   its GEMM become one Stream-parallel loop (lower_overlap.h).
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "lower/lower_overlap.h"
 #include "meshfuse/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 #include "propagation/sharding.h"
@@ -53,9 +58,21 @@ bool classifySet(const Expr* e, HostNode& n) {
   return true;
 }
 
+// The segment whose exprs contain `e`.
+int64_t segmentOf(const std::vector<Segment>& segments, const Expr* e) {
+  for (size_t i = 0; i < segments.size(); ++i)
+    if (std::find(segments[i].exprs.begin(), segments[i].exprs.end(), e) != segments[i].exprs.end())
+      return static_cast<int64_t>(i);
+  MF_CHECK(false, "{} is in no segment", e->name());
+}
+
+bool overlapped(const Segment& seg) {
+  return seg.kind == Segment::Kind::Communication && seg.exprs.at(0)->attr<std::string>("overlap") != "none";
+}
+
 }  // namespace
 
-HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion) {
+HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& overlap) {
   HostProgram p;
   p.fusion = fusion;
   auto segments = std::make_shared<std::vector<Segment>>(segmentFusion(*fusion));
@@ -67,9 +84,31 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion) {
       seg.kind = Segment::Kind::Kernel;
   }
   p.segments = segments;
-  int64_t handles = 0;
+  // Overlapped pairs: the loop replaces both segments, at the position of the first of them.
+  std::map<int64_t, int64_t> partner;  // first segment of a pair -> the other
   for (size_t i = 0; i < segments->size(); ++i) {
     const Segment& seg = (*segments)[i];
+    if (!overlapped(seg)) continue;
+    const Expr* set = seg.exprs[0];
+    bool gathers = set->output()->uses().size() == 1 && set->output()->uses()[0]->info().category == OpCategory::Gemm;
+    const Expr* gemm = gathers ? set->output()->uses()[0] : set->input(size_t{0})->definition();
+    int64_t g = segmentOf(*segments, gemm);
+    MF_CHECK((*segments)[g].kind == Segment::Kind::Gemm && (*segments)[g].exprs[0] == gemm,
+             "the GEMM of an overlapped set must start its own segment");
+    partner[std::min<int64_t>(g, i)] = std::max<int64_t>(g, i);
+  }
+  std::set<int64_t> done;
+  OverlapLoweringState state;
+  int64_t& handles = state.handles;
+  for (size_t i = 0; i < segments->size(); ++i) {
+    if (done.count(i)) continue;
+    const Segment& seg = (*segments)[i];
+    if (auto it = partner.find(i); it != partner.end()) {
+      int64_t comm = overlapped(seg) ? i : it->second, gemm = overlapped(seg) ? it->second : i;
+      lowerOverlappedPair((*segments)[comm], (*segments)[gemm], gemm, overlap.streams, state, p.nodes);
+      done.insert(it->second);
+      continue;
+    }
     for (const TensorView* out : seg.outputs) {
       HostNode alloc;
       alloc.kind = HostNodeKind::Allocate;

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "lower/dead_code_elimination.h"
+#include "decompose/decompose_for_overlap.h"
 #include "decompose/decompose_reshardings.h"
 #include "decompose/layout_for_communication.h"
 #include "propagation/propagate_shardings.h"
@@ -16,12 +17,18 @@
 namespace meshfuse {
 
 const std::vector<FusionPass>& fusionPasses() {
+  // Passes that take no options.
+  auto plain = [](void (*pass)(Fusion&)) { return [pass](Fusion& f, const PipelineOptions&) { pass(f); }; };
   static const std::vector<FusionPass> passes = {
-      {"dead-code-elimination", "remove ops whose results reach no output", eliminateDeadCode},
-      {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones", propagateShardings},
-      {"decompose-reshardings", "split every op into local compute plus single-axis communications", decomposeReshardings},
+      {"dead-code-elimination", "remove ops whose results reach no output", plain(eliminateDeadCode)},
+      {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones",
+       plain(propagateShardings)},
+      {"decompose-reshardings", "split every op into local compute plus single-axis communications",
+       plain(decomposeReshardings)},
       {"layout-for-communication", "move each collective's sharded dim outermost (permutes only where needed)",
-       layoutForCommunication},
+       plain(layoutForCommunication)},
+      {"decompose-for-overlap", "pipeline collectives with their GEMMs in chunks (collective- or ring-based)",
+       [](Fusion& f, const PipelineOptions& o) { decomposeForOverlap(f, o.overlap); }},
   };
   return passes;
 }
@@ -40,7 +47,7 @@ void runPasses(Fusion& fusion, const std::vector<std::string>& names, const Pipe
   for (const std::string& name : names) {
     const FusionPass& pass = findPass(name);
     auto start = std::chrono::steady_clock::now();
-    pass.run(fusion);
+    pass.run(fusion, options);
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
     if (options.verify) verify(fusion);
     if (options.timing) *options.timing << fmt::format("pass {:<28} {:>8} us\n", name, us);
@@ -61,12 +68,13 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   runPasses(*fusion, {"propagate-shardings"}, options);
   if (keep_stages) out.stages["propagated"] = printFusion(*fusion);
   runPasses(*fusion, {"decompose-reshardings"}, options);
-  // layout-for-communication needs the single-axis sets decompose-reshardings makes.
-  runPasses(*fusion, {"layout-for-communication"}, options);
+  // layout-for-communication needs the single-axis sets decompose-reshardings makes, and
+  // decompose-for-overlap the dim-0 collectives layout-for-communication makes.
+  runPasses(*fusion, {"layout-for-communication", "decompose-for-overlap"}, options);
   if (options.verify) verify(*fusion, {.require_meshes = !fusion->inputs().empty() && fusion->inputs()[0]->mesh()});
   if (keep_stages) out.stages["decomposed"] = printFusion(*fusion);
   out.fusion = std::shared_ptr<Fusion>(std::move(fusion));
-  out.host = lowerToHostIr(out.fusion);
+  out.host = lowerToHostIr(out.fusion, options.overlap);
   if (keep_stages) out.stages["hostir"] = out.host.toString();
   return out;
 }

@@ -1,7 +1,9 @@
 // The host-IR interpreter (see host_ir_evaluator.h).
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
@@ -29,15 +31,56 @@ int64_t positiveMod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
 
 }  // namespace
 
+// Collectives on one communicator must be issued in the same order on every rank. Tasks on
+// different streams run in any order, so each communication takes a ticket in program order
+// when it is interpreted, and its task issues only when every earlier ticket has issued. A task
+// that failed poisons the gate, so that later tickets fail instead of waiting forever.
+class HostIrEvaluator::IssueGate {
+ public:
+  int64_t take() { return next_ticket_++; }
+  void issue(int64_t ticket, const std::function<void()>& start) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return issued_ == ticket || poisoned_; });
+    MF_USER_CHECK(!poisoned_, ErrorKind::Runtime, "a communication was abandoned after an earlier task failed");
+    try {
+      start();
+    } catch (...) {
+      poisoned_ = true;
+      cv_.notify_all();
+      throw;
+    }
+    ++issued_;
+    cv_.notify_all();
+  }
+  void poison() {
+    std::lock_guard<std::mutex> lk(mu_);
+    poisoned_ = true;
+    cv_.notify_all();
+  }
+  void reset() {
+    std::lock_guard<std::mutex> lk(mu_);
+    next_ticket_ = issued_ = 0;
+    poisoned_ = false;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t next_ticket_ = 0, issued_ = 0;
+  bool poisoned_ = false;
+};
+
 // A communication in flight: filled by the task that issues it, finished by the Wait's task.
 struct HostIrEvaluator::Handle {
   std::unique_ptr<Work> work;
   std::vector<std::unique_ptr<Work>> more;  // a send/recv pair
   std::function<void()> finish;              // unpacks staging buffers (all-to-all)
+  std::vector<Tensor> buffers;               // kept alive until the operation completed
 };
 
 HostIrEvaluator::HostIrEvaluator(const HostProgram& program, Backend& backend, Communicator& comm)
-    : program_(program), backend_(backend), comm_(comm), streams_(backend.streams()) {
+    : program_(program), backend_(backend), comm_(comm), streams_(backend.streams()),
+      gate_(std::make_shared<IssueGate>()) {
   MF_CHECK(program.rank == comm.rank(), "program for rank {} run on rank {}", program.rank, comm.rank());
 }
 
@@ -119,6 +162,7 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
   executed_.clear();
   loops_.clear();
   stream_ = 0;
+  gate_->reset();
   for (size_t i = 0; i < local_inputs.size(); ++i) values_[{f.inputs()[i], 0}] = local_inputs[i];
   streams_.setTracing(tracing_);
   try {
@@ -173,10 +217,11 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         MF_CHECK(it != handles_.end(), "wait on unknown handle h{}", n.handle);
         std::shared_ptr<Handle> h = it->second;
         handles_.erase(it);
-        streams_.submit(stream_, TaskKind::Communication, "wait", [h] {
+        submit(TaskKind::Communication, "wait", [h] {
           if (h->work) h->work->wait();
           for (auto& w : h->more) w->wait();
           if (h->finish) h->finish();
+          h->buffers.clear();
         });
         break;
       }
@@ -184,7 +229,7 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         Tensor in = view(n.in), out = view(n.out);
         std::vector<int64_t> off = zeros(out.shape().size());
         off[n.out_dim] = n.out.tv->mesh()->indexAlong(comm_.rank(), n.mesh_axis) * out.shape()[n.out_dim];
-        streams_.submit(stream_, TaskKind::Copy, "slice", [in, out, off]() mutable {
+        submit(TaskKind::Copy, "slice", [in, out, off]() mutable {
           copyBlock(in, off, out, zeros(off.size()), out.shape());
         });
         break;
@@ -193,7 +238,7 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         Tensor in = view(n.in), out = view(n.out);
         Backend* backend = &backend_;
         bool add = n.accumulate;
-        streams_.submit(stream_, add ? TaskKind::Compute : TaskKind::Copy, add ? "add" : "copy", [=]() mutable {
+        submit(add ? TaskKind::Compute : TaskKind::Copy, add ? "add" : "copy", [=]() mutable {
           if (add) {
             backend->accumulate(out, in);
           } else {
@@ -211,7 +256,7 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         loops_.pop_back();
         break;
       case HostNodeKind::SetCurrentStream:
-        stream_ = n.stream;
+        stream_ = n.stream + (n.stream_pool > 0 && !loops_.empty() ? loops_.back().i % n.stream_pool : 0);
         break;
       case HostNodeKind::RecordEvent:
         events_[{n.event, eventInstance(n)}] = streams_.record(stream_);
@@ -252,7 +297,7 @@ void HostIrEvaluator::launch(const HostNode& n) {
     shapes[e->output()] = s;
   }
   Backend* backend = &backend_;
-  streams_.submit(stream_, TaskKind::Compute, describe(n), [backend, &seg, ins, outs, shapes]() mutable {
+  submit(TaskKind::Compute, describe(n), [backend, &seg, ins, outs, shapes]() mutable {
     std::vector<const Tensor*> in_ptrs;
     std::vector<Tensor*> out_ptrs;
     for (const Tensor& t : ins) in_ptrs.push_back(&t);
@@ -266,6 +311,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
   const int64_t team = static_cast<int64_t>(n.team.size());
   const DataType dt = in.dtype();
   auto h = std::make_shared<Handle>();
+  h->buffers = {in, out};
   handles_[{n.handle, iteration()}] = h;
   executed_.push_back({n.comm, n.mesh_axis, n.team, static_cast<int64_t>(in.nbytes()),
                        program_.fusion->displayName(n.out.tv), program_.fusion->displayName(n.in.tv),
@@ -319,7 +365,28 @@ void HostIrEvaluator::communicate(const HostNode& n) {
     default:
       userError(ErrorKind::Unsupported, "{} communications are not lowered yet", commKindName(n.comm));
   }
-  streams_.submit(stream_, TaskKind::Communication, describe(n), std::move(issue));
+  submitCommunication(describe(n), std::move(issue));
+}
+
+void HostIrEvaluator::submitCommunication(const std::string& name, std::function<void()> issue) {
+  std::shared_ptr<IssueGate> gate = gate_;
+  int64_t ticket = gate->take();
+  streams_.submit(stream_, TaskKind::Communication, name, [gate, ticket, issue = std::move(issue)] {
+    gate->issue(ticket, issue);
+  });
+}
+
+// Submits work that, when it fails, makes waiting communications fail too (no hang).
+void HostIrEvaluator::submit(TaskKind kind, const std::string& name, std::function<void()> task) {
+  std::shared_ptr<IssueGate> gate = gate_;
+  streams_.submit(stream_, kind, name, [gate, task = std::move(task)] {
+    try {
+      task();
+    } catch (...) {
+      gate->poison();
+      throw;
+    }
+  });
 }
 
 void HostIrEvaluator::sendRecv(const HostNode& n) {
@@ -335,6 +402,7 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
     from = team[positiveMod(me - n.shift, size)];
   }
   Tensor in = to >= 0 ? view(n.in) : Tensor(), out = from >= 0 ? view(n.out) : Tensor();
+  h->buffers = {in, out};
   if (to >= 0)
     executed_.push_back({CommKind::SendRecv, n.mesh_axis, {comm_.rank(), to}, static_cast<int64_t>(in.nbytes()),
                          program_.fusion->displayName(n.out.tv), program_.fusion->displayName(n.in.tv),
@@ -343,7 +411,7 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
   const int64_t tag = n.handle * 1024 + iteration() % 1024;
   Communicator* comm = &comm_;
   const int64_t me = comm_.rank();
-  streams_.submit(stream_, TaskKind::Communication, describe(n), [=]() mutable {
+  submitCommunication(describe(n), [=]() mutable {
     if (to == me && from == me) {  // both stages on this rank: a copy
       std::memcpy(out.data(), in.data(), in.nbytes());
       return;

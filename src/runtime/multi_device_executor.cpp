@@ -70,6 +70,7 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
   e->compiled = compile(placeInputs(*definition_, inputs), options_.pipeline, options_.keep_stages);
   e->program = programForRank(e->compiled, comm_.rank());
   e->evaluator = std::make_unique<HostIrEvaluator>(e->program, *backend_, comm_);
+  e->evaluator->setTracing(options_.trace);
   return *cache_.emplace(key, std::move(e)).first->second;
 }
 
@@ -86,8 +87,11 @@ std::vector<ShardedTensor> MultiDeviceExecutor::run(const std::vector<ShardedTen
   std::vector<Tensor> locals;
   locals.reserve(inputs.size());
   for (const ShardedTensor& in : inputs) locals.push_back(in.local);
-  std::vector<Tensor> outs = e.evaluator->run(locals);
+  std::vector<std::vector<int64_t>> global_shapes;
+  for (const ShardedTensor& in : inputs) global_shapes.push_back(in.global_shape);
+  std::vector<Tensor> outs = e.evaluator->run(locals, global_shapes);
   last_collectives_ = e.evaluator->executed();
+  if (options_.trace) last_trace_ = e.evaluator->takeTrace();
   std::vector<ShardedTensor> result;
   const Fusion& f = *e.compiled.fusion;
   for (size_t i = 0; i < outs.size(); ++i) {

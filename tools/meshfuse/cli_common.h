@@ -37,6 +37,8 @@ struct ShardedRunOptions {
   bool check = false;
   bool print_hostir = false;
   std::string save_dir;
+  std::string trace_file;      // --trace: Chrome/Perfetto timeline of every rank
+  PipelineOptions pipeline;    // --overlap, --chunks, --streams
   int64_t fail_on_rank = -1;  // --inject-failure-on-rank: this rank throws before running
 };
 // Runs `definition` (inputs carry placements) on this process's rank; rank 0 gathers the

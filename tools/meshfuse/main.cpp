@@ -100,6 +100,22 @@ int main(int argc, char** argv) {
   run->add_option("--inject-failure-on-rank", run_opts.fail_on_rank,
                   "make this rank fail before running (to see that the other ranks exit instead of hanging)");
 
+  // Communication/compute overlap, for every subcommand that compiles.
+  mf::PipelineOptions pipeline;
+  for (CLI::App* sub : {opt, dump, coll, run}) {
+    sub->add_option("--overlap", pipeline.overlap.algorithm,
+                    "pipeline every allgather+GEMM, GEMM+reduce-scatter and GEMM+allreduce in chunks: none | "
+                    "collective | ring (default none: only pairs whose GEMM the fusion's schedule chunks)")
+        ->check(CLI::IsMember({"none", "collective", "ring"}));
+    sub->add_option("--chunks", pipeline.overlap.chunks, "chunks per overlapped pair (default: one per device)");
+    sub->add_option("--streams", pipeline.overlap.streams, "streams the chunks of collective-based overlap rotate "
+                                                           "through")
+        ->capture_default_str();
+  }
+  run->add_option("--trace", run_opts.trace_file,
+                  "write every rank's timeline (kernels, GEMMs, collectives per stream) as Chrome/Perfetto trace "
+                  "JSON, and report the fraction of communication hidden behind compute");
+
   bool split = false;
   for (CLI::App* sub : {print, opt, dump, coll})
     sub->add_flag("--split-input-file", split, "FILE holds several cases separated by lines '# -----'; handle each "
@@ -126,13 +142,13 @@ int main(int argc, char** argv) {
       if (*print) {
         std::cout << mf::printFusion(*fusion);
       } else if (*opt) {
-        mf::PipelineOptions o;
+        mf::PipelineOptions o = pipeline;
         if (dump_each) o.dump = &std::cout;
         if (timing) o.timing = &std::cerr;
         mf::runPasses(*fusion, passes, o);
         if (!dump_each) std::cout << mf::printFusion(*fusion);
       } else if (*dump) {
-        mf::CompiledProgram p = mf::compile(std::move(fusion), {}, /*keep_stages=*/true);
+        mf::CompiledProgram p = mf::compile(std::move(fusion), pipeline, /*keep_stages=*/true);
         if (stage == "hostir") {
           std::cout << (dump_rank < 0 ? p.host.toString() : mf::programForRank(p, dump_rank).toString());
         } else {
@@ -140,12 +156,13 @@ int main(int argc, char** argv) {
         }
       } else if (*coll) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
-        mf::CompiledProgram p = mf::compile(std::move(fusion));
+        mf::CompiledProgram p = mf::compile(std::move(fusion), pipeline);
         std::cout << cli::collectiveReport(p, report_ranks, sizes);
       } else if (*run) {
         if (reference || fusion->numMeshes() == 0) {
           runReference(*fusion, run_opts, save_dir);
         } else {
+          run_opts.pipeline = pipeline;
           return cli::runSharded(*fusion, run_opts);
         }
       }

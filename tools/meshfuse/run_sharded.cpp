@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 
 #include "cli_common.h"
@@ -37,6 +39,46 @@ Tensor gatherGlobal(Communicator& comm, const TensorView* tv, const Tensor& loca
     comm.recv(blocks[r].data(), blocks[r].numel(), tv->dtype(), r, /*tag=*/7)->wait();
   }
   return assembleGlobal(tv, blocks);
+}
+
+// Rank 0 receives every rank's timeline (as text: name, kind, stream, begin, end per line).
+std::vector<std::vector<TraceEvent>> gatherTraces(Communicator& comm, const std::vector<TraceEvent>& mine) {
+  auto encode = [](const std::vector<TraceEvent>& events) {
+    std::string s;
+    for (const TraceEvent& e : events)
+      s += fmt::format("{}\t{}\t{}\t{}\t{}\n", e.name, static_cast<int>(e.kind), e.stream, e.begin_us, e.end_us);
+    return s;
+  };
+  auto decode = [](const std::string& s) {
+    std::vector<TraceEvent> events;
+    std::istringstream in(s);
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream f(line);
+      TraceEvent e;
+      int kind = 0;
+      std::getline(f, e.name, '\t');
+      f >> kind >> e.stream >> e.begin_us >> e.end_us;
+      e.kind = static_cast<TaskKind>(kind);
+      events.push_back(e);
+    }
+    return events;
+  };
+  if (comm.rank() != 0) {
+    std::string text = encode(mine);
+    int64_t size = static_cast<int64_t>(text.size());
+    comm.send(&size, 1, DataType::Int64, 0, /*tag=*/8)->wait();
+    comm.send(text.data(), size, DataType::Bool, 0, /*tag=*/9)->wait();
+    return {};
+  }
+  std::vector<std::vector<TraceEvent>> all = {mine};
+  for (int64_t r = 1; r < comm.size(); ++r) {
+    int64_t size = 0;
+    comm.recv(&size, 1, DataType::Int64, r, /*tag=*/8)->wait();
+    std::string text(static_cast<size_t>(size), '\0');
+    comm.recv(text.data(), size, DataType::Bool, r, /*tag=*/9)->wait();
+    all.push_back(decode(text));
+  }
+  return all;
 }
 
 }  // namespace
@@ -80,7 +122,8 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
     MF_USER_CHECK(world == covered, ErrorKind::Mesh,
                   "world size {} != mesh size {}: the meshes of {} name ranks 0..{}; launch with mpirun -np {}", world,
                   covered, definition.numMeshes() == 1 ? "the fusion" : "its tensors", covered - 1, covered);
-    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm);
+    ExecutorOptions options{.pipeline = o.pipeline, .trace = !o.trace_file.empty()};
+    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm, nullptr, options);
     exec->plan(inputs);
     sizes = completeBindings(definition, o.sizes, rank == 0);
     full = makeInputs(definition, o.npy_inputs, sizes, o.seed);
@@ -102,6 +145,20 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
       std::cout << fmt::format("== ran on {} ranks ({} communicator); collectives executed by rank 0: {}\n", world,
                                comm->name(), exec->lastCollectives().size());
       for (const CollectiveInfo& c : exec->lastCollectives()) std::cout << "  " << formatCollective(c) << "\n";
+    }
+    if (!o.trace_file.empty()) {
+      std::vector<std::vector<TraceEvent>> traces = gatherTraces(*comm, exec->lastTrace());
+      if (rank == 0) {
+        std::ofstream(o.trace_file) << chromeTraceJson(traces);
+        std::cout << fmt::format("== timeline of every rank written to {} (open it in https://ui.perfetto.dev)\n",
+                                 o.trace_file);
+        for (size_t r = 0; r < traces.size(); ++r) {
+          OverlapSummary sum = summarizeOverlap(traces[r]);
+          std::cout << fmt::format("  rank {}: compute {:.0f} us, communication {:.0f} us, {:.0f}% of it hidden "
+                                   "behind compute\n",
+                                   r, sum.compute_us, sum.communication_us, 100 * sum.hiddenFraction());
+        }
+      }
     }
     std::vector<Tensor> reference;
     if (o.check && rank == 0) reference = evaluateReference(definition, full);

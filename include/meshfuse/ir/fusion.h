@@ -44,6 +44,8 @@ class Fusion {
   void replaceOutput(TensorView* old, TensorView* replacement);
   // Makes every reader of `old` (and the output list) read `replacement` instead.
   void replaceAllUses(TensorView* old, TensorView* replacement);
+  // Sets attribute `name` of `e` (checked against the op's schema; its output type stays).
+  void setAttribute(Expr* e, const std::string& name, AttrValue value);
   // Gives `v` the user name `name` (NameError when taken); "" makes it positional again.
   void rename(Val* v, std::string name);
 

@@ -33,7 +33,7 @@ struct Placement {
 std::string placementsToString(const std::vector<Placement>& ps);  // "[Shard(0), Replicate()]"
 
 // Puts `tv` on `mesh` with `placements` (one per mesh axis, negative Shard dims allowed),
-// replacing its loop schedule; pins it. Throws PlacementError naming the tensor when the number
+// replacing its loop schedule (a Stream split is kept, after the DID splits); pins it. Throws PlacementError naming the tensor when the number
 // of placements differs from the mesh rank or a Shard dim is out of range, and
 // UnsupportedError ("uneven sharding not supported") when a static dim does not divide.
 void applyPlacements(TensorView* tv, const DeviceMesh& mesh, const std::vector<Placement>& placements);
@@ -41,6 +41,17 @@ void applyPlacements(TensorView* tv, const DeviceMesh& mesh, const std::vector<P
 // The placements `tv`'s loop domain expresses, one per axis of its mesh. Throws
 // PlacementError when the schedule is not expressible as placements (e.g. DID on a merge).
 std::vector<Placement> placementsOf(const TensorView* tv);
+
+// A Stream-parallel split (microbatches, overlap chunks): the dims() index it splits and the
+// number of chunks (the extent of the Stream axis), or nullopt.
+struct StreamSplit {
+  int64_t dim;
+  int64_t chunks;
+};
+std::optional<StreamSplit> streamSplitOf(const TensorView* tv);
+// Splits what remains of dim `s.dim` after the DID splits outer by `s.chunks` and parallelizes
+// the outer part on Stream.
+void applyStreamSplit(TensorView* tv, const StreamSplit& s);
 
 // The per-rank (local) extent of each non-reduction logical dim: global extent divided by the
 // DID splits derived from it. Throws UnsupportedError on uneven sharding.

@@ -41,6 +41,9 @@ class HostIrEvaluator {
 
  private:
   struct Handle;
+  class IssueGate;
+  void submit(TaskKind kind, const std::string& name, std::function<void()> task);
+  void submitCommunication(const std::string& name, std::function<void()> issue);
   void execute(const std::vector<HostNode>& nodes);
   void launch(const HostNode& n);
   void communicate(const HostNode& n);
@@ -68,6 +71,7 @@ class HostIrEvaluator {
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Handle>> handles_;         // (handle, iteration)
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Event>> events_;           // (event, iteration)
   std::vector<CollectiveInfo> executed_;
+  std::shared_ptr<IssueGate> gate_;
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
 };
