@@ -16,7 +16,7 @@ std::unique_ptr<Communicator> g_world;
 Communicator& world() { return *g_world; }
 
 ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<DeviceMesh, Ps>>& layouts,
-                      const SymbolBindings& sizes) {
+                      const SymbolBindings& sizes, const ExecutorOptions& options, std::unique_ptr<Backend> backend) {
   ShardedRun run;
   std::vector<ShardedTensor> inputs;
   for (size_t i = 0; i < definition.inputs().size(); ++i) {
@@ -27,13 +27,14 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
     inputs.push_back({Tensor(), layouts.at(i).first, layouts.at(i).second});
   }
   run.reference = evaluateReference(definition, run.full_inputs);
-  MultiDeviceExecutor exec(cloneFusion(definition), world());
+  MultiDeviceExecutor exec(cloneFusion(definition), world(), std::move(backend), options);
   const CompiledProgram& plan = exec.plan(inputs);
   run.compiled = plan.fusion;
   for (size_t i = 0; i < inputs.size(); ++i)
     inputs[i].local = shardForRank(plan.fusion->inputs()[i], run.full_inputs[i], worldRank());
   run.local_outputs = exec.run(inputs);
   run.collectives = exec.lastCollectives();
+  run.trace = exec.lastTrace();
   // Gather every output's blocks on every rank (all blocks of an output have one shape).
   Team everyone(worldSize());
   std::iota(everyone.begin(), everyone.end(), 0);

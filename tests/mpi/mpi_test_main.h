@@ -44,12 +44,14 @@ struct ShardedRun {
   std::vector<ShardedTensor> local_outputs;
   std::vector<CollectiveInfo> collectives;  // executed by this rank
   std::shared_ptr<Fusion> compiled;         // the decomposed fusion
+  std::vector<TraceEvent> trace;            // with options.trace
 };
 
 // Runs `definition` with seeded random inputs (shapes from `sizes` for symbolic dims) placed by
 // `layouts` (one per input: mesh + placements); every rank gathers every output.
 ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<DeviceMesh, Ps>>& layouts,
-                      const SymbolBindings& sizes = {});
+                      const SymbolBindings& sizes = {}, const ExecutorOptions& options = {},
+                      std::unique_ptr<Backend> backend = nullptr);
 
 // Kinds of the collectives, in execution order: "allreduce", "allgather", ...
 std::vector<std::string> kinds(const std::vector<CollectiveInfo>& cs);
