@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "meshfuse/ir/extent.h"
-#include "meshfuse/overlap.h"
+#include "meshfuse/options.h"
 #include "meshfuse/runtime/communicator.h"
 #include "meshfuse/segment.h"
 

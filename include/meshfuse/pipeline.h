@@ -11,13 +11,14 @@
 #include <vector>
 
 #include "meshfuse/host_ir.h"
-#include "meshfuse/overlap.h"
+#include "meshfuse/options.h"
 
 namespace meshfuse {
 
 class Fusion;
 
 struct PipelineOptions {
+  PropagationOptions propagation;    // propagate-shardings (e.g. FSDP: gather parameters)
   OverlapOptions overlap;            // decompose-for-overlap and the stream pool of its loops
   bool verify = true;                // run the verifier after every pass
   std::ostream* dump = nullptr;      // when set, print the IR after each pass here

@@ -1,6 +1,8 @@
 // decompose-for-overlap (contract in decompose_for_overlap.h).
 #include "decompose/decompose_for_overlap.h"
 
+#include <algorithm>
+
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
 #include "propagation/sharding.h"
@@ -68,6 +70,13 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options) {
                 ErrorKind::Value, "overlap algorithm must be none, collective or ring but is '{}'", options.algorithm);
   MF_USER_CHECK(options.chunks >= 0, ErrorKind::Value, "overlap chunks must be >= 0 (0: one per device) but is {}",
                 options.chunks);
+  // Microbatched programs (pipelines) already run in a Stream-parallel loop over microbatches.
+  bool microbatched = std::any_of(f.inputs().begin(), f.inputs().end(),
+                                  [](const TensorView* in) { return streamSplitOf(in).has_value(); });
+  MF_USER_CHECK(!microbatched || options.algorithm == "none", ErrorKind::Unsupported,
+                "overlap decomposition (--overlap={}) inside a microbatched pipeline is not supported",
+                options.algorithm);
+  if (microbatched) return;
   for (Expr* e : f.exprs()) {
     if (e->kind() != OpKind::Set || e->attr<std::string>("overlap") != "none") continue;
     Change c = changeOf(e);

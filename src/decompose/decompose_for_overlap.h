@@ -24,7 +24,7 @@
 //   after:  %0 = set(%inp, overlap="ring", chunks=4) : f32[?t, 64] @tp {}
 #pragma once
 
-#include "meshfuse/overlap.h"
+#include "meshfuse/options.h"
 
 namespace meshfuse {
 

@@ -57,6 +57,18 @@ TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target
     next->setProvenance({fmt::format("{}: {}", why, step), {from}});
     cur = next;
   }
+  // Last, the move to the consumer's pipeline stage (the same sharding on another mesh).
+  if (s.mesh != target.mesh) {
+    const Fusion& cf = f;
+    std::string step = fmt::format("moved from stage {} to stage {}", cf.mesh(s.mesh).toString(),
+                                   cf.mesh(target.mesh).toString());
+    s.mesh = target.mesh;
+    TensorView* next = ops::set(cur);
+    writeSharding(next, s);
+    next->setPinned(false);
+    next->setProvenance({fmt::format("{}: {}", why, step), {from}});
+    cur = next;
+  }
   f.setInsertionPoint(nullptr);
   return cur;
 }
@@ -87,12 +99,18 @@ void decomposeReshardings(Fusion& f) {
       TensorView* in = tensorAt(e, 0);
       Sharding from = readSharding(in), to = readSharding(e->output());
       MF_CHECK(from.decided() && to.decided(), "decompose-reshardings requires propagate-shardings first");
-      int64_t diffs = 0, last = -1;
+      // A set that changes several axes (or axes and the stage) becomes a chain of sets that
+      // change one each: the axes first, on the source stage; the move to the stage last.
+      int64_t diffs = from.mesh != to.mesh ? 1 : 0, last = -1;
       for (size_t a = 0; a < to.axes.size(); ++a)
         if (from.axes[a] != to.axes[a]) ++diffs, last = static_cast<int64_t>(a);
       if (diffs > 1) {
         Sharding mid = to;
-        mid.axes[last] = from.axes[last];
+        if (from.mesh != to.mesh) {
+          mid.mesh = from.mesh;
+        } else {
+          mid.axes[last] = from.axes[last];
+        }
         TensorView* staged = reshard(f, e, in, mid, fmt::format("staged for {} of {{}}", e->name()));
         f.replaceOperand(e, in, staged);
       }
@@ -111,6 +129,7 @@ void decomposeReshardings(Fusion& f) {
       Sharding actual = readSharding(in);
       MF_CHECK(actual.decided(), "{} has no mesh", f.displayName(in));
       Sharding need = actual;
+      need.mesh = out->meshIndex();  // operands come to the op's pipeline stage
       for (int64_t a = 0; a < axes; ++a) {
         std::optional<AxisState> req = requiredOperandState(e, rule, choices[a], i);
         MF_USER_CHECK(req.has_value(), ErrorKind::Unsupported,

@@ -8,6 +8,8 @@
 //     Shard(d) -> Replicate: allgather      Replicate -> Shard(d): local slice
 //     Shard(a) -> Shard(b): all-to-all      Partial -> Replicate: allreduce
 //     Partial -> Shard(d): reduce-scatter
+//   and a set that only changes the mesh (a pipeline stage boundary) is a send/recv between the
+//   devices at the same coordinates of the two meshes.
 //
 //   before: %out = linear(%inp, %up_w) : @m {Shard(1)}     with %inp Shard(0)
 //   after:  %0 = set(%inp) : @m {}                          (allgather of %inp)

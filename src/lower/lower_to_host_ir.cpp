@@ -9,7 +9,9 @@
 #include <map>
 #include <set>
 
+#include "lower/lower_microbatches.h"
 #include "lower/lower_overlap.h"
+#include "lower/lower_segment.h"
 #include "meshfuse/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 #include "propagation/sharding.h"
@@ -22,10 +24,16 @@ bool classifySet(const Expr* e, HostNode& n) {
   const TensorView* in = static_cast<const TensorView*>(e->input(size_t{0}));
   const TensorView* out = e->output();
   Sharding from = readSharding(in), to = readSharding(out);
-  MF_USER_CHECK(in->mesh() && out->mesh() && *in->mesh() == *out->mesh(), ErrorKind::Unsupported,
-                "set: moving data between meshes (pipeline stages) is not supported yet");
+  MF_CHECK(in->mesh() && out->mesh(), "a resharding set without meshes");
   n.in = BlockRef::of(in);
   n.out = BlockRef::of(out);
+  if (*in->mesh() != *out->mesh()) {
+    // A stage boundary: the same sharding, on another mesh (decompose-reshardings guarantees it).
+    MF_CHECK(from.axes == to.axes, "a set that changes both the mesh and the sharding");
+    n.kind = HostNodeKind::Communication;
+    n.comm = CommKind::SendRecv;  // send_to / recv_from are per rank: specialize-for-rank fills them
+    return true;
+  }
   int64_t axis = -1;
   for (size_t a = 0; a < to.axes.size(); ++a) {
     if (from.axes[a] == to.axes[a]) continue;
@@ -58,6 +66,36 @@ bool classifySet(const Expr* e, HostNode& n) {
   return true;
 }
 
+}  // namespace
+
+HostNode allocateNode(const TensorView* tv, int64_t chunk_blocks) {
+  HostNode n;
+  n.kind = HostNodeKind::Allocate;
+  n.tv = tv;
+  n.chunk_blocks = chunk_blocks;
+  return n;
+}
+
+std::vector<HostNode> segmentNodes(const Segment& seg, int64_t index, int64_t& handles) {
+  HostNode n;
+  n.segment = index;
+  if (seg.kind != Segment::Kind::Communication) {
+    n.kind = seg.kind == Segment::Kind::Gemm ? HostNodeKind::Gemm : HostNodeKind::LaunchKernel;
+    return {n};
+  }
+  bool moves_data = classifySet(seg.exprs.at(0), n);
+  MF_CHECK(moves_data, "a communication segment whose set moves no data");
+  n.segment = -1;
+  if (n.kind != HostNodeKind::Communication) return {n};  // a local slice
+  n.handle = handles++;
+  HostNode w;
+  w.kind = HostNodeKind::Wait;
+  w.handle = n.handle;
+  return {n, w};
+}
+
+namespace {
+
 // The segment whose exprs contain `e`.
 int64_t segmentOf(const std::vector<Segment>& segments, const Expr* e) {
   for (size_t i = 0; i < segments.size(); ++i)
@@ -79,7 +117,7 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
   // A resharding on a mesh axis of one device moves no data: a local copy kernel.
   for (Segment& seg : *segments) {
     HostNode n;
-    if (seg.kind == Segment::Kind::Communication && classifySet(seg.exprs.at(0), n) &&
+    if (seg.kind == Segment::Kind::Communication && classifySet(seg.exprs.at(0), n) && n.mesh_axis >= 0 &&
         seg.exprs[0]->output()->mesh()->size(n.mesh_axis) == 1)
       seg.kind = Segment::Kind::Kernel;
   }
@@ -97,9 +135,14 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
              "the GEMM of an overlapped set must start its own segment");
     partner[std::min<int64_t>(g, i)] = std::max<int64_t>(g, i);
   }
+  if (isMicrobatched(*fusion)) {
+    MF_USER_CHECK(partner.empty(), ErrorKind::Unsupported, "overlap decomposition inside a microbatched pipeline is not "
+                                                           "supported");
+    lowerMicrobatched(*fusion, *segments, p.nodes);
+    return p;
+  }
   std::set<int64_t> done;
   OverlapLoweringState state;
-  int64_t& handles = state.handles;
   for (size_t i = 0; i < segments->size(); ++i) {
     if (done.count(i)) continue;
     const Segment& seg = (*segments)[i];
@@ -109,31 +152,8 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
       done.insert(it->second);
       continue;
     }
-    for (const TensorView* out : seg.outputs) {
-      HostNode alloc;
-      alloc.kind = HostNodeKind::Allocate;
-      alloc.tv = out;
-      p.nodes.push_back(alloc);
-    }
-    HostNode n;
-    n.segment = static_cast<int64_t>(i);
-    if (seg.kind == Segment::Kind::Communication) {
-      bool moves_data = classifySet(seg.exprs.at(0), n);
-      MF_CHECK(moves_data, "a communication segment whose set moves no data");
-      n.segment = -1;
-      if (n.kind == HostNodeKind::Communication) {
-        n.handle = handles++;
-        p.nodes.push_back(n);
-        HostNode w;
-        w.kind = HostNodeKind::Wait;
-        w.handle = n.handle;
-        p.nodes.push_back(w);
-        continue;
-      }
-    } else {
-      n.kind = seg.kind == Segment::Kind::Gemm ? HostNodeKind::Gemm : HostNodeKind::LaunchKernel;
-    }
-    p.nodes.push_back(n);
+    for (const TensorView* out : seg.outputs) p.nodes.push_back(allocateNode(out));
+    for (HostNode& n : segmentNodes(seg, static_cast<int64_t>(i), state.handles)) p.nodes.push_back(std::move(n));
   }
   return p;
 }

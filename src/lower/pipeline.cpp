@@ -4,11 +4,13 @@
 
 #include <chrono>
 
+#include "lower/assign_streams.h"
 #include "lower/dead_code_elimination.h"
 #include "decompose/decompose_for_overlap.h"
 #include "decompose/decompose_reshardings.h"
 #include "decompose/layout_for_communication.h"
 #include "propagation/propagate_shardings.h"
+#include "propagation/propagate_streams.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/printer.h"
@@ -22,11 +24,13 @@ const std::vector<FusionPass>& fusionPasses() {
   static const std::vector<FusionPass> passes = {
       {"dead-code-elimination", "remove ops whose results reach no output", plain(eliminateDeadCode)},
       {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones",
-       plain(propagateShardings)},
+       [](Fusion& f, const PipelineOptions& o) { propagateShardings(f, o.propagation); }},
       {"decompose-reshardings", "split every op into local compute plus single-axis communications",
        plain(decomposeReshardings)},
       {"layout-for-communication", "move each collective's sharded dim outermost (permutes only where needed)",
        plain(layoutForCommunication)},
+      {"propagate-streams", "carry the inputs' microbatch split (Stream) to every tensor computed from their rows",
+       plain(propagateStreams)},
       {"decompose-for-overlap", "pipeline collectives with their GEMMs in chunks (collective- or ring-based)",
        [](Fusion& f, const PipelineOptions& o) { decomposeForOverlap(f, o.overlap); }},
   };
@@ -68,9 +72,10 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   runPasses(*fusion, {"propagate-shardings"}, options);
   if (keep_stages) out.stages["propagated"] = printFusion(*fusion);
   runPasses(*fusion, {"decompose-reshardings"}, options);
-  // layout-for-communication needs the single-axis sets decompose-reshardings makes, and
-  // decompose-for-overlap the dim-0 collectives layout-for-communication makes.
-  runPasses(*fusion, {"layout-for-communication", "decompose-for-overlap"}, options);
+  // layout-for-communication needs the single-axis sets decompose-reshardings makes;
+  // propagate-streams must see every tensor decomposition made; decompose-for-overlap needs the
+  // dim-0 collectives layout-for-communication makes and must know the microbatched tensors.
+  runPasses(*fusion, {"layout-for-communication", "propagate-streams", "decompose-for-overlap"}, options);
   if (options.verify) verify(*fusion, {.require_meshes = !fusion->inputs().empty() && fusion->inputs()[0]->mesh()});
   if (keep_stages) out.stages["decomposed"] = printFusion(*fusion);
   out.fusion = std::shared_ptr<Fusion>(std::move(fusion));
@@ -81,6 +86,8 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
 
 HostProgram programForRank(const CompiledProgram& program, int64_t rank) {
   HostProgram p = specializeForRank(program.host, rank);
+  // assign-streams moves allocations (prefetch); insert-deallocations then frees after last use.
+  assignStreams(p);
   insertDeallocations(p);
   return p;
 }

@@ -50,11 +50,19 @@ bool specialize(const HostProgram& p, const std::vector<HostNode>& in, int64_t r
         continue;
       case HostNodeKind::Communication:
         if (n.comm == CommKind::SendRecv && n.mesh_axis < 0) {  // a stage boundary between meshes
-          bool sends = onRank(n.in.tv, rank), receives = onRank(n.out.tv, rank);
+          // This rank sends to the device at its coordinates in the next stage's mesh, and
+          // receives from the device at its coordinates in the previous stage's mesh.
+          const DeviceMesh& src = *n.in.tv->mesh();
+          const DeviceMesh& dst = *n.out.tv->mesh();
+          bool sends = src.contains(rank), receives = dst.contains(rank);
           if (!sends && !receives) continue;
           HostNode s = n;
-          if (!sends) s.send_to = -1;
-          if (!receives) s.recv_from = -1;
+          s.send_to = sends ? dst.devices()[std::find(src.devices().begin(), src.devices().end(), rank) -
+                                            src.devices().begin()]
+                            : -1;
+          s.recv_from = receives ? src.devices()[std::find(dst.devices().begin(), dst.devices().end(), rank) -
+                                                 dst.devices().begin()]
+                                 : -1;
           out.push_back(s);
           handles.push_back(n.handle);
           work = true;

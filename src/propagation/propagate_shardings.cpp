@@ -27,7 +27,9 @@ struct TvState {
 
 class Propagator {
  public:
-  Propagator(Fusion& f, int64_t mesh) : f_(f), mesh_index_(mesh), mesh_(f.mesh(mesh)) {}
+  // `mesh`: the mesh of tensors nothing else decides; every mesh has its shape (pipeline stages).
+  Propagator(Fusion& f, int64_t mesh, const PropagationOptions& options)
+      : f_(f), mesh_index_(mesh), mesh_(f.mesh(mesh)), options_(options) {}
 
   void run() {
     for (TensorView* tv : f_.tensorViews())
@@ -48,7 +50,7 @@ class Propagator {
         for (size_t i = 0; i < e->inputs().size(); ++i) {
           TensorView* in = tensorAt(e, i);
           if (in == nullptr || decided(in) || !f_.isInput(in)) continue;
-          TvState s = fresh();
+          TvState s = fresh(states_.at(e->output()).sharding.mesh);
           for (int64_t a = 0; a < mesh_.rank(); ++a) {
             std::optional<AxisState> req = requiredOperandState(e, rule, outputChoice(e, a), i);
             s.sharding.axes[a] = req.value_or(Placement::replicate());
@@ -62,7 +64,7 @@ class Propagator {
     }
     for (TensorView* tv : f_.tensorViews()) {
       if (decided(tv)) continue;
-      TvState s = fresh();
+      TvState s = fresh(mesh_index_);
       for (int64_t a = 0; a < mesh_.rank(); ++a) s.why[a] = Provenance::literal("Replicate(): nothing decides it");
       states_[tv] = s;
     }
@@ -71,9 +73,9 @@ class Propagator {
   }
 
  private:
-  TvState fresh() const {
+  TvState fresh(int64_t mesh) const {
     TvState s;
-    s.sharding = {mesh_index_, std::vector<AxisState>(mesh_.rank(), Placement::replicate())};
+    s.sharding = {mesh, std::vector<AxisState>(mesh_.rank(), Placement::replicate())};
     s.partial_dims.assign(mesh_.rank(), -1);
     s.hints.assign(mesh_.rank(), std::nullopt);
     s.why.assign(mesh_.rank(), Provenance{});
@@ -81,12 +83,8 @@ class Propagator {
   }
 
   void pin(TensorView* tv) {
-    TvState s = fresh();
+    TvState s = fresh(tv->meshIndex());
     s.sharding = readSharding(tv);
-    MF_USER_CHECK(s.sharding.mesh == mesh_index_, ErrorKind::Unsupported,
-                  "{} is on mesh {} but other tensors are on {}: tensors on different meshes (pipeline parallelism) "
-                  "are not supported yet",
-                  f_.displayName(tv), f_.mesh(s.sharding.mesh).toString(), mesh_.toString());
     for (int64_t a = 0; a < mesh_.rank(); ++a) {
       // A pinned op output that is Partial keeps its contraction dim.
       if (s.sharding.axes[a].kind == Placement::Partial) {
@@ -137,6 +135,23 @@ class Propagator {
     return 0;  // Replicate -> Shard: a local slice
   }
 
+  // The mesh of e's output (its pipeline stage): a GEMM's parameter's mesh, else the mesh of
+  // the operand computed last (activations flow forward through the stages).
+  int64_t meshFor(const Expr* e, const ShardingRule& rule) const {
+    if (rule.weight_operand >= 0)
+      if (TensorView* w = tensorAt(e, rule.weight_operand); w != nullptr && f_.isInput(w))
+        return states_.at(w).sharding.mesh;
+    int64_t mesh = -1, latest = -2;
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      TensorView* in = tensorAt(e, i);
+      if (in == nullptr) continue;
+      const Expr* def = in->definition();
+      int64_t pos = def == nullptr ? -1 : std::find(f_.exprs().begin(), f_.exprs().end(), def) - f_.exprs().begin();
+      if (pos > latest) latest = pos, mesh = states_.at(in).sharding.mesh;
+    }
+    return mesh >= 0 ? mesh : mesh_index_;
+  }
+
   // Decides e's output on every mesh axis. Returns true when it changed the IR or a state.
   bool decide(Expr* e) {
     ShardingRule rule = shardingRuleOf(e);
@@ -145,7 +160,7 @@ class Propagator {
       splitBias(e);
       return true;
     }
-    TvState s = fresh();
+    TvState s = fresh(meshFor(e, rule));
     for (int64_t a = 0; a < mesh_.rank(); ++a) {
       std::vector<OutputChoice> cands = candidates(e, rule, a);
       int64_t best_cost = kInfinite;
@@ -156,7 +171,10 @@ class Propagator {
           TensorView* in = tensorAt(e, i);
           if (in == nullptr) continue;
           int64_t c1 = conversionCost(states_.at(in).sharding.axes[a], requiredOperandState(e, rule, c, i));
-          if (c1 > 0 && static_cast<int64_t>(i) == rule.weight_operand && f_.isInput(in)) c1 *= kWeightFactor;
+          // Moving what should stay costs kWeightFactor times more: parameters, or with
+          // gather_parameters (FSDP) the activations.
+          bool parameter = static_cast<int64_t>(i) == rule.weight_operand && f_.isInput(in);
+          if (c1 > 0 && parameter != options_.gather_parameters) c1 *= kWeightFactor;
           cost = std::min(kInfinite, cost + c1);
         }
         if (cost < best_cost) best_cost = cost, best = &c;
@@ -339,23 +357,26 @@ class Propagator {
   Fusion& f_;
   int64_t mesh_index_;
   const DeviceMesh& mesh_;
+  PropagationOptions options_;
   std::map<const TensorView*, TvState> states_;
 };
 
 }  // namespace
 
-void propagateShardings(Fusion& f) {
+void propagateShardings(Fusion& f, const PropagationOptions& options) {
   int64_t mesh = -1;
   for (TensorView* tv : f.tensorViews()) {
     if (tv->meshIndex() < 0) continue;
-    MF_USER_CHECK(mesh < 0 || f.mesh(mesh) == *tv->mesh(), ErrorKind::Unsupported,
-                  "{} is on mesh {} but other tensors are on {}: tensors on different meshes (pipeline parallelism) "
-                  "are not supported yet",
+    if (mesh < 0) mesh = tv->meshIndex();
+    // Pipeline stages are meshes of one shape: a stage's tensors move to the next stage's
+    // devices at the same coordinates.
+    MF_USER_CHECK(f.mesh(mesh).shape() == tv->mesh()->shape(), ErrorKind::Unsupported,
+                  "{} is on mesh {} but other tensors are on {}: pipeline stages on meshes of different shapes are not "
+                  "supported",
                   f.displayName(tv), tv->mesh()->toString(), f.mesh(mesh).toString());
-    mesh = tv->meshIndex();
   }
   if (mesh < 0) return;  // nothing placed: a single-device fusion
-  Propagator(f, mesh).run();
+  Propagator(f, mesh, options).run();
 }
 
 }  // namespace meshfuse

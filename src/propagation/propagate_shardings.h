@@ -1,6 +1,6 @@
 // propagate-shardings: gives every TensorView a mesh and DID axes.
 //
-// requires: the user's pins (input placements, schedule-API meshes) on a single mesh.
+// requires: the user's pins (input placements, schedule-API meshes), on meshes of one shape.
 // guarantees: every TensorView has a mesh; each unpinned one records its provenance (which
 //   operand and rule decided it); every fusion output is materialized: an unpinned output that
 //   would be Partial gets a `set` that reduce-scatters it along a dim that was sharded on that
@@ -9,7 +9,10 @@
 //
 // Each op's rule (sharding_rule.h) proposes candidate output shardings per mesh axis; the
 // cheapest in communication wins, where moving a parameter (an op's weight operand that is a
-// fusion input) costs 1000x: priority user pins > weights never move > fewer collectives.
+// fusion input) costs 1000x: priority user pins > weights never move > fewer collectives
+// (with gather_parameters, the FSDP strategy, moving an activation costs 1000x instead).
+// Tensors on different meshes are pipeline stages: an op's output goes to its parameter's mesh,
+// else to the mesh of its latest-computed operand; decomposition moves data between stages.
 // Forward and backward sweeps repeat until nothing changes (backward decides inputs the user
 // left open from their consumers); anything left is replicated.
 //
@@ -23,7 +26,12 @@
 //           %1 = set(%y) : f32[?t, 64] @m {} from "output materialized: ..."
 #pragma once
 
+#include "meshfuse/options.h"
+
 namespace meshfuse {
+
 class Fusion;
-void propagateShardings(Fusion& fusion);
+
+void propagateShardings(Fusion& fusion, const PropagationOptions& options = {});
+
 }  // namespace meshfuse

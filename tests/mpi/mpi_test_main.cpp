@@ -30,8 +30,11 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
   MultiDeviceExecutor exec(cloneFusion(definition), world(), std::move(backend), options);
   const CompiledProgram& plan = exec.plan(inputs);
   run.compiled = plan.fusion;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    inputs[i].local = shardForRank(plan.fusion->inputs()[i], run.full_inputs[i], worldRank());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const TensorView* tv = plan.fusion->inputs()[i];
+    inputs[i].global_shape = run.full_inputs[i].shape();
+    if (tv->mesh()->contains(worldRank())) inputs[i].local = shardForRank(tv, run.full_inputs[i], worldRank());
+  }
   run.local_outputs = exec.run(inputs);
   run.collectives = exec.lastCollectives();
   run.trace = exec.lastTrace();

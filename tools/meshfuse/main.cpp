@@ -75,12 +75,12 @@ int main(int argc, char** argv) {
   dump->add_option("--rank", dump_rank, "the rank whose host program --stage=hostir prints (-1: all ranks together)")
       ->capture_default_str();
 
-  std::vector<int64_t> report_ranks;
+  int64_t report_rank = -1;
   auto* coll = app.add_subcommand("collectives", "Print each rank's collectives (kind, mesh axis, team, bytes, why) "
                                                  "without running");
   addFile(coll);
   addSizes(coll);
-  coll->add_option("--rank", report_ranks, "only these ranks (default: every rank of the meshes)")->delimiter(',');
+  coll->add_option("--rank", report_rank, "only this rank (default: every rank of the meshes)");
 
   cli::ShardedRunOptions run_opts;
   std::string save_dir;
@@ -111,6 +111,9 @@ int main(int argc, char** argv) {
     sub->add_option("--streams", pipeline.overlap.streams, "streams the chunks of collective-based overlap rotate "
                                                            "through")
         ->capture_default_str();
+    sub->add_flag("--fsdp", pipeline.propagation.gather_parameters,
+                  "fully sharded data parallelism: all-gather sharded parameters where they are used (prefetched one "
+                  "ahead on a communication stream) instead of moving the activations");
   }
   run->add_option("--trace", run_opts.trace_file,
                   "write every rank's timeline (kernels, GEMMs, collectives per stream) as Chrome/Perfetto trace "
@@ -157,7 +160,8 @@ int main(int argc, char** argv) {
       } else if (*coll) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
         mf::CompiledProgram p = mf::compile(std::move(fusion), pipeline);
-        std::cout << cli::collectiveReport(p, report_ranks, sizes);
+        std::cout << cli::collectiveReport(p, report_rank < 0 ? std::vector<int64_t>{} : std::vector<int64_t>{report_rank},
+                                           sizes);
       } else if (*run) {
         if (reference || fusion->numMeshes() == 0) {
           runReference(*fusion, run_opts, save_dir);

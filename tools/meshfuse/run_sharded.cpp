@@ -136,8 +136,11 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
   try {
     const CompiledProgram& compiled = exec->plan(inputs);
     if (o.print_hostir && rank == 0) std::cout << "== host IR of rank 0\n" << exec->programFor(inputs).toString();
-    for (size_t i = 0; i < full.size(); ++i)
-      inputs[i].local = shardForRank(compiled.fusion->inputs()[i], full[i], rank);
+    for (size_t i = 0; i < full.size(); ++i) {
+      const TensorView* tv = compiled.fusion->inputs()[i];
+      inputs[i].global_shape = full[i].shape();  // binds symbolic sizes on other stages' ranks
+      if (tv->mesh() == nullptr || tv->mesh()->contains(rank)) inputs[i].local = shardForRank(tv, full[i], rank);
+    }
     MF_USER_CHECK(rank != o.fail_on_rank, ErrorKind::Runtime, "rank {} fails on purpose (--inject-failure-on-rank)",
                   rank);
     std::vector<ShardedTensor> outs = exec->run(inputs);

@@ -1,0 +1,99 @@
+// assign-streams: parameter all-gathers (FSDP) run on a communication stream, one ahead.
+//
+// With fully sharded parameters every GEMM's weight is all-gathered just before the GEMM. This
+// pass moves each gather (its buffer allocation, the collective and its wait) onto stream 1 and
+// issues it just before the previous gathered parameter's first use, so that gather k + 1 runs
+// while layer k computes; the main stream waits for gather k + 1's event just before its first
+// use. At most two gathered parameters are alive at once: the one in use and the one being
+// prefetched (insert-deallocations frees each after its last use).
+//
+// requires: specialize-for-rank; runs before insert-deallocations.
+// guarantees: every value is still produced before it is read (events order the streams).
+//
+//   before: allocate %w1g ; comm h1 allgather %w1 -> %w1g ; wait h1 ; gemm %y1 = linear(%x1, %w1g)
+//   after:  allocate %w1g ; stream 1 ; comm h1 ... ; wait h1 ; record e1[0] ; stream 0 ;
+//           wait_event e0[0] ; gemm %y0 = linear(%x0, %w0g) ; ... ; wait_event e1[0] ;
+//           gemm %y1 = linear(%x1, %w1g)
+#include "lower/assign_streams.h"
+
+#include <algorithm>
+
+#include "meshfuse/ir/fusion.h"
+
+namespace meshfuse {
+namespace {
+
+// Whether `n` all-gathers a parameter (a fusion input a GEMM reads as its weight).
+bool gathersParameter(const Fusion& f, const HostNode& n) {
+  if (n.kind != HostNodeKind::Communication || n.comm != CommKind::Allgather || !n.in.whole() || !n.out.whole())
+    return false;
+  if (!f.isInput(n.in.tv)) return false;
+  for (const Expr* use : n.out.tv->uses())
+    if (use->info().category == OpCategory::Gemm && use->input(size_t{1}) == n.out.tv) return true;
+  return false;
+}
+
+bool readsTensor(const HostProgram& p, const HostNode& n, const TensorView* tv) {
+  if (n.in.tv == tv) return true;
+  if (n.segment >= 0) {
+    const Segment& seg = p.segment(n);
+    return std::find(seg.inputs.begin(), seg.inputs.end(), tv) != seg.inputs.end();
+  }
+  return false;
+}
+
+size_t firstReader(const HostProgram& p, const std::vector<HostNode>& nodes, const TensorView* tv, size_t from) {
+  for (size_t i = from; i < nodes.size(); ++i)
+    if (readsTensor(p, nodes[i], tv)) return i;
+  return nodes.size();
+}
+
+HostNode streamNode(int64_t stream) {
+  HostNode n;
+  n.kind = HostNodeKind::SetCurrentStream;
+  n.stream = stream;
+  return n;
+}
+
+HostNode eventNode(HostNodeKind kind, int64_t id) {
+  HostNode n;
+  n.kind = kind;
+  n.event = id;
+  return n;
+}
+
+}  // namespace
+
+void assignStreams(HostProgram& p) {
+  const Fusion& f = *p.fusion;
+  std::vector<HostNode>& nodes = p.nodes;
+  int64_t events = 0;
+  forEachNode(nodes, [&](const HostNode& n) { events = std::max(events, n.event + 1); });
+  int64_t previous_event = -1;  // the event of the last gathered parameter
+  for (size_t c = 0; c < nodes.size(); ++c) {
+    if (!gathersParameter(f, nodes[c])) continue;
+    // The group: allocate (just before), comm, wait (just after).
+    const TensorView* gathered = nodes[c].out.tv;
+    if (c == 0 || c + 1 >= nodes.size() || nodes[c - 1].kind != HostNodeKind::Allocate || nodes[c - 1].tv != gathered ||
+        nodes[c + 1].kind != HostNodeKind::Wait || nodes[c + 1].handle != nodes[c].handle)
+      continue;
+    std::vector<HostNode> group(nodes.begin() + static_cast<std::ptrdiff_t>(c - 1),
+                                nodes.begin() + static_cast<std::ptrdiff_t>(c + 2));
+    nodes.erase(nodes.begin() + static_cast<std::ptrdiff_t>(c - 1), nodes.begin() + static_cast<std::ptrdiff_t>(c + 2));
+    const int64_t event = events++;
+    std::vector<HostNode> issued = {group[0], streamNode(1), group[1], group[2],
+                                    eventNode(HostNodeKind::RecordEvent, event), streamNode(0)};
+    // Issue it just before the main stream waits for the previous gathered parameter (one ahead),
+    // so that it runs while the previous layer computes; the first one stays where it was.
+    size_t at = c - 1;
+    for (size_t i = 0; previous_event >= 0 && i < at; ++i)
+      if (nodes[i].kind == HostNodeKind::WaitEvent && nodes[i].event == previous_event) at = i;
+    nodes.insert(nodes.begin() + static_cast<std::ptrdiff_t>(at), issued.begin(), issued.end());
+    size_t use = firstReader(p, nodes, gathered, at + issued.size());
+    nodes.insert(nodes.begin() + static_cast<std::ptrdiff_t>(use), eventNode(HostNodeKind::WaitEvent, event));
+    c = use;  // continue after the first use
+    previous_event = event;
+  }
+}
+
+}  // namespace meshfuse

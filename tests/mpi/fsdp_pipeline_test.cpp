@@ -1,0 +1,120 @@
+// Fully sharded data parallelism (parameters gathered where used, freed after, prefetched one
+// ahead) and pipeline parallelism (stages on different meshes, microbatches, MPMD programs).
+#include "meshfuse/ir/parser.h"
+#include "meshfuse/ops.h"
+#include "mpi_test_main.h"
+
+namespace meshfuse::testing {
+namespace {
+
+using ::testing::Each;
+using ::testing::Eq;
+
+// x [t, 32] -> linear(w0 [64, 32]) -> gelu -> linear(w1 [64, 64]) -> gelu -> linear(w2 [32, 64]).
+void threeLayerMlp(Fusion& f) {
+  TensorView* x = f.defineTensor({-1, 32}, DataType::Float, "x");
+  TensorView* w0 = f.defineTensor({64, 32}, DataType::Float, "w0");
+  TensorView* w1 = f.defineTensor({64, 64}, DataType::Float, "w1");
+  TensorView* w2 = f.defineTensor({32, 64}, DataType::Float, "w2");
+  TensorView* h = ops::gelu(ops::linear(x, w0), "tanh");
+  h = ops::gelu(ops::linear(h, w1), "tanh");
+  f.addOutput(ops::linear(h, w2));
+}
+
+TEST(Fsdp, ThreeLayerMlpGathersOneParameterPerLayerAndFreesIt) {
+  Fusion f;
+  threeLayerMlp(f);
+  ExecutorOptions options;
+  options.pipeline.propagation.gather_parameters = true;
+  const int64_t t = 32 * worldSize();
+  std::vector<std::pair<DeviceMesh, Ps>> layouts(4, {worldMesh(), Ps{S(0)}});
+  ShardedRun run = runSharded(f, layouts, {{"s0", t}}, options);
+  expectMatchesReference(run);
+  EXPECT_EQ(run.local_outputs[0].placements, Ps{S(0)}) << "activations keep their data-parallel sharding";
+  if (worldSize() == 1) return;
+  EXPECT_EQ(kinds(run.collectives), (std::vector<std::string>{"allgather", "allgather", "allgather"}));
+  // Each gathered parameter is freed after its last use...
+  MultiDeviceExecutor exec(cloneFusion(f), world(), nullptr, options);
+  std::vector<ShardedTensor> in;
+  for (size_t i = 0; i < 4; ++i) in.push_back({Tensor(), worldMesh(), {S(0)}});
+  in[0].local = Tensor(DataType::Float, {t / worldSize(), 32});
+  const HostProgram& program = exec.programFor(in);
+  std::vector<const TensorView*> gathered, freed;
+  for (const HostNode& n : program.nodes) {
+    if (n.kind == HostNodeKind::Communication) gathered.push_back(n.out.tv);
+    if (n.kind == HostNodeKind::Deallocate) freed.push_back(n.tv);
+  }
+  for (const TensorView* g : gathered) EXPECT_NE(std::find(freed.begin(), freed.end(), g), freed.end());
+  // ... so the peak is the shards, at most two gathered parameters (in use and prefetched),
+  // and the activations of one layer: well under holding every parameter whole.
+  const int64_t n = worldSize(), f32 = 4, rows = t / n;
+  const int64_t shards = (64 * 32 + 64 * 64 + 32 * 64) * f32 / n + rows * 32 * f32;
+  const int64_t two_gathered = (64 * 64 + 64 * 32) * f32, all_gathered = (64 * 32 + 64 * 64 + 32 * 64) * f32;
+  const int64_t activations = 2 * rows * 64 * f32 + rows * 32 * f32;  // a layer's input and output, the result
+  int64_t peak = peakMemoryBytes(program, {{"s0", t}});
+  EXPECT_LE(peak, shards + two_gathered + activations);
+  EXPECT_LT(peak, shards + all_gathered + activations);
+  if (worldRank() == 0)
+    std::printf("[ fsdp     ] peak %lld bytes: shards %lld + <= 2 gathered parameters %lld + activations %lld\n",
+                static_cast<long long>(peak), static_cast<long long>(shards), static_cast<long long>(two_gathered),
+                static_cast<long long>(activations));
+}
+
+// Three MLP blocks, one per stage {0}, {1}, {2}; the input split into 4 microbatches.
+std::unique_ptr<Fusion> threeStagePipeline() {
+  return parseFusion(R"(fusion {
+  mesh @s0 = [0]
+  mesh @s1 = [1]
+  mesh @s2 = [2]
+  %inp = input f32[?t, 16] @s0 {split(0, 4), parallelize(0, Stream)}
+  %up0 = input f32[64, 16] @s0 {}
+  %down0 = input f32[16, 64] @s0 {}
+  %up1 = input f32[64, 16] @s1 {}
+  %down1 = input f32[16, 64] @s1 {}
+  %up2 = input f32[64, 16] @s2 {}
+  %down2 = input f32[16, 64] @s2 {}
+  %a0 = linear(%inp, %up0)
+  %b0 = gelu(%a0, approximate="tanh")
+  %out0 = linear(%b0, %down0)
+  %a1 = linear(%out0, %up1)
+  %b1 = gelu(%a1, approximate="tanh")
+  %out1 = linear(%b1, %down1)
+  %a2 = linear(%out1, %up2)
+  %b2 = gelu(%a2, approximate="tanh")
+  %out2 = linear(%b2, %down2)
+  output %out2
+})",
+                     "pipeline.mf");
+}
+
+TEST(Pipeline, ThreeStagesFourMicrobatches) {
+  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+  std::unique_ptr<Fusion> def = threeStagePipeline();
+  std::vector<ShardedTensor> inputs = inputLayouts(*def);
+  std::vector<Tensor> full;
+  for (size_t i = 0; i < def->inputs().size(); ++i) {
+    std::vector<int64_t> shape;
+    for (const Extent& e : def->inputs()[i]->shape()) shape.push_back(e.evaluate({{"t", 32}}));
+    full.push_back(Tensor::random(DataType::Float, shape, 7 + i));
+    inputs[i].global_shape = shape;
+    if (inputs[i].mesh.contains(worldRank())) inputs[i].local = full[i];
+  }
+  MultiDeviceExecutor exec(cloneFusion(*def), world());
+  std::vector<ShardedTensor> outs = exec.run(inputs);
+  // MPMD: a stage's rank runs a loop over the 4 microbatches holding only its stage's work.
+  const HostProgram& program = exec.programFor(inputs);
+  int64_t loops = 0;
+  for (const HostNode& n : program.nodes) loops += n.kind == HostNodeKind::ForLoop && n.trip_count == 4;
+  EXPECT_EQ(loops, worldRank() < 3 ? 1 : 0);
+  std::vector<std::string> kinds_seen = kinds(exec.lastCollectives());
+  EXPECT_THAT(kinds_seen, Each(Eq("send_recv")));
+  EXPECT_EQ(kinds_seen.size(), worldRank() < 2 ? 4u : 0u) << "one send per microbatch to the next stage";
+  if (worldRank() != 2) return;
+  Tensor expected = evaluateReference(*def, full).at(0);
+  ASSERT_EQ(outs[0].local.shape(), expected.shape());
+  for (int64_t k = 0; k < expected.numel(); ++k)
+    ASSERT_NEAR(outs[0].local.get(k), expected.get(k), 1e-4 + 1e-4 * std::fabs(expected.get(k))) << "element " << k;
+}
+
+}  // namespace
+}  // namespace meshfuse::testing
