@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "meshfuse/error.h"
+#include "runtime/tensor_blocks.h"
 
 namespace meshfuse {
 
@@ -26,9 +27,23 @@ void Backend::accumulate(Tensor& dst, const Tensor& src) {
   for (int64_t i = 0; i < n; ++i) dst.set(i, dst.get(i) + src.get(i));  // bf16/f16/i64: through double
 }
 
+void Backend::copyBlock(const Tensor& src, const std::vector<int64_t>& so, Tensor& dst, const std::vector<int64_t>& dof,
+                        const std::vector<int64_t>& sizes) {
+  meshfuse::copyBlock(src, so, dst, dof, sizes);
+}
+
 Streams& Backend::streams() {
   if (!streams_) streams_ = makeCpuStreams();
   return *streams_;
+}
+
+std::unique_ptr<Backend> makeBackend(const std::string& device) {
+  if (device == "cpu") return makeCpuBackend();
+  if (device == "cuda") return makeCudaBackend();
+  if (device == "reference") return makeReferenceBackend();
+  MF_USER_CHECK(device == "auto", ErrorKind::Value, "unknown device '{}' (expected cpu, cuda, auto or reference)",
+                device);
+  return cudaDeviceAvailable() ? makeCudaBackend() : makeCpuBackend();
 }
 
 }  // namespace meshfuse

@@ -163,7 +163,10 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
   loops_.clear();
   stream_ = 0;
   gate_->reset();
-  for (size_t i = 0; i < local_inputs.size(); ++i) values_[{f.inputs()[i], 0}] = local_inputs[i];
+  for (size_t i = 0; i < local_inputs.size(); ++i)
+    values_[{f.inputs()[i], 0}] = local_inputs[i].defined() && local_inputs[i].device() != backend_.device()
+                                      ? backend_.upload(local_inputs[i])
+                                      : local_inputs[i];
   streams_.setTracing(tracing_);
   try {
     execute(program_.nodes);
@@ -229,8 +232,9 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         Tensor in = view(n.in), out = view(n.out);
         std::vector<int64_t> off = zeros(out.shape().size());
         off[n.out_dim] = n.out.tv->mesh()->indexAlong(comm_.rank(), n.mesh_axis) * out.shape()[n.out_dim];
-        submit(TaskKind::Copy, "slice", [in, out, off]() mutable {
-          copyBlock(in, off, out, zeros(off.size()), out.shape());
+        Backend* backend = &backend_;
+        submit(TaskKind::Copy, "slice", [backend, in, out, off]() mutable {
+          backend->copyBlock(in, off, out, zeros(off.size()), out.shape());
         });
         break;
       }
@@ -341,22 +345,23 @@ void HostIrEvaluator::communicate(const HostNode& n) {
       std::vector<int64_t> chunk = in.shape();
       chunk[n.out_dim] /= team;
       const int64_t out_dim = n.out_dim, in_dim = n.in_dim;
+      Backend* backend = &backend_;
       issue = [=] {
-        auto send = std::make_shared<Tensor>(Tensor::empty(dt, stagingShape(chunk, team)));
-        auto recv = std::make_shared<Tensor>(Tensor::empty(dt, stagingShape(chunk, team)));
+        auto send = std::make_shared<Tensor>(backend->allocate(dt, stagingShape(chunk, team)));
+        auto recv = std::make_shared<Tensor>(backend->allocate(dt, stagingShape(chunk, team)));
         for (int64_t j = 0; j < team; ++j) {
           std::vector<int64_t> so(rank, 0), dof(rank, 0);
           so[out_dim] = j * chunk[out_dim];
           dof[0] = j * chunk[0];
-          copyBlock(in, so, *send, dof, chunk);
+          backend->copyBlock(in, so, *send, dof, chunk);
         }
         h->work = comm->allToAll(send->data(), recv->data(), numel(chunk), dt, n.team);
-        h->finish = [send, recv, chunk, in_dim, team, rank, out]() mutable {
+        h->finish = [backend, send, recv, chunk, in_dim, team, rank, out]() mutable {
           for (int64_t j = 0; j < team; ++j) {
             std::vector<int64_t> so(rank, 0), dof(rank, 0);
             so[0] = j * chunk[0];
             dof[in_dim] = j * chunk[in_dim];
-            copyBlock(*recv, so, out, dof, chunk);
+            backend->copyBlock(*recv, so, out, dof, chunk);
           }
         };
       };

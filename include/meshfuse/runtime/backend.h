@@ -42,6 +42,15 @@ class Backend {
   // (stage copies, ring reductions). The defaults work on host memory.
   virtual void copy(Tensor& dst, const Tensor& src);
   virtual void accumulate(Tensor& dst, const Tensor& src);
+  // dst[dst_offsets + i] = src[src_offsets + i] for i < sizes (a rectangular block of row-major
+  // tensors of one rank): local slices and all-to-all packing.
+  virtual void copyBlock(const Tensor& src, const std::vector<int64_t>& src_offsets, Tensor& dst,
+                         const std::vector<int64_t>& dst_offsets, const std::vector<int64_t>& sizes);
+
+  // Moving tensors to and from the backend's memory (identity for host backends): the
+  // evaluator uploads inputs that are not in the backend's memory; callers download outputs.
+  virtual Tensor upload(const Tensor& t) { return t; }
+  virtual Tensor download(const Tensor& t) { return t; }
 
   // The streams tasks run on. The default is CpuStreams (threads); a GPU backend overrides it.
   virtual Streams& streams();
@@ -61,5 +70,12 @@ class Backend {
 std::unique_ptr<Backend> makeReferenceBackend();
 // The CPU backend of the runtime (generated kernels and BLAS GEMMs).
 std::unique_ptr<Backend> makeCpuBackend();
+// The CUDA backend (NVRTC kernels, cuBLASLt GEMMs, CUDA streams) on this process's GPU. Throws
+// RuntimeError "no CUDA device" (with the driver's reason) on machines without one.
+std::unique_ptr<Backend> makeCudaBackend();
+// Whether a CUDA device is usable here (cudart finds a driver and at least one device).
+bool cudaDeviceAvailable();
+// "cpu", "cuda", or "auto" (cuda when a device is present, else cpu); ValueError otherwise.
+std::unique_ptr<Backend> makeBackend(const std::string& device);
 
 }  // namespace meshfuse
