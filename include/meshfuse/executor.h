@@ -89,6 +89,12 @@ class MultiDeviceExecutor {
 // placements list leaves that input as the definition has it): a clone, ready for compile().
 std::unique_ptr<Fusion> placeInputs(const Fusion& definition, const std::vector<ShardedTensor>& layouts);
 
+// Rank `rank`'s block of the full tensor `full` laid out on `mesh` by `placements` (as
+// torch.distributed.tensor.distribute_tensor: every rank passes the same full tensor). A rank
+// outside the mesh gets an empty local tensor; a Partial axis gives the whole value to index 0.
+ShardedTensor distributeTensor(const Tensor& full, const DeviceMesh& mesh, const std::vector<Placement>& placements,
+                               int64_t rank);
+
 // The layouts the inputs of `fusion` carry (mesh and placements), for fusions read from text.
 std::vector<ShardedTensor> inputLayouts(const Fusion& fusion);
 

@@ -30,6 +30,18 @@ std::unique_ptr<Fusion> placeInputs(const Fusion& definition, const std::vector<
   return f;
 }
 
+ShardedTensor distributeTensor(const Tensor& full, const DeviceMesh& mesh, const std::vector<Placement>& placements,
+                               int64_t rank) {
+  // A one-tensor fusion carries the layout rules (applyPlacements checks and names errors).
+  Fusion f;
+  std::vector<Extent> shape(full.shape().begin(), full.shape().end());
+  TensorView* tv = f.defineTensor(shape, full.dtype(), "tensor");
+  applyPlacements(tv, mesh, placements);
+  ShardedTensor s{Tensor(), mesh, placements, full.shape()};
+  if (mesh.contains(rank)) s.local = shardForRank(tv, full, rank);
+  return s;
+}
+
 std::vector<ShardedTensor> inputLayouts(const Fusion& fusion) {
   std::vector<ShardedTensor> out;
   for (const TensorView* tv : fusion.inputs()) {
