@@ -1,0 +1,161 @@
+"""meshfuse's DTensor: this rank's local tensor plus where it belongs (mesh and placements).
+
+Like ``torch.distributed.tensor.DTensor``, minus autograd: the local tensor is any numpy array
+or DLPack producer (a torch tensor, ...) and is viewed without a copy. ``shape`` is the global
+shape. Shards are even (uneven shards are rejected, as by meshfuse's compiler).
+
+    x = distribute_tensor(full, mesh, [Shard(0)])   # every rank passes the same full array
+    x.to_local()                                    # this rank's block
+    x.redistribute([Replicate()]).to_local()        # an allgather
+    x.full_tensor()                                 # the global value, as numpy, on every rank
+"""
+
+from __future__ import annotations
+
+from . import _C, _world
+from ._locals import converter_like, empty_like_kind, to_cpp, to_numpy
+from .fusion_definition import FusionDefinition
+from .mesh import DeviceMesh, Replicate, check_in_world, global_shape, mesh_from_cpp, normalize_placements
+
+__all__ = ["DTensor", "distribute_tensor"]
+
+
+def as_mesh(mesh, what: str) -> DeviceMesh:
+    if isinstance(mesh, DeviceMesh):
+        return mesh
+    if isinstance(mesh, _C.DeviceMesh):
+        return mesh_from_cpp(mesh)
+    raise _C.MeshError(f"{what}: expected a meshfuse.DeviceMesh, got {type(mesh).__name__}")
+
+
+class DTensor:
+    __slots__ = ("_local", "_cpp", "_mesh", "_placements", "_shape", "_key")
+
+    def __init__(self, local, device_mesh, placements, *, shape=None):
+        """`local` is this rank's block (None, or ignored, on a rank outside the mesh, which
+        must then give the global `shape`)."""
+        mesh = as_mesh(device_mesh, "DTensor")
+        inside = _world.rank() in mesh
+        if local is None or not inside:
+            if shape is None:
+                raise _C.ValueError("DTensor: a rank outside the mesh (or without a local tensor) must give shape=")
+            placements = normalize_placements(placements, mesh, len(shape), "DTensor")
+            cpp = None
+            local_shape = ()
+        else:
+            cpp = to_cpp(local)
+            placements = normalize_placements(placements, mesh, len(cpp.shape), "DTensor")
+            local_shape = cpp.shape
+            full = global_shape(local_shape, mesh, placements)
+            if shape is not None and tuple(shape) != full:
+                raise _C.UnsupportedError(
+                    f"DTensor: global shape {tuple(shape)} with local shape {local_shape} and placements "
+                    f"{list(placements)} on mesh {mesh} is an uneven sharding (it would be {full}); uneven "
+                    "sharding is not supported")
+            shape = full
+        self._init(local, cpp, mesh, placements, tuple(shape),
+                   (local_shape, cpp.dtype if cpp is not None else None, mesh._key, _placements_key(placements)))
+
+    @classmethod
+    def from_local(cls, local, device_mesh, placements, *, shape=None) -> "DTensor":
+        return cls(local, device_mesh, placements, shape=shape)
+
+    @classmethod
+    def _make(cls, local, cpp, mesh, placements, shape, key) -> "DTensor":
+        """Without checks: for outputs whose layout meshfuse computed."""
+        self = cls.__new__(cls)
+        self._init(local, cpp, mesh, placements, shape, key)
+        return self
+
+    def _init(self, local, cpp, mesh, placements, shape, key):
+        self._local, self._cpp, self._mesh, self._placements, self._shape = local, cpp, mesh, placements, shape
+        self._key = key  # what a FusionDefinitionWrapper caches its programs on
+
+    def to_local(self):
+        """This rank's block, as given (or, for outputs, of the kind of the inputs)."""
+        return self._local
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        return self._mesh
+
+    @property
+    def placements(self) -> tuple:
+        return self._placements
+
+    @property
+    def shape(self) -> tuple:
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def dtype(self):
+        """A meshfuse.DataType (None on a rank outside the mesh)."""
+        return self._cpp.dtype if self._cpp is not None else None
+
+    def full_tensor(self):
+        """The global value as a numpy array, on every rank of the mesh (collective)."""
+        if all(p.is_replicate() for p in self._placements):
+            return to_numpy(self._local)
+        return to_numpy(self.redistribute([Replicate()] * self._mesh.ndim).to_local())
+
+    def redistribute(self, placements) -> "DTensor":
+        """The same global value with other placements (collective: every rank of the mesh calls it)."""
+        placements = normalize_placements(placements, self._mesh, self.ndim, "redistribute")
+        if placements == self._placements:
+            return self
+        if self._cpp is None:
+            raise _C.MeshError(f"redistribute: rank {_world.rank()} is not in the mesh {self._mesh}")
+        prepared = _redistribution(self._mesh, self._placements, placements, self._shape, self._cpp.dtype)
+        [out] = prepared.run([self._cpp])
+        local = converter_like(self._local)(out)
+        return DTensor._make(local, out, self._mesh, placements, self._shape,
+                             (out.shape, out.dtype, self._mesh._key, _placements_key(placements)))
+
+    def __repr__(self):
+        dt = self.dtype.name if self.dtype is not None else "?"
+        return f"DTensor(shape={self._shape}, dtype={dt}, mesh={self._mesh}, placements={list(self._placements)})"
+
+
+def _placements_key(placements) -> tuple:
+    return tuple((p.kind, p.dim) for p in placements)
+
+
+# Redistribution is a one-op fusion, `out = set(x)` with `out` pinned to the new placements, run
+# by the same compiler and runtime as everything else. Process-wide caches, like torch's: one
+# executor per (mesh, from, to, rank, dtype) and one prepared call per global shape.
+_REDISTRIBUTORS: dict = {}
+_PREPARED: dict = {}
+
+
+def _redistribution(mesh, src, dst, shape, dtype) -> _C.Prepared:
+    key = (mesh._key, _placements_key(src), _placements_key(dst), len(shape), dtype)
+    prepared = _PREPARED.get((key, shape))
+    if prepared is None:
+        executor = _REDISTRIBUTORS.get(key)
+        if executor is None:
+            fd = FusionDefinition()
+            x = fd.define_tensor([-1] * len(shape), dtype, name="x")
+            y = fd.ops.set(x)
+            y._set_placements(mesh, list(dst))
+            fd.add_output(y)
+            executor = _REDISTRIBUTORS[key] = _C.Executor(fd._fusion, keep_stages=False)
+        prepared = _PREPARED[(key, shape)] = executor.prepare([(mesh, list(src), list(shape), dtype)])
+    return prepared
+
+
+def distribute_tensor(tensor, device_mesh, placements) -> DTensor:
+    """Every rank passes the same full `tensor` (numpy array or DLPack producer); each keeps its
+    block as a DTensor whose local tensor has the kind of `tensor`. A Partial axis gives the
+    value to the rank at index 0 along that axis and zeros to the others."""
+    mesh = as_mesh(device_mesh, "distribute_tensor")
+    full = to_cpp(tensor)
+    placements = normalize_placements(placements, mesh, len(full.shape), "distribute_tensor")
+    check_in_world(mesh, _world.world_size(), "distribute_tensor")
+    block = _C.shard_for_rank(full, mesh, list(placements), _world.rank())
+    if block is None:  # this rank is outside the mesh
+        return DTensor(empty_like_kind(tensor, full.dtype, len(full.shape)), mesh, placements, shape=full.shape)
+    return DTensor(converter_like(tensor)(block), mesh, placements)

@@ -1,0 +1,77 @@
+"""``fd.ops``: one Python function per op of meshfuse's op table, generated from it.
+
+Each function takes the op's operands then its attributes, by position or by name, in the
+table's order (which follows PyTorch: ``linear(x, weight, bias=None)``,
+``layer_norm(x, weight=None, bias=None, eps=1e-5)``, ``sdpa(query, key, value, is_causal=False)``,
+``softmax(x, dim)``, ``reshape(x, shape)``). Operands are TensorViews or, for pointwise ops,
+Python numbers. Passing ``None`` for an attribute keeps its default (``sdpa(..., scale=None)``
+means 1/sqrt(head size), as in torch). The reductions ``sum``, ``max`` and ``mean`` also take
+torch's ``keepdim``. ``help(fd.ops.linear)`` shows a signature.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from . import _C
+
+# Reductions take torch's keepdim, which is not an attribute of the op: it re-inserts the
+# reduced dims with a broadcast_in_dim (C++ ops::sum/max/mean).
+_REDUCTIONS = frozenset({"sum", "max", "mean"})
+# Names a torch or nvFuser user may reach for, mapped to the table's attribute names.
+_ATTR_ALIASES = {"reshape": {"new_shape": "shape"}, "permute": {"permutation": "dims"}}
+
+
+def _signature(schema) -> inspect.Signature:
+    params, seen_default = [], False
+    for o in schema["operands"]:
+        default = None if o["optional"] else inspect.Parameter.empty
+        seen_default |= o["optional"]
+        params.append(inspect.Parameter(o["name"], inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
+    for a in schema["attrs"]:
+        default = inspect.Parameter.empty if a["required"] else a["default"]
+        # A required attribute after an optional operand can only be given by name.
+        kind = inspect.Parameter.KEYWORD_ONLY if (a["required"] and seen_default) else \
+            inspect.Parameter.POSITIONAL_OR_KEYWORD
+        seen_default |= not a["required"]
+        params.append(inspect.Parameter(a["name"], kind, default=default))
+    if schema["name"] in _REDUCTIONS:
+        params.append(inspect.Parameter("keepdim", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False))
+    return inspect.Signature(params)
+
+
+def _make_op(schema):
+    name = schema["name"]
+    sig = _signature(schema)
+    operand_names = [o["name"] for o in schema["operands"]]
+    attr_names = [a["name"] for a in schema["attrs"]]
+    aliases = _ATTR_ALIASES.get(name, {})
+
+    def op(self, *args, **kwargs):
+        for alias, real in aliases.items():
+            if alias in kwargs:
+                kwargs[real] = kwargs.pop(alias)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        if name in _REDUCTIONS:
+            return _C.reduce(name, a["x"], a["dims"], a["keepdim"])
+        return _C.apply(self._fusion, name, [a[n] for n in operand_names], {n: a[n] for n in attr_names})
+
+    op.__name__ = op.__qualname__ = name
+    op.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *sig.parameters.values()])
+    op.__doc__ = f"meshfuse op `{name}{sig}` (see include/meshfuse/ir/ops.def for its semantics)."
+    return op
+
+
+class Ops:
+    """The ops of one FusionDefinition (``fd.ops``); generated from the op table."""
+
+    def __init__(self, fusion: _C.Fusion):
+        self._fusion = fusion
+
+
+for _schema in _C.op_schemas():
+    setattr(Ops, _schema["name"], _make_op(_schema))
+del _schema

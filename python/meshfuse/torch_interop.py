@@ -1,0 +1,115 @@
+"""torch.distributed.tensor.DTensor <-> meshfuse: meshes, placements and local tensors.
+
+Only used when torch is already imported by the caller; meshfuse itself never needs torch.
+
+``init_process_group()`` starts torch.distributed (gloo) on the ranks meshfuse runs on, so that
+torch DTensors and meshfuse agree on who is rank r. Under ``python -m meshfuse.launch`` the
+rendezvous address comes from the environment; under a plain ``mpirun`` rank 0 picks a free
+port and tells the others over MPI (mpi4py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from . import _C, _world
+from .mesh import DeviceMesh, Partial, Replicate, Shard
+
+__all__ = ["init_process_group", "is_torch_dtensor", "mesh_from_torch", "placements_from_torch",
+           "placements_to_torch", "torch_mesh_for"]
+
+
+def _dtensor_module():
+    return sys.modules.get("torch.distributed.tensor")
+
+
+def is_torch_dtensor(x) -> bool:
+    mod = _dtensor_module()
+    return mod is not None and isinstance(x, mod.DTensor)
+
+
+_MESHES: dict = {}  # torch DeviceMesh -> meshfuse DeviceMesh (torch meshes hash by value)
+
+
+def mesh_from_torch(torch_mesh) -> DeviceMesh:
+    mesh = _MESHES.get(torch_mesh)
+    if mesh is None:
+        if torch_mesh.device_type != "cpu":
+            raise _C.UnsupportedError(
+                f"a torch DeviceMesh of device type {torch_mesh.device_type!r}: meshfuse's Python runtime takes "
+                "CPU tensors (gloo)")
+        mesh = _MESHES[torch_mesh] = DeviceMesh(torch_mesh.mesh.tolist())
+    return mesh
+
+
+def _placement_from_torch(p):
+    mod = _dtensor_module()
+    name = type(p).__name__
+    if name == "_StridedShard":  # a subclass of Shard with an interleaved layout
+        raise _C.UnsupportedError(f"torch placement {p!r} (strided sharding) is not supported")
+    if isinstance(p, mod.Shard):
+        return Shard(p.dim)
+    if isinstance(p, mod.Replicate):
+        return Replicate()
+    if isinstance(p, mod.Partial):
+        if p.reduce_op != "sum":
+            raise _C.UnsupportedError(f"torch placement {p!r}: only Partial sums are supported")
+        return Partial()
+    raise _C.UnsupportedError(f"torch placement {p!r} is not supported")
+
+
+def placements_from_torch(placements) -> tuple:
+    return tuple(_placement_from_torch(p) for p in placements)
+
+
+def placements_to_torch(placements) -> tuple:
+    mod = _dtensor_module()
+    out = []
+    for p in placements:
+        if p.kind == "shard":
+            out.append(mod.Shard(p.dim))
+        elif p.kind == "replicate":
+            out.append(mod.Replicate())
+        else:
+            out.append(mod.Partial("sum"))
+    return tuple(out)
+
+
+def torch_mesh_for(mesh: DeviceMesh, known: list):
+    """The torch DeviceMesh of `mesh`: one of the inputs' (`known`) when equal, else a new one
+    (creating one is collective over the world, which every rank does since all compile alike)."""
+    for tm in known:
+        if mesh_from_torch(tm) == mesh:
+            return tm
+    from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
+
+    tm = TorchDeviceMesh("cpu", mesh.mesh.tolist())
+    _MESHES[tm] = mesh
+    return tm
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_process_group(backend: str = "gloo") -> None:
+    """torch.distributed.init_process_group over meshfuse's ranks (no-op when already done)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    rank, size = _world.rank(), _world.world_size()
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = os.environ.get("MASTER_PORT")
+    if port is None:
+        if size == 1:
+            port = str(_free_port())
+        else:
+            from mpi4py import MPI  # MPI is initialized by meshfuse already; mpi4py then leaves it be
+
+            port = MPI.COMM_WORLD.bcast(str(_free_port()) if rank == 0 else None, root=0)
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size)

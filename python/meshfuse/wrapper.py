@@ -1,0 +1,212 @@
+"""FusionDefinitionWrapper: run a single-device definition on DTensors (the seed's user API).
+
+    def define_fusion(fd):
+        inp = fd.define_tensor([-1, h]); up_w = fd.define_tensor([4 * h, h]); ...
+        fd.add_output(out)
+
+    fdw = FusionDefinitionWrapper(define_fusion)
+    out_dtensors = fdw(inp_dtensors)     # meshfuse DTensors or torch DTensors
+    fdw.plan(inp_dtensors).host_ir()     # what this rank runs, without running it
+
+The inputs' meshes and placements decide the multi-device program: meshfuse propagates the
+shardings, inserts the collectives and runs this rank's host program. torch DTensors in give
+torch DTensors out, on the same torch DeviceMesh when the output lies on an input's mesh.
+
+Programs are cached per call signature (every input's shape, dtype, placements and mesh); a
+cached call converts the local tensors (zero-copy), runs the C++ program with the GIL
+released, and wraps the outputs.
+"""
+
+from __future__ import annotations
+
+from . import _C, _world
+from ._locals import converter_like, to_cpp
+from .dtensor import DTensor, _placements_key
+from .fusion_definition import FusionDefinition
+from .mesh import check_in_world, from_cpp, global_shape, mesh_from_cpp
+from . import torch_interop
+
+__all__ = ["FusionDefinitionWrapper", "Plan"]
+
+
+class Plan:
+    """What meshfuse compiled for one call signature (``fdw.plan(inputs)``)."""
+
+    def __init__(self, program: _C.CompiledProgram):
+        self._program = program
+        layouts = program.output_layouts
+        self.output_meshes = [mesh_from_cpp(m) if m is not None else None for m, _ in layouts]
+        self.output_placements = [tuple(from_cpp(p) for p in ps) for _, ps in layouts]
+        self.output_shapes = [tuple(s) for s in program.output_shapes]
+
+    def host_ir(self, rank: int | None = None) -> str:
+        """The host program `rank` (default: this rank) runs, as text."""
+        return self._program.host_ir(rank)
+
+    def collectives(self, rank: int | None = None) -> list:
+        """The communications of `rank`'s host program, in order: each has ``kind`` (allgather,
+        reduce_scatter, allreduce, all_to_all, send_recv, broadcast, reduce, gather, scatter),
+        ``mesh_axis``, ``team`` (global ranks), ``bytes`` (this rank's send buffer),
+        ``tensor``/``source`` (names) and ``provenance`` (why it exists)."""
+        return self._program.collectives(rank)
+
+    def fusion_ir(self, stage: str = "decomposed") -> str:
+        """The fusion IR after a pipeline stage (see ``Plan.stages``)."""
+        return self._program.stage(stage)
+
+    stages = _C.CompiledProgram.stage_names
+
+    def __repr__(self):
+        return (f"Plan(outputs={[list(p) for p in self.output_placements]}, "
+                f"collectives={[c.kind for c in self.collectives()]})")
+
+
+class _Call:
+    """One cached call signature: the prepared C++ program and how to wrap its outputs."""
+
+    __slots__ = ("prepared", "plan", "outputs", "torch_out")
+
+    def __init__(self, prepared: _C.Prepared, torch_meshes: list | None):
+        self.prepared = prepared
+        self.plan = Plan(prepared.program)
+        self.torch_out = torch_meshes is not None
+        self.outputs = []  # per output: mesh, placements, global shape, DTensor key, torch layout
+        for mesh, ps, shape in zip(self.plan.output_meshes, self.plan.output_placements, self.plan.output_shapes):
+            local = list(shape)
+            for axis, p in enumerate(ps):
+                if p.kind == "shard":
+                    local[p.dim] //= mesh.size(axis)
+            torch_layout = None
+            if self.torch_out:
+                tm = torch_interop.torch_mesh_for(mesh, torch_meshes)
+                torch_layout = (tm, torch_interop.placements_to_torch(ps), _contiguous_strides(shape))
+            self.outputs.append((mesh, ps, shape, (tuple(local), None, mesh._key, _placements_key(ps)),
+                                 torch_layout))
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+class FusionDefinitionWrapper:
+    def __init__(self, define_fusion):
+        """`define_fusion(fd)` defines the single-device program (called once, lazily)."""
+        self._define_fusion = define_fusion
+        self._fd = None
+        self._executor = None
+        self._calls: dict = {}
+
+    @property
+    def definition(self) -> FusionDefinition:
+        if self._fd is None:
+            fd = FusionDefinition()
+            with fd:
+                self._define_fusion(fd)
+            self._fd = fd
+        return self._fd
+
+    def __call__(self, inputs) -> list:
+        """Runs on this rank's blocks of `inputs` (a list of DTensors); returns the outputs."""
+        key, locals_, torch_meshes = self._signature(inputs)
+        call = self._calls.get(key)
+        if call is None:
+            call = self._compile(key, inputs, torch_meshes)
+        outs = call.prepared.run(locals_)
+        return _wrap_outputs(call, outs, inputs)
+
+    def plan(self, inputs) -> Plan:
+        """Compiles for `inputs`' signature without running; the returned Plan shows the program."""
+        key, _, torch_meshes = self._signature(inputs)
+        call = self._calls.get(key)
+        if call is None:
+            call = self._compile(key, inputs, torch_meshes)
+        return call.plan
+
+    @property
+    def cache_size(self) -> int:
+        """Call signatures seen so far."""
+        return len(self._calls)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _signature(self, inputs):
+        """(cache key, local tensors, torch meshes or None) of a list of DTensors."""
+        if not isinstance(inputs, (list, tuple)):
+            raise _C.ValueError(f"a FusionDefinitionWrapper takes a list of DTensors, got {type(inputs).__name__}")
+        keys, locals_, torch_meshes = [], [], None
+        for i, x in enumerate(inputs):
+            if type(x) is DTensor:
+                keys.append(x._key)
+                locals_.append(x._cpp)
+            elif torch_interop.is_torch_dtensor(x):
+                spec = x._spec
+                local = x._local_tensor
+                keys.append((tuple(local.shape), local.dtype, spec.mesh, spec.placements))
+                locals_.append(to_cpp(local))
+                if torch_meshes is None:
+                    torch_meshes = []
+                if spec.mesh not in torch_meshes:
+                    torch_meshes.append(spec.mesh)
+            else:
+                raise _C.ValueError(
+                    f"input {i}: expected a meshfuse.DTensor or a torch.distributed.tensor.DTensor, "
+                    f"got {type(x).__name__}")
+        return tuple(keys), locals_, torch_meshes
+
+    def _compile(self, key, inputs, torch_meshes) -> _Call:
+        if self._executor is None:
+            self._executor = _C.Executor(self.definition._fusion)
+        layouts = []
+        for i, x in enumerate(inputs):
+            if type(x) is DTensor:
+                mesh, ps, shape, dtype = x.device_mesh, x.placements, x.shape, x.dtype
+            else:
+                mesh = torch_interop.mesh_from_torch(x.device_mesh)
+                ps = torch_interop.placements_from_torch(x.placements)
+                shape, dtype = tuple(x.shape), _torch_dtype(x._local_tensor.dtype, i)
+            check_in_world(mesh, _world.world_size(), f"input {i}")
+            layouts.append((mesh, list(ps), list(shape), dtype if dtype is not None else _C.DataType.Float))
+        call = _Call(self._executor.prepare(layouts), torch_meshes)
+        self._calls[key] = call
+        return call
+
+
+def _torch_dtype(dt, i):
+    from ._locals import torch_dtypes
+
+    mf = torch_dtypes().get(dt)
+    if mf is None:
+        raise _C.DtypeError(f"input {i}: unsupported torch dtype {dt}: meshfuse takes float32, bfloat16, float16, "
+                            "int64 and bool")
+    return mf
+
+
+def _wrap_outputs(call: _Call, outs: list, inputs) -> list:
+    if call.torch_out:
+        return _wrap_torch(call, outs, inputs)
+    like = inputs[0]._local if inputs else None
+    convert = converter_like(like)
+    result = []
+    for out, (mesh, ps, shape, key, _) in zip(outs, call.outputs):
+        if out is None:  # this rank is outside the output's mesh
+            result.append(DTensor(None, mesh, ps, shape=shape))
+            continue
+        result.append(DTensor._make(convert(out), out, mesh, ps, shape, key[:1] + (out.dtype,) + key[2:]))
+    return result
+
+
+def _wrap_torch(call: _Call, outs: list, inputs) -> list:
+    import torch
+    from torch.distributed.tensor import DTensor as TorchDTensor
+
+    result = []
+    for out, (mesh, ps, shape, key, (tm, tps, strides)) in zip(outs, call.outputs):
+        # A rank outside the output's mesh holds an empty local tensor, as in torch.
+        local = torch.from_dlpack(out) if out is not None else torch.empty((0,) * len(shape))
+        result.append(TorchDTensor.from_local(local, tm, tps, run_check=False, shape=torch.Size(shape),
+                                              stride=strides))
+    return result

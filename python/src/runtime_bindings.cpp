@@ -1,0 +1,237 @@
+// Bindings of the runtime: the process's communicator, MultiDeviceExecutor and what it compiled.
+//
+// The communicator is the process's one world (like torch's default process group): `mpi` under
+// mpirun/srun, `self` otherwise (makeDefaultCommunicator). Executors share it.
+//
+// The hot path of a cached call is Prepared::run: the layouts (mesh, placements) are converted
+// once when a call signature is first seen; each call only swaps in the local tensors and runs
+// with the GIL released.
+#include <pybind11/stl.h>
+
+#include <chrono>
+
+#include "bindings.h"
+#include "meshfuse/executor.h"
+#include "meshfuse/host_ir.h"
+#include "meshfuse/ir/parser.h"
+#include "meshfuse/ir/printer.h"
+#include "meshfuse/runtime/host_ir_evaluator.h"
+#include "tensor_conversion.h"
+
+namespace meshfuse::python {
+namespace {
+
+using namespace pybind11::literals;
+
+std::shared_ptr<Communicator>& worldSlot() {
+  static std::shared_ptr<Communicator> world;
+  return world;
+}
+
+const std::shared_ptr<Communicator>& world() {
+  std::shared_ptr<Communicator>& w = worldSlot();
+  if (!w) w = makeDefaultCommunicator();
+  return w;
+}
+
+// Binds the symbolic sizes of `f`'s inputs from their global shapes (one per input).
+SymbolBindings bindGlobalShapes(const Fusion& f, const std::vector<std::vector<int64_t>>& shapes) {
+  MF_USER_CHECK(shapes.size() == f.inputs().size(), ErrorKind::Value, "the fusion takes {} inputs but {} were given",
+                f.inputs().size(), shapes.size());
+  SymbolBindings b;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    std::vector<Extent> shape = f.inputs()[i]->shape();
+    MF_USER_CHECK(shape.size() == shapes[i].size(), ErrorKind::Shape, "input {} ({}): expected rank {} but got shape [{}]",
+                  i, f.displayName(f.inputs()[i]), shape.size(), fmt::join(shapes[i], ", "));
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (!shape[d].isStatic()) b.emplace(shape[d].symbol(), shapes[i][d]);
+  }
+  return b;
+}
+
+// A layout from Python: (mesh or None, placements, global shape, dtype).
+ShardedTensor toLayout(py::handle h) {
+  auto t = h.cast<py::tuple>();
+  ShardedTensor s;
+  if (!t[0].is_none()) s.mesh = t[0].cast<DeviceMesh>();
+  s.placements = t[1].cast<std::vector<Placement>>();
+  s.global_shape = t[2].cast<std::vector<int64_t>>();
+  // Only the dtype matters before the real local arrives (it is part of the executor's cache key).
+  s.local = Tensor::empty(t[3].cast<DataType>(), {0});
+  return s;
+}
+
+struct PyExecutor {
+  std::shared_ptr<Communicator> comm;
+  std::unique_ptr<MultiDeviceExecutor> exec;
+};
+
+// The program compiled for one input signature; owned by its executor's cache.
+struct PyProgram {
+  std::shared_ptr<PyExecutor> owner;  // keeps the executor (and so the program) alive
+  const CompiledProgram* compiled;
+  std::vector<std::vector<int64_t>> input_shapes;  // global, for symbolic sizes
+
+  const Fusion& fusion() const { return *compiled->fusion; }
+  int64_t rankOrThis(std::optional<int64_t> rank) const {
+    int64_t r = rank.value_or(owner->comm->rank());
+    MF_USER_CHECK(r >= 0 && r < owner->comm->size(), ErrorKind::Value, "rank {} is not in this world of {} ranks", r,
+                  owner->comm->size());
+    return r;
+  }
+};
+
+// One call signature of an executor, ready to run with fresh local tensors.
+struct Prepared {
+  std::shared_ptr<PyExecutor> owner;
+  std::vector<ShardedTensor> inputs;
+  PyProgram program;
+
+  py::list run(const py::sequence& locals) {
+    MF_USER_CHECK(static_cast<size_t>(py::len(locals)) == inputs.size(), ErrorKind::Value,
+                  "the fusion takes {} inputs but {} were given", inputs.size(), py::len(locals));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      py::handle l = locals[i];
+      inputs[i].local = l.is_none() ? Tensor() : tensorFromPython(l);
+    }
+    std::vector<ShardedTensor> outs;
+    {
+      py::gil_scoped_release release;
+      outs = owner->exec->run(inputs);
+    }
+    py::list result;
+    for (ShardedTensor& o : outs) result.append(o.local.defined() ? py::cast(std::move(o.local)) : py::none());
+    for (ShardedTensor& in : inputs) in.local = Tensor();  // do not keep the caller's memory alive
+    return result;
+  }
+
+  // Seconds per run() of the executor itself, over `iterations` runs: the C++ baseline that the
+  // Python overhead benchmark subtracts.
+  double timeRun(const py::sequence& locals, int64_t iterations) {
+    for (size_t i = 0; i < inputs.size(); ++i) inputs[i].local = tensorFromPython(locals[i]);
+    py::gil_scoped_release release;
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t k = 0; k < iterations; ++k) owner->exec->run(inputs);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (ShardedTensor& in : inputs) in.local = Tensor();
+    return s / static_cast<double>(iterations);
+  }
+};
+
+py::object layoutOf(const TensorView* tv) {
+  if (tv->mesh() == nullptr) return py::make_tuple(py::none(), py::list());
+  return py::make_tuple(*tv->mesh(), placementsOf(tv));
+}
+
+void bindCommunicator(py::module_& m) {
+  m.def("init", [] { return world()->name(); }, "Creates the process's communicator (idempotent); returns its name.");
+  m.def("is_initialized", [] { return worldSlot() != nullptr; });
+  m.def("rank", [] { return world()->rank(); });
+  m.def("world_size", [] { return world()->size(); });
+  m.def("communicator_name", [] { return world()->name(); });
+  m.def("barrier", [] {
+    py::gil_scoped_release release;
+    world()->barrier();
+  });
+  m.def(
+      "abort", [](const std::string& why) { world()->abort(why); }, "reason"_a,
+      "Makes every rank fail now (MPI_Abort under mpirun) instead of leaving peers waiting.");
+  m.def(
+      "shard_for_rank",
+      [](const Tensor& full, const DeviceMesh& mesh, const std::vector<Placement>& placements,
+         int64_t rank) -> std::optional<Tensor> {
+        Fusion f;
+        TensorView* tv = f.defineTensor(std::vector<Extent>(full.shape().begin(), full.shape().end()), full.dtype(), "x");
+        applyPlacements(tv, mesh, placements);
+        if (!mesh.contains(rank)) return std::nullopt;  // holds nothing, as torch gives it an empty shard
+        return shardForRank(tv, full, rank);
+      },
+      "full"_a, "mesh"_a, "placements"_a, "rank"_a, "The block of `full` that `rank` holds (None outside the mesh).");
+}
+
+void bindPrograms(py::module_& m) {
+  py::class_<CollectiveInfo>(m, "CollectiveInfo", "One communication of a rank's host program.")
+      .def_property_readonly("kind", [](const CollectiveInfo& c) { return std::string(commKindName(c.kind)); })
+      .def_readonly("mesh_axis", &CollectiveInfo::mesh_axis)
+      .def_readonly("team", &CollectiveInfo::team)
+      .def_readonly("bytes", &CollectiveInfo::bytes)
+      .def_readonly("tensor", &CollectiveInfo::tensor)
+      .def_readonly("source", &CollectiveInfo::source)
+      .def_readonly("provenance", &CollectiveInfo::provenance)
+      .def("__repr__", [](const CollectiveInfo& c) {
+        return fmt::format("Collective({} {} -> {}, mesh_axis={}, team=[{}], bytes={}, provenance={:?})",
+                           commKindName(c.kind), c.source, c.tensor, c.mesh_axis, fmt::join(c.team, ", "), c.bytes,
+                           c.provenance);
+      });
+
+  py::class_<PyProgram>(m, "CompiledProgram", "What meshfuse compiled for one input signature.")
+      .def("host_ir", [](const PyProgram& p, std::optional<int64_t> rank) {
+             return programForRank(*p.compiled, p.rankOrThis(rank)).toString();
+           }, "rank"_a = py::none())
+      .def("collectives", [](const PyProgram& p, std::optional<int64_t> rank) {
+             HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
+             return collectives(h, bindGlobalShapes(p.fusion(), p.input_shapes));
+           }, "rank"_a = py::none())
+      .def("stage", [](const PyProgram& p, const std::string& name) {
+             auto it = p.compiled->stages.find(name);
+             MF_USER_CHECK(it != p.compiled->stages.end(), ErrorKind::Value, "unknown stage '{}'; the stages are: {}",
+                           name, fmt::join(pipelineStages(), ", "));
+             return it->second;
+           }, "name"_a)
+      .def_property_readonly_static("stage_names", [](py::object) { return pipelineStages(); })
+      .def_property_readonly("fusion_text", [](const PyProgram& p) { return printFusion(p.fusion()); })
+      .def_property_readonly("output_layouts", [](const PyProgram& p) {
+        py::list out;
+        for (const TensorView* tv : p.fusion().outputs()) out.append(layoutOf(tv));
+        return out;
+      })
+      .def_property_readonly("output_shapes", [](const PyProgram& p) {
+        SymbolBindings b = bindGlobalShapes(p.fusion(), p.input_shapes);
+        std::vector<std::vector<int64_t>> out;
+        for (const TensorView* tv : p.fusion().outputs()) {
+          std::vector<int64_t> s;
+          for (const Extent& e : tv->shape()) s.push_back(e.evaluate(b));
+          out.push_back(std::move(s));
+        }
+        return out;
+      });
+
+  py::class_<Prepared>(m, "Prepared", "One input signature of an executor, compiled and ready to run.")
+      .def("run", &Prepared::run, "locals"_a, "Runs on this rank's local tensors; returns its local outputs.")
+      .def("time_run", &Prepared::timeRun, "locals"_a, "iterations"_a)
+      .def_property_readonly("program", [](const Prepared& p) { return p.program; })
+      .def_property_readonly("last_collectives", [](const Prepared& p) { return p.owner->exec->lastCollectives(); });
+
+  py::class_<PyExecutor, std::shared_ptr<PyExecutor>>(m, "Executor")
+      .def(py::init([](const Fusion& definition, bool keep_stages) {
+             auto e = std::make_shared<PyExecutor>();
+             e->comm = world();
+             ExecutorOptions options;
+             options.keep_stages = keep_stages;
+             e->exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *e->comm, nullptr, options);
+             return e;
+           }),
+           "definition"_a, "keep_stages"_a = true)
+      .def(
+          "prepare",
+          [](const std::shared_ptr<PyExecutor>& self, const py::sequence& layouts) {
+            Prepared p{self, {}, {self, nullptr, {}}};
+            for (py::handle l : layouts) {
+              p.inputs.push_back(toLayout(l));
+              p.program.input_shapes.push_back(p.inputs.back().global_shape);
+            }
+            p.program.compiled = &self->exec->plan(p.inputs);
+            return p;
+          },
+          "layouts"_a, "Compiles (or finds) the program for inputs laid out as (mesh, placements, global shape, dtype).")
+      .def_property_readonly("cache_size", [](const PyExecutor& e) { return e.exec->cacheSize(); });
+}
+
+}  // namespace
+
+void bindRuntime(py::module_& m) {
+  bindCommunicator(m);
+  bindPrograms(m);
+}
+
+}  // namespace meshfuse::python
