@@ -70,6 +70,8 @@ class MultiDeviceExecutor {
   // collectives, waits).
   const std::vector<TraceEvent>& lastTrace() const { return last_trace_; }
   int64_t cacheSize() const { return static_cast<int64_t>(cache_.size()); }
+  // The backend the programs run on (outputs live in its memory: download() them to the host).
+  Backend& backend() { return *backend_; }
   const Fusion& definition() const { return *definition_; }
 
  private:

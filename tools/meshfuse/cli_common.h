@@ -38,6 +38,7 @@ struct ShardedRunOptions {
   bool print_hostir = false;
   std::string save_dir;
   std::string trace_file;      // --trace: Chrome/Perfetto timeline of every rank
+  std::string device = "auto";  // --device
   PipelineOptions pipeline;    // --overlap, --chunks, --streams
   int64_t fail_on_rank = -1;  // --inject-failure-on-rank: this rank throws before running
 };

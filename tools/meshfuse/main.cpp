@@ -115,6 +115,10 @@ int main(int argc, char** argv) {
                   "fully sharded data parallelism: all-gather sharded parameters where they are used (prefetched one "
                   "ahead on a communication stream) instead of moving the activations");
   }
+  run->add_option("--device", run_opts.device, "where to run: cpu, cuda, auto (cuda when a GPU is present) or "
+                                               "reference (the reference executor's loops)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto", "reference"}))
+      ->capture_default_str();
   run->add_option("--trace", run_opts.trace_file,
                   "write every rank's timeline (kernels, GEMMs, collectives per stream) as Chrome/Perfetto trace "
                   "JSON, and report the fraction of communication hidden behind compute");

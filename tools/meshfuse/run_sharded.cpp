@@ -123,7 +123,7 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
                   "world size {} != mesh size {}: the meshes of {} name ranks 0..{}; launch with mpirun -np {}", world,
                   covered, definition.numMeshes() == 1 ? "the fusion" : "its tensors", covered - 1, covered);
     ExecutorOptions options{.pipeline = o.pipeline, .trace = !o.trace_file.empty()};
-    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm, nullptr, options);
+    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm, makeBackend(o.device), options);
     exec->plan(inputs);
     sizes = completeBindings(definition, o.sizes, rank == 0);
     full = makeInputs(definition, o.npy_inputs, sizes, o.seed);
@@ -169,7 +169,8 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
     if (!o.save_dir.empty() && rank == 0) std::filesystem::create_directories(o.save_dir);
     for (size_t i = 0; i < outs.size(); ++i) {
       const TensorView* tv = compiled.fusion->outputs()[i];
-      Tensor global = gatherGlobal(*comm, tv, outs[i].local, sizes);
+      Tensor local = outs[i].local.defined() ? exec->backend().download(outs[i].local) : outs[i].local;
+      Tensor global = gatherGlobal(*comm, tv, local, sizes);
       if (rank != 0) continue;
       std::cout << fmt::format("output {} {}: {}{} {}  {}\n", i, compiled.fusion->displayName(tv),
                                dtypeName(tv->dtype()), global.shapeString(), placementsToString(outs[i].placements),
