@@ -1,0 +1,93 @@
+// Programs the multi-device pipeline cannot compile fail with a typed error that names the
+// tensors and says what is unsupported (no crash, no wrong program).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "meshfuse/ir/parser.h"
+#include "meshfuse/pipeline.h"
+#include "test_helpers.h"
+
+namespace meshfuse {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_helpers::userErrorMessage;
+
+std::string compileError(ErrorKind kind, const std::string& text, PipelineOptions options = {}) {
+  return userErrorMessage(kind, [&] { compile(parseFusion(text, "bad.mf"), options); });
+}
+
+TEST(CompileErrors, PipelineStagesOnMeshesOfDifferentShapes) {
+  EXPECT_THAT(compileError(ErrorKind::Unsupported, R"(fusion {
+  mesh @a = [0, 1]
+  mesh @b = [2]
+  %x = input f32[4, 8] @a {}
+  %w = input f32[8, 8] @b {}
+  %y = linear(%x, %w)
+  output %y
+})"),
+              HasSubstr("pipeline stages on meshes of different shapes are not supported"));
+}
+
+TEST(CompileErrors, MicrobatchesThroughAReductionOverTheRows) {
+  EXPECT_THAT(compileError(ErrorKind::Unsupported, R"(fusion {
+  mesh @s0 = [0]
+  %x = input f32[8, 4] @s0 {split(0, 2), parallelize(0, Stream)}
+  %y = sum(%x, dims=[0])
+  output %y
+})"),
+              HasSubstr("sum: %x is split into microbatches along dim 0, which sum does not keep as the rows"));
+}
+
+TEST(CompileErrors, MicrobatchesMustSplitDimZero) {
+  EXPECT_THAT(compileError(ErrorKind::Unsupported, R"(fusion {
+  mesh @s0 = [0]
+  %x = input f32[8, 4] @s0 {split(1, 2), parallelize(1, Stream)}
+  %y = neg(%x)
+  output %y
+})"),
+              HasSubstr("%x: microbatches must split dim 0 (its Stream-parallel split is on dim 1)"));
+}
+
+TEST(CompileErrors, OverlapInsideAMicrobatchedPipeline) {
+  PipelineOptions o;
+  o.overlap.algorithm = "ring";
+  EXPECT_THAT(compileError(ErrorKind::Unsupported, R"(fusion {
+  mesh @s0 = [0]
+  %x = input f32[8, 4] @s0 {split(0, 2), parallelize(0, Stream)}
+  %y = neg(%x)
+  output %y
+})",
+                           o),
+              HasSubstr("overlap decomposition (--overlap=ring) inside a microbatched pipeline is not supported"));
+}
+
+TEST(CompileErrors, UnknownOverlapAlgorithmAndBadChunks) {
+  const std::string mlp = R"(fusion {
+  mesh @m = [0, 1]
+  %x = input f32[8, 4] @m {split(0, 2), parallelize(0, DIDx)}
+  %y = neg(%x)
+  output %y
+})";
+  PipelineOptions o;
+  o.overlap.algorithm = "zigzag";
+  EXPECT_THAT(compileError(ErrorKind::Value, mlp, o),
+              HasSubstr("overlap algorithm must be none, collective or ring but is 'zigzag'"));
+  o.overlap.algorithm = "collective";
+  o.overlap.chunks = -2;
+  EXPECT_THAT(compileError(ErrorKind::Value, mlp, o), HasSubstr("overlap chunks must be >= 0"));
+}
+
+TEST(CompileErrors, SetAttributesAreChecked) {
+  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [] {
+                parseFusion("fusion {\n  %x = input f32[4]\n  %y = set(%x, overlap=\"sometimes\")\n}\n", "bad.mf");
+              }),
+              HasSubstr("bad.mf:3:8: set: overlap must be \"none\", \"collective\" or \"ring\" but is \"sometimes\""));
+  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [] {
+                parseFusion("fusion {\n  %x = input f32[4]\n  %y = gelu(%x, approximate=\"fast\")\n}\n", "bad.mf");
+              }),
+              HasSubstr("gelu: approximate must be \"none\" or \"tanh\" but is \"fast\""));
+}
+
+}  // namespace
+}  // namespace meshfuse
