@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/runtime/host_ir_evaluator.h"
 
 namespace meshfuse {
 namespace {
@@ -352,35 +353,7 @@ class Evaluator {
 }  // namespace
 
 SymbolBindings bindInputs(const Fusion& f, const std::vector<Tensor>& inputs) {
-  MF_USER_CHECK(inputs.size() == f.inputs().size(), ErrorKind::Value,
-                "the fusion takes {} inputs but {} were given", f.inputs().size(), inputs.size());
-  SymbolBindings b;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const TensorView* tv = f.inputs()[i];
-    const Tensor& t = inputs[i];
-    const std::string name = f.displayName(tv);
-    MF_USER_CHECK(t.dtype() == tv->dtype(), ErrorKind::Dtype, "input {} ({}): expected dtype {} but got {}", i, name,
-                  dtypeName(tv->dtype()), dtypeName(t.dtype()));
-    std::vector<Extent> shape = tv->shape();
-    MF_USER_CHECK(t.rank() == static_cast<int64_t>(shape.size()), ErrorKind::Shape,
-                  "input {} ({}): expected rank {} but got a tensor of shape {}", i, name, shape.size(), t.shapeString());
-    for (size_t d = 0; d < shape.size(); ++d) {
-      const Extent& e = shape[d];
-      int64_t actual = t.shape()[d];
-      if (e.isStatic()) {
-        MF_USER_CHECK(e.value() == actual, ErrorKind::Shape, "input {} ({}): dim {} must be {} but got a tensor of shape {}",
-                      i, name, d, e.value(), t.shapeString());
-        continue;
-      }
-      MF_CHECK(e.num() == 1 && e.den() == 1, "input extents are plain symbols");
-      auto [it, fresh] = b.emplace(e.symbol(), actual);
-      MF_USER_CHECK(fresh || it->second == actual, ErrorKind::Shape,
-                    "input {} ({}): dim {} is ?{} which an earlier input bound to {}, but it is {} here", i, name, d,
-                    e.symbol(), it->second, actual);
-    }
-  }
-  f.checkExtentConstraints(b);
-  return b;
+  return bindLocalInputs(f, inputs, /*rank=*/-1);  // full tensors: shardings play no part
 }
 
 Tensor evaluateExpr(const Expr* e, const std::vector<const Tensor*>& operands, const std::vector<int64_t>& out_shape) {

@@ -32,9 +32,10 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
   MF_USER_CHECK(locals.size() == f.inputs().size(), ErrorKind::Value, "the fusion takes {} inputs but {} were given",
                 f.inputs().size(), locals.size());
   SymbolBindings b;
+  const bool full = rank < 0;
   for (size_t i = 0; i < locals.size(); ++i) {
     const TensorView* tv = f.inputs()[i];
-    if (tv->mesh() != nullptr && !tv->mesh()->contains(rank)) {
+    if (!full && tv->mesh() != nullptr && !tv->mesh()->contains(rank)) {
       // Not held here (another pipeline stage): its global shape still binds symbolic sizes.
       if (i < global_shapes.size() && global_shapes[i].size() == tv->shape().size())
         for (size_t d = 0; d < global_shapes[i].size(); ++d)
@@ -46,17 +47,20 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
     MF_USER_CHECK(t.dtype() == tv->dtype(), ErrorKind::Dtype, "input {} ({}): expected dtype {} but got {}", i, name,
                   dtypeName(tv->dtype()), dtypeName(t.dtype()));
     std::vector<Extent> shape = tv->shape();
+    const char* what = full ? "tensor" : "local tensor";
     MF_USER_CHECK(t.rank() == static_cast<int64_t>(shape.size()), ErrorKind::Shape,
-                  "input {} ({}): expected rank {} but got a local tensor of shape {}", i, name, shape.size(),
+                  "input {} ({}): expected rank {} but got a {} of shape {}", i, name, shape.size(), what,
                   t.shapeString());
-    std::vector<int64_t> factors = shardFactors(tv);
+    std::vector<int64_t> factors = full ? std::vector<int64_t>(shape.size(), 1) : shardFactors(tv);
     for (size_t d = 0; d < shape.size(); ++d) {
       int64_t global = t.shape()[d] * factors[d];
       if (shape[d].isStatic()) {
-        MF_USER_CHECK(shape[d].value() == global, ErrorKind::Shape,
-                      "input {} ({}): dim {} must be {} globally ({} per rank over {} shards) but the local tensor has "
-                      "shape {}",
-                      i, name, d, shape[d].value(), shape[d].value() / factors[d], factors[d], t.shapeString());
+        MF_USER_CHECK(shape[d].value() == global, ErrorKind::Shape, "input {} ({}): dim {} must be {}{} but the {} has shape {}",
+                      i, name, d, shape[d].value(),
+                      factors[d] == 1 ? std::string()
+                                      : fmt::format(" globally ({} per rank over {} shards)", shape[d].value() / factors[d],
+                                                    factors[d]),
+                      what, t.shapeString());
         continue;
       }
       auto [it, fresh] = b.emplace(shape[d].symbol(), global);

@@ -78,7 +78,8 @@ class HostIrEvaluator {
 
 // Binds symbolic sizes from local inputs: a sharded dim's global size is its local size times
 // the number of shards. Checks dtypes and shapes, naming the input and both shapes. An input
-// this rank does not hold is bound from `global_shapes[i]` when given.
+// this rank does not hold is bound from `global_shapes[i]` when given. rank -1: the tensors are
+// full (unsharded) tensors and the shardings play no part (the reference executor).
 SymbolBindings bindLocalInputs(const Fusion& fusion, const std::vector<Tensor>& local_inputs, int64_t rank,
                                const std::vector<std::vector<int64_t>>& global_shapes = {});
 
