@@ -7,6 +7,7 @@
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
+#include "models.h"
 
 using namespace meshfuse;
 
@@ -40,10 +41,31 @@ void run(benchmark::State& state, std::unique_ptr<Backend> backend) {
 }
 
 void BM_InterpreterOnly(benchmark::State& state) { run(state, std::make_unique<NoWorkBackend>()); }
+
+// A cached dispatch of a whole decoder layer through MultiDeviceExecutor::run (cache lookup,
+// size binding, every node, output collection) with no kernel work: the host time a layer costs
+// beyond its kernels.
+void BM_DecoderLayerDispatch(benchmark::State& state) {
+  auto f = std::make_unique<Fusion>();
+  models::buildDecoderLayer(*f, {.batch = 2, .seq = 16, .hidden = 64, .heads = 8});
+  std::unique_ptr<Communicator> comm = makeSelfCommunicator();
+  std::vector<ShardedTensor> in;
+  DeviceMesh mesh({0});
+  for (const TensorView* tv : f->inputs()) {
+    std::vector<int64_t> shape;
+    for (const Extent& e : tv->shape()) shape.push_back(e.value());
+    in.push_back({Tensor(DataType::Float, shape), mesh, {Placement::replicate()}});
+  }
+  MultiDeviceExecutor exec(std::move(f), *comm, std::make_unique<NoWorkBackend>());
+  const int64_t nodes = static_cast<int64_t>(exec.programFor(in).nodes.size());
+  for (auto _ : state) benchmark::DoNotOptimize(exec.run(in));
+  state.counters["nodes"] = static_cast<double>(nodes);
+}
 void BM_CpuBackend(benchmark::State& state) { run(state, makeCpuBackend()); }
 
 }  // namespace
 
 BENCHMARK(BM_InterpreterOnly)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecoderLayerDispatch)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CpuBackend)->Unit(benchmark::kMicrosecond);
 BENCHMARK_MAIN();

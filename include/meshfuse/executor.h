@@ -83,6 +83,7 @@ class MultiDeviceExecutor {
   std::unique_ptr<Backend> backend_;
   ExecutorOptions options_;
   std::map<std::string, std::unique_ptr<Entry>> cache_;
+  Entry* last_ = nullptr;  // the entry the last call used
   std::vector<CollectiveInfo> last_collectives_;
   std::vector<TraceEvent> last_trace_;
 };

@@ -1,6 +1,7 @@
 // The host-IR interpreter (see host_ir_evaluator.h).
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -151,12 +152,31 @@ std::string HostIrEvaluator::describe(const HostNode& n) const {
   return fmt::format("{} {}", commKindName(n.comm), f.displayName(n.out.tv));
 }
 
+// Task names matter only in timelines; building them costs on every node.
+std::string HostIrEvaluator::taskName(const HostNode& n) const { return tracing_ ? describe(n) : std::string(); }
+
+// The report of a communication node: its names and provenance are the same on every run.
+CollectiveInfo HostIrEvaluator::collectiveInfo(const HostNode& n, CommKind kind, const Team& team, int64_t bytes) {
+  auto it = info_.find(&n);
+  if (it == info_.end()) {
+    const Fusion& f = *program_.fusion;
+    it = info_.emplace(&n, CollectiveInfo{kind, n.mesh_axis, {}, 0, f.displayName(n.out.tv), f.displayName(n.in.tv),
+                                          n.out.tv->provenance()})
+             .first;
+  }
+  CollectiveInfo c = it->second;
+  c.team = team;
+  c.bytes = bytes;
+  return c;
+}
+
 std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs,
                                          const std::vector<std::vector<int64_t>>& global_shapes) {
   const Fusion& f = *program_.fusion;
-  bindings_ = bindLocalInputs(f, local_inputs, comm_.rank(), global_shapes);
+  SymbolBindings bindings = bindLocalInputs(f, local_inputs, comm_.rank(), global_shapes);
+  if (bindings != bindings_) shapes_.clear();  // local shapes depend on the sizes only
+  bindings_ = std::move(bindings);
   values_.clear();
-  shapes_.clear();
   handles_.clear();
   events_.clear();
   executed_.clear();
@@ -284,29 +304,39 @@ void HostIrEvaluator::launch(const HostNode& n) {
   const Segment& seg = program_.segment(n);
   const size_t ni = seg.inputs.size();
   std::vector<Tensor> ins, outs;
+  ins.reserve(ni);
+  outs.reserve(seg.outputs.size());
   for (size_t i = 0; i < ni; ++i) ins.push_back(n.views.empty() ? value(seg.inputs[i]) : view(n.views[i]));
   for (size_t i = 0; i < seg.outputs.size(); ++i)
     outs.push_back(n.views.empty() ? value(seg.outputs[i]) : view(n.views[ni + i]));
   // Shapes of this launch: the tensors it touches have the shapes of their views; a chunked
-  // launch's intermediates are chunked along dim 0 like the operands they derive from.
-  std::map<const TensorView*, std::vector<int64_t>> shapes;
+  // launch's intermediates are chunked along dim 0 like the operands they derive from. (Most
+  // segments have none: their shapes are found among the operands.)
+  std::vector<std::pair<const TensorView*, std::vector<int64_t>>> inner;
   int64_t chunk = 1;
-  for (size_t i = 0; i < ni; ++i) shapes[seg.inputs[i]] = ins[i].shape();
-  for (size_t i = 0; i < outs.size(); ++i) shapes[seg.outputs[i]] = outs[i].shape();
   for (const BlockRef& v : n.views) chunk = std::max(chunk, v.blocks);
   for (const Expr* e : seg.exprs) {
-    if (shapes.count(e->output())) continue;
-    std::vector<int64_t> s = shapeOf(e->output());
+    const TensorView* o = e->output();
+    if (std::find(seg.outputs.begin(), seg.outputs.end(), o) != seg.outputs.end()) continue;
+    std::vector<int64_t> s = shapeOf(o);
     if (chunk > 1 && !s.empty()) s[0] /= chunk;
-    shapes[e->output()] = s;
+    inner.emplace_back(o, std::move(s));
   }
   Backend* backend = &backend_;
-  submit(TaskKind::Compute, describe(n), [backend, &seg, ins, outs, shapes]() mutable {
+  submit(TaskKind::Compute, taskName(n), [backend, &seg, ins, outs, inner]() mutable {
     std::vector<const Tensor*> in_ptrs;
     std::vector<Tensor*> out_ptrs;
     for (const Tensor& t : ins) in_ptrs.push_back(&t);
     for (Tensor& t : outs) out_ptrs.push_back(&t);
-    backend->runSegment(seg, in_ptrs, out_ptrs, [&shapes](const TensorView* tv) { return shapes.at(tv); });
+    backend->runSegment(seg, in_ptrs, out_ptrs, [&](const TensorView* tv) -> std::vector<int64_t> {
+      for (size_t i = 0; i < seg.inputs.size(); ++i)
+        if (seg.inputs[i] == tv) return ins[i].shape();
+      for (size_t i = 0; i < seg.outputs.size(); ++i)
+        if (seg.outputs[i] == tv) return outs[i].shape();
+      for (const auto& [t, shape] : inner)
+        if (t == tv) return shape;
+      MF_CHECK(false, "{} is not a tensor of this segment", tv->fusion()->displayName(tv));
+    });
   });
 }
 
@@ -317,9 +347,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
   auto h = std::make_shared<Handle>();
   h->buffers = {in, out};
   handles_[{n.handle, iteration()}] = h;
-  executed_.push_back({n.comm, n.mesh_axis, n.team, static_cast<int64_t>(in.nbytes()),
-                       program_.fusion->displayName(n.out.tv), program_.fusion->displayName(n.in.tv),
-                       n.out.tv->provenance()});
+  executed_.push_back(collectiveInfo(n, n.comm, n.team, static_cast<int64_t>(in.nbytes())));
   Communicator* comm = &comm_;
   std::function<void()> issue;
   switch (n.comm) {
@@ -370,7 +398,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
     default:
       userError(ErrorKind::Unsupported, "{} communications are not lowered yet", commKindName(n.comm));
   }
-  submitCommunication(describe(n), std::move(issue));
+  submitCommunication(taskName(n), std::move(issue));
 }
 
 void HostIrEvaluator::submitCommunication(const std::string& name, std::function<void()> issue) {
@@ -409,14 +437,12 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
   Tensor in = to >= 0 ? view(n.in) : Tensor(), out = from >= 0 ? view(n.out) : Tensor();
   h->buffers = {in, out};
   if (to >= 0)
-    executed_.push_back({CommKind::SendRecv, n.mesh_axis, {comm_.rank(), to}, static_cast<int64_t>(in.nbytes()),
-                         program_.fusion->displayName(n.out.tv), program_.fusion->displayName(n.in.tv),
-                         n.out.tv->provenance()});
+    executed_.push_back(collectiveInfo(n, CommKind::SendRecv, {comm_.rank(), to}, static_cast<int64_t>(in.nbytes())));
   // Tags tell a pipeline's successive microbatches (and ring steps) apart.
   const int64_t tag = n.handle * 1024 + iteration() % 1024;
   Communicator* comm = &comm_;
   const int64_t me = comm_.rank();
-  submitCommunication(describe(n), [=]() mutable {
+  submitCommunication(taskName(n), [=]() mutable {
     if (to == me && from == me) {  // both stages on this rank: a copy
       std::memcpy(out.data(), in.data(), in.nbytes());
       return;

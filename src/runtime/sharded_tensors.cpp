@@ -43,20 +43,20 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
       continue;
     }
     const Tensor& t = locals[i];
-    const std::string name = f.displayName(tv);
-    MF_USER_CHECK(t.dtype() == tv->dtype(), ErrorKind::Dtype, "input {} ({}): expected dtype {} but got {}", i, name,
+    auto name = [&] { return f.displayName(tv); };  // only for messages: displayName scans the fusion
+    MF_USER_CHECK(t.dtype() == tv->dtype(), ErrorKind::Dtype, "input {} ({}): expected dtype {} but got {}", i, name(),
                   dtypeName(tv->dtype()), dtypeName(t.dtype()));
     std::vector<Extent> shape = tv->shape();
     const char* what = full ? "tensor" : "local tensor";
     MF_USER_CHECK(t.rank() == static_cast<int64_t>(shape.size()), ErrorKind::Shape,
-                  "input {} ({}): expected rank {} but got a {} of shape {}", i, name, shape.size(), what,
+                  "input {} ({}): expected rank {} but got a {} of shape {}", i, name(), shape.size(), what,
                   t.shapeString());
     std::vector<int64_t> factors = full ? std::vector<int64_t>(shape.size(), 1) : shardFactors(tv);
     for (size_t d = 0; d < shape.size(); ++d) {
       int64_t global = t.shape()[d] * factors[d];
       if (shape[d].isStatic()) {
         MF_USER_CHECK(shape[d].value() == global, ErrorKind::Shape, "input {} ({}): dim {} must be {}{} but the {} has shape {}",
-                      i, name, d, shape[d].value(),
+                      i, name(), d, shape[d].value(),
                       factors[d] == 1 ? std::string()
                                       : fmt::format(" globally ({} per rank over {} shards)", shape[d].value() / factors[d],
                                                     factors[d]),
@@ -65,7 +65,7 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
       }
       auto [it, fresh] = b.emplace(shape[d].symbol(), global);
       MF_USER_CHECK(fresh || it->second == global, ErrorKind::Shape,
-                    "input {} ({}): dim {} is ?{} = {} but an earlier input bound it to {}", i, name, d,
+                    "input {} ({}): dim {} is ?{} = {} but an earlier input bound it to {}", i, name(), d,
                     shape[d].symbol(), global, it->second);
     }
   }

@@ -54,6 +54,8 @@ class HostIrEvaluator {
   std::vector<int64_t> shapeOf(const TensorView* tv);
   int64_t blockIndex(const BlockRef& ref) const;
   std::string describe(const HostNode& n) const;
+  std::string taskName(const HostNode& n) const;
+  CollectiveInfo collectiveInfo(const HostNode& n, CommKind kind, const Team& team, int64_t bytes);
 
   const HostProgram& program_;
   Backend& backend_;
@@ -71,6 +73,7 @@ class HostIrEvaluator {
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Handle>> handles_;         // (handle, iteration)
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Event>> events_;           // (event, iteration)
   std::vector<CollectiveInfo> executed_;
+  std::unordered_map<const HostNode*, CollectiveInfo> info_;
   std::shared_ptr<IssueGate> gate_;
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
