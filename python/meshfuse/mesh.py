@@ -16,11 +16,13 @@ __all__ = ["DeviceMesh", "Placement", "Shard", "Replicate", "Partial"]
 
 
 def _flatten(ranks):
-    """(flat list of ints, shape) of a nested sequence, numpy array or torch tensor of ranks."""
+    """(flat list of ints, shape) of a nested sequence, range, numpy array or torch tensor of ranks."""
     if hasattr(ranks, "tolist"):  # numpy arrays, torch tensors
         ranks = ranks.tolist()
     if isinstance(ranks, int):
         return [ranks], []
+    if isinstance(ranks, range):
+        ranks = list(ranks)
     if not isinstance(ranks, (list, tuple)) or len(ranks) == 0:
         raise _C.MeshError(f"a device mesh needs a non-empty (nested) list of ranks, got {ranks!r}")
     if all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):

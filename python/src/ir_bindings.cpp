@@ -290,7 +290,8 @@ void bindFusion(py::module_& m) {
         py::return_value_policy::reference);
   m.def(
       "reduce",
-      [](const std::string& op, TensorView* x, std::vector<int64_t> dims, bool keepdim) {
+      [](const std::string& op, TensorView* x, py::handle dims_arg, bool keepdim) {
+        std::vector<int64_t> dims = toInts(dims_arg, op, "attribute 'dims'");
         if (op == "sum") return ops::sum(x, dims, keepdim);
         if (op == "max") return ops::max(x, dims, keepdim);
         MF_USER_CHECK(op == "mean", ErrorKind::Value, "unknown reduction '{}'", op);

@@ -174,6 +174,8 @@ void bindPrograms(py::module_& m) {
            }, "rank"_a = py::none())
       .def("stage", [](const PyProgram& p, const std::string& name) {
              auto it = p.compiled->stages.find(name);
+             MF_USER_CHECK(!p.compiled->stages.empty(), ErrorKind::Value,
+                           "this program was compiled without keeping its stages (Executor(keep_stages=False))");
              MF_USER_CHECK(it != p.compiled->stages.end(), ErrorKind::Value, "unknown stage '{}'; the stages are: {}",
                            name, fmt::join(pipelineStages(), ", "));
              return it->second;

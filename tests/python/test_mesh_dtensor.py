@@ -1,0 +1,157 @@
+"""DeviceMesh, placements and meshfuse's DTensor: value semantics, distribute_tensor,
+redistribute and full_tensor (numpy is the oracle), and their errors."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import meshfuse
+from meshfuse import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
+
+import helpers as H
+
+R, S = Replicate(), Shard
+
+
+def test_meshes_compare_and_hash_by_value():
+    a = DeviceMesh([[0, 1], [2, 3]])
+    b = DeviceMesh([0, 1, 2, 3], shape=(2, 2))
+    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
+    assert a != DeviceMesh([0, 1, 2, 3]) and a.ndim == 2 and a.shape == (2, 2)
+    assert a.size() == 4 and a.size(1) == 2 and 3 in a and 5 not in a
+    assert a.coordinates(2) == [1, 0] and a.team(2, 1) == [2, 3]
+    assert repr(a) == "DeviceMesh([[0, 1], [2, 3]])"
+    assert DeviceMesh(range(3)) == DeviceMesh(np.arange(3)) and DeviceMesh(range(3)).shape == (3,)
+    assert np.array_equal(a.mesh, [[0, 1], [2, 3]])
+
+
+def test_malformed_meshes_are_mesh_errors():
+    with pytest.raises(meshfuse.MeshError, match="rectangular"):
+        DeviceMesh([[0, 1], [2]])
+    with pytest.raises(meshfuse.MeshError, match="malformed mesh: device id 0 appears twice"):
+        DeviceMesh([0, 0])
+    with pytest.raises(meshfuse.MeshError):
+        DeviceMesh([0, 1, 2], shape=(2, 2))
+    with pytest.raises(meshfuse.MeshError, match="non-empty"):
+        DeviceMesh([])
+
+
+def test_placements_compare_and_hash_by_value():
+    assert S(0) == S(0) and S(0) != S(1) and S(0) != R and R == Replicate() and Partial() == Partial()
+    assert len({S(0), S(0), R, Partial()}) == 3
+    assert [repr(p) for p in (S(1), R, Partial())] == ["Shard(dim=1)", "Replicate()", "Partial()"]
+    assert S(1).is_shard() and S(1).is_shard(1) and not S(1).is_shard(0) and R.is_replicate() and Partial().is_partial()
+    with pytest.raises(meshfuse.PlacementError, match=r"Shard\(dim\) takes an int, got 'x'"):
+        S("x")
+    with pytest.raises(meshfuse.UnsupportedError, match="only 'sum'"):
+        Partial("max")
+
+
+@pytest.mark.parametrize("placement,local_shape", [(S(0), lambda n: (8 // n, 12)), (S(1), lambda n: (8, 12 // n)),
+                                                   (S(-1), lambda n: (8, 12 // n)), (R, lambda n: (8, 12))])
+def test_distribute_tensor_keeps_this_ranks_block(placement, local_shape, rng, world_mesh):
+    x = H.randn(rng, 8, 12)
+    n, r = meshfuse.world_size(), meshfuse.rank()
+    d = distribute_tensor(x, world_mesh, [placement])
+    assert d.shape == (8, 12) and d.ndim == 2 and d.dtype == meshfuse.DataType.Float
+    assert d.device_mesh == world_mesh and isinstance(d.to_local(), np.ndarray)
+    assert d.to_local().shape == local_shape(n)
+    if placement.is_shard():
+        assert d.placements == (S(placement.dim % 2),)  # negative dims are normalized
+        blocks = np.split(x, n, axis=placement.dim % 2)
+        np.testing.assert_array_equal(d.to_local(), blocks[r])
+    np.testing.assert_array_equal(d.full_tensor(), x)
+
+
+def test_from_local_is_zero_copy_and_infers_the_global_shape(world_mesh):
+    n = meshfuse.world_size()
+    local = np.full((2, 3), float(meshfuse.rank()), dtype=np.float32)
+    d = DTensor.from_local(local, world_mesh, [S(0)])
+    assert d.to_local() is local and d.shape == (2 * n, 3)
+    np.testing.assert_array_equal(d.full_tensor(), np.repeat(np.arange(n, dtype=np.float32), 2)[:, None] * np.ones(3))
+
+
+@pytest.mark.parametrize("src", [S(0), S(1), R, Partial()])
+@pytest.mark.parametrize("dst", [S(0), S(1), R])
+def test_redistribute_keeps_the_value(src, dst, rng, world_mesh):
+    x = H.randn(rng, 8, 12)
+    d = distribute_tensor(x, world_mesh, [src]).redistribute([dst])
+    assert d.placements == (dst,)
+    expected_local = np.split(x, meshfuse.world_size(), axis=dst.dim)[meshfuse.rank()] if dst.is_shard() else x
+    H.assert_close(d.to_local(), expected_local)
+    H.assert_close(d.full_tensor(), x)
+
+
+def test_partial_holds_a_sum(rng, world_mesh):
+    x = H.randn(rng, 4, 4)
+    d = distribute_tensor(x, world_mesh, [Partial()])
+    # The rank at index 0 holds the value, the others zeros; the DTensor's value is their sum.
+    np.testing.assert_array_equal(d.to_local(), x if meshfuse.rank() == 0 else np.zeros_like(x))
+    H.assert_close(d.full_tensor(), x)
+    with pytest.raises(meshfuse.UnsupportedError, match=r"redistribute: Shard\(dim=0\) -> Partial\(\) on mesh axis 0"):
+        distribute_tensor(x, world_mesh, [S(0)]).redistribute([Partial()])
+
+
+@pytest.mark.world(4)
+def test_two_dimensional_mesh_blocks_nest_in_axis_order(rng):
+    mesh = DeviceMesh([[0, 1], [2, 3]])
+    x = H.randn(rng, 8, 12)
+    r = meshfuse.rank()
+    d = distribute_tensor(x, mesh, [S(0), S(1)])
+    np.testing.assert_array_equal(d.to_local(), x[(r // 2) * 4:(r // 2 + 1) * 4, (r % 2) * 6:(r % 2 + 1) * 6])
+    two_on_dim0 = distribute_tensor(x, mesh, [S(0), S(0)])  # dim 0 split by axis 0, then by axis 1
+    np.testing.assert_array_equal(two_on_dim0.to_local(), x[2 * r:2 * r + 2])
+
+
+@pytest.mark.world(4)
+def test_every_redistribution_on_a_2x2_mesh(rng):
+    """All 16 x 9 (from, to) pairs; each rank's block is checked against distribute_tensor's."""
+    mesh = DeviceMesh([[0, 1], [2, 3]])
+    x = H.randn(rng, 8, 12)
+    wrong = []
+    for src in itertools.product([R, S(0), S(1), Partial()], repeat=2):
+        for dst in itertools.product([R, S(0), S(1)], repeat=2):
+            got = distribute_tensor(x, mesh, src).redistribute(dst)
+            want = distribute_tensor(x, mesh, dst).to_local()
+            if got.placements != dst or not np.allclose(got.to_local(), want, rtol=1e-5, atol=1e-5):
+                wrong.append((src, dst))
+    assert wrong == []
+
+
+def test_bad_placements_are_placement_errors(rng, world_mesh):
+    x = H.randn(rng, 8, 12)
+    with pytest.raises(meshfuse.PlacementError, match=r"distribute_tensor: Shard\(dim=2\) names dim 2 but the tensor "
+                                                      r"has 2 dims"):
+        distribute_tensor(x, world_mesh, [S(2)])
+    with pytest.raises(meshfuse.PlacementError, match=r"2 placements .* for a 1-d mesh .*: give one placement per mesh "
+                                                      r"axis"):
+        distribute_tensor(x, world_mesh, [S(0), R])
+    with pytest.raises(meshfuse.PlacementError, match="is not a placement"):
+        distribute_tensor(x, world_mesh, ["Shard(0)"])
+
+
+def test_bad_data_is_rejected_with_the_reason(world_mesh):
+    with pytest.raises(meshfuse.DtypeError, match=r"unsupported numpy dtype float64.*astype\(numpy.float32\)"):
+        distribute_tensor(np.zeros((4, 4)), world_mesh, [R])
+    with pytest.raises(meshfuse.ValueError, match="expected a tensor"):
+        DTensor.from_local("data", world_mesh, [R])
+    # Non-contiguous and read-only arrays are accepted (copied for meshfuse's view).
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)[:, ::2]
+    x.flags.writeable = False
+    H.assert_close(distribute_tensor(x, world_mesh, [R]).full_tensor(), x)
+
+
+@pytest.mark.world(2, 4)
+def test_uneven_shards_are_unsupported(world_mesh):
+    n = meshfuse.world_size()
+    with pytest.raises(meshfuse.UnsupportedError, match="uneven sharding not supported"):
+        distribute_tensor(np.zeros((n + 1, 4), dtype=np.float32), world_mesh, [S(0)])
+
+
+def test_a_mesh_larger_than_the_world_is_a_mesh_error():
+    n = meshfuse.world_size()
+    big = DeviceMesh(list(range(n + 1)))
+    with pytest.raises(meshfuse.MeshError, match=rf"distribute_tensor: mesh .* names device {n} but the world has "
+                                                 rf"{n} ranks .*launch with mpirun -np {n + 1}"):
+        distribute_tensor(np.zeros((4 * (n + 1), 2), dtype=np.float32), big, [S(0)])

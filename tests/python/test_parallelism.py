@@ -1,0 +1,173 @@
+"""Every multi-rank scenario of the issue, from Python: numerics against numpy, the output
+placements, and the collectives (kinds and counts) that plan() reports for this rank. On a world
+of one rank the same programs need no collective."""
+
+import numpy as np
+import pytest
+
+import meshfuse
+from meshfuse import DeviceMesh, FusionDefinitionWrapper, ParallelType, Partial, Replicate, Shard
+
+import helpers as H
+
+R, S = Replicate(), Shard
+H_ = 16  # hidden size; 4 * H_ divides among 1, 2 and 4 ranks
+
+
+@pytest.fixture
+def mlp_inputs(rng):
+    return [H.randn(rng, 8, H_), H.randn(rng, 4 * H_, H_), H.randn(rng, H_, 4 * H_)]
+
+
+def test_megatron_tensor_parallel_mlp_has_exactly_one_allreduce(mlp_inputs):
+    (out,), plan, outs = H.run(H.define_mlp(H_), mlp_inputs, [[R], [S(0)], [S(1)]])
+    H.assert_close(out, H.mlp(*mlp_inputs))
+    assert H.kinds(plan) == H.expect(["allreduce"])
+    assert plan.output_placements == [(R,)] and outs[0].placements == (R,)
+    if meshfuse.world_size() > 1:
+        [c] = plan.collectives()
+        assert c.mesh_axis == 0 and c.team == list(range(meshfuse.world_size()))
+        assert c.bytes == 8 * H_ * 4  # this rank's [t, h] f32 partial sum
+        assert "Partial()" in c.provenance
+        assert "allreduce" in plan.host_ir()
+
+
+def test_sequence_parallel_mlp_gathers_then_reduce_scatters(mlp_inputs):
+    (out,), plan, outs = H.run(H.define_mlp(H_), mlp_inputs, [[S(0)], [S(0)], [S(1)]])
+    H.assert_close(out, H.mlp(*mlp_inputs))
+    assert H.kinds(plan) == H.expect(["allgather", "reduce_scatter"])
+    assert plan.output_placements == [(S(0),)]
+    assert outs[0].to_local().shape == (8 // meshfuse.world_size(), H_)
+
+
+def test_data_parallel_mlp_needs_no_collective(mlp_inputs):
+    (out,), plan, outs = H.run(H.define_mlp(H_), mlp_inputs, [[S(0)], [R], [R]])
+    H.assert_close(out, H.mlp(*mlp_inputs))
+    assert H.kinds(plan) == []
+    assert outs[0].placements == (S(0),)
+
+
+@pytest.mark.world(4)
+def test_data_times_tensor_parallel_mlp_on_a_2x2_mesh(mlp_inputs):
+    mesh = DeviceMesh([[0, 1], [2, 3]])  # axis 0 (mesh_y): data, axis 1 (mesh_x): tensor
+    (out,), plan, outs = H.run(H.define_mlp(H_), mlp_inputs, [[S(0), R], [R, S(0)], [R, S(1)]], mesh)
+    H.assert_close(out, H.mlp(*mlp_inputs))
+    [c] = plan.collectives()
+    assert c.kind == "allreduce" and c.mesh_axis == 1
+    assert c.team == ([0, 1] if meshfuse.rank() < 2 else [2, 3])
+    assert plan.output_placements == [(S(0), R)]
+    assert outs[0].to_local().shape == (4, H_)
+    # Rank 3's program, seen from any rank, reduces over the other tensor-parallel pair.
+    assert [c.team for c in plan.collectives(rank=3)] == [[2, 3]]
+
+
+def pin(y, placement, mesh):
+    """Pins `y` with the schedule API: Shard(d) is split + parallelize, Replicate a bare mesh."""
+    y.set_device_mesh(mesh)
+    if placement.is_shard():
+        y.split(placement.dim, mesh.size())
+        y.axis(placement.dim).parallelize(ParallelType.mesh_x)
+
+
+@pytest.mark.parametrize("src,dst,collectives", [
+    (S(0), S(1), ["all_to_all"]),
+    (S(0), R, ["allgather"]),
+    (R, S(0), []),
+    (S(1), S(0), ["all_to_all"]),
+])
+def test_set_redistributes(src, dst, collectives, rng, world_mesh):
+    x = H.randn(rng, 8, 12)
+
+    def define(fd):
+        y = fd.ops.set(fd.define_tensor([8, 12]))
+        pin(y, dst, world_mesh)
+        fd.add_output(y)
+
+    (out,), plan, outs = H.run(define, [x], [[src]])
+    H.assert_close(out, x)
+    assert H.kinds(plan) == H.expect(collectives)
+    assert outs[0].placements == (dst,)
+
+
+def test_elementwise_chain_on_shards_needs_no_collective(rng):
+    a, b = H.randn(rng, 8, 8), H.randn(rng, 8, 8)
+
+    def define(fd):
+        x, y = fd.define_tensor([-1, 8]), fd.define_tensor([-1, 8])
+        fd.add_output(fd.ops.tanh(fd.ops.add(fd.ops.mul(x, 2.0), fd.ops.exp(y))))
+
+    (out,), plan, outs = H.run(define, [a, b], [[S(0)], [S(0)]])
+    H.assert_close(out, np.tanh(2.0 * a + np.exp(b.astype(np.float64))))
+    assert H.kinds(plan) == [] and outs[0].placements == (S(0),)
+
+
+def test_row_parallel_linear_adds_the_replicated_bias_once(rng):
+    x, w, b = H.randn(rng, 8, 16), H.randn(rng, 12, 16), H.randn(rng, 12)
+
+    def define(fd):
+        fd.add_output(fd.ops.linear(fd.define_tensor([8, 16]), fd.define_tensor([12, 16]), fd.define_tensor([12])))
+
+    (out,), plan, _ = H.run(define, [x, w, b], [[S(1)], [S(1)], [R]])
+    H.assert_close(out, x.astype(np.float64) @ w.T + b)  # the bias counted n times would differ
+    assert H.kinds(plan) == H.expect(["allreduce"])
+
+
+def test_a_pinned_partial_output_stays_pending(rng):
+    a, b = H.randn(rng, 8, 16), H.randn(rng, 16, 12)
+
+    def define(fd):
+        y = fd.ops.matmul(fd.define_tensor([8, 16]), fd.define_tensor([16, 12]))
+        y._set_placements(H.world_mesh(), [Partial()])
+        fd.add_output(y)
+
+    (out,), plan, outs = H.run(define, [a, b], [[S(1)], [S(0)]])
+    H.assert_close(out, a.astype(np.float64) @ b)  # full_tensor() sums the partials
+    assert H.kinds(plan) == [] and outs[0].placements == (Partial(),)
+
+
+def test_a_pinned_replicated_intermediate_is_honored(mlp_inputs):
+    """Pinning the hidden activation replicated (a mesh, no DID axis) forces an allgather of it."""
+    mesh = H.world_mesh()
+
+    def define(fd):
+        inp, up_w, down_w = fd.define_tensor([-1, H_]), fd.define_tensor([4 * H_, H_]), fd.define_tensor([H_, 4 * H_])
+        hidden = fd.ops.gelu(fd.ops.linear(inp, up_w), approximate="tanh")
+        hidden.set_device_mesh(mesh)
+        fd.add_output(fd.ops.linear(hidden, down_w))
+
+    (out,), plan, _ = H.run(define, mlp_inputs, [[R], [S(0)], [R]])
+    H.assert_close(out, H.mlp(*mlp_inputs))
+    assert H.kinds(plan) == H.expect(["allgather"])
+
+
+def test_plan_shows_every_stage_and_caches_per_signature(mlp_inputs, world_mesh):
+    fdw = FusionDefinitionWrapper(H.define_mlp(H_))
+    inputs = [meshfuse.distribute_tensor(a, world_mesh, [p]) for a, p in zip(mlp_inputs, [R, S(0), S(1)])]
+    plan = fdw.plan(inputs)
+    assert plan is fdw.plan(inputs) and fdw.cache_size == 1
+    for stage in plan.stages:
+        assert plan.fusion_ir(stage)
+    assert "DIDx" in plan.fusion_ir("propagated")
+    assert plan.host_ir().startswith(f"hostir rank {meshfuse.rank()}")
+    assert plan.output_shapes == [(8, H_)]
+    fdw(inputs)
+    assert fdw.cache_size == 1
+    # A new batch size is a new signature (the program itself is shared: sizes bind at run time).
+    (out,) = fdw([meshfuse.distribute_tensor(np.concatenate([mlp_inputs[0]] * 2), world_mesh, [R]), *inputs[1:]])
+    assert fdw.cache_size == 2 and out.shape == (16, H_)
+
+
+@pytest.mark.world(4)
+@pytest.mark.xfail(strict=True, reason="core bug: one `set` that moves a dim's sharding to an outer mesh axis "
+                                       "takes the wrong block (slice before allgather); see docs/python.md")
+def test_set_moving_a_shard_to_the_outer_mesh_axis(rng):
+    mesh = DeviceMesh([[0, 1], [2, 3]])
+    x = H.randn(rng, 8, 12)
+
+    def define(fd):
+        y = fd.ops.set(fd.define_tensor([8, 12]))
+        y._set_placements(mesh, [S(1), R])
+        fd.add_output(y)
+
+    (out,), _, _ = H.run(define, [x], [[R, S(1)]], mesh)
+    H.assert_close(out, x)  # the full value: the same verdict on every rank
