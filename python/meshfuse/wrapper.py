@@ -114,16 +114,16 @@ class FusionDefinitionWrapper:
         key, locals_, torch_meshes = self._signature(inputs)
         call = self._calls.get(key)
         if call is None:
-            call = self._compile(key, inputs, torch_meshes)
+            call = self._compile(key, inputs, locals_, torch_meshes)
         outs = call.prepared.run(locals_)
         return _wrap_outputs(call, outs, inputs)
 
     def plan(self, inputs) -> Plan:
         """Compiles for `inputs`' signature without running; the returned Plan shows the program."""
-        key, _, torch_meshes = self._signature(inputs)
+        key, locals_, torch_meshes = self._signature(inputs)
         call = self._calls.get(key)
         if call is None:
-            call = self._compile(key, inputs, torch_meshes)
+            call = self._compile(key, inputs, locals_, torch_meshes)
         return call.plan
 
     @property
@@ -146,7 +146,10 @@ class FusionDefinitionWrapper:
                 spec = x._spec
                 local = x._local_tensor
                 keys.append((tuple(local.shape), local.dtype, spec.mesh, spec.placements))
-                locals_.append(to_cpp(local))
+                try:
+                    locals_.append(to_cpp(local))
+                except _C.Error as e:
+                    raise type(e)(f"input {i}: {e}") from None
                 if torch_meshes is None:
                     torch_meshes = []
                 if spec.mesh not in torch_meshes:
@@ -157,32 +160,23 @@ class FusionDefinitionWrapper:
                     f"got {type(x).__name__}")
         return tuple(keys), locals_, torch_meshes
 
-    def _compile(self, key, inputs, torch_meshes) -> _Call:
+    def _compile(self, key, inputs, locals_, torch_meshes) -> _Call:
         if self._executor is None:
             self._executor = _C.Executor(self.definition._fusion)
         layouts = []
-        for i, x in enumerate(inputs):
+        for i, (x, local) in enumerate(zip(inputs, locals_)):
             if type(x) is DTensor:
-                mesh, ps, shape, dtype = x.device_mesh, x.placements, x.shape, x.dtype
+                mesh, ps, shape = x.device_mesh, x.placements, x.shape
             else:
                 mesh = torch_interop.mesh_from_torch(x.device_mesh)
-                ps = torch_interop.placements_from_torch(x.placements)
-                shape, dtype = tuple(x.shape), _torch_dtype(x._local_tensor.dtype, i)
+                ps, shape = torch_interop.placements_from_torch(x.placements), tuple(x.shape)
             check_in_world(mesh, _world.world_size(), f"input {i}")
-            layouts.append((mesh, list(ps), list(shape), dtype if dtype is not None else _C.DataType.Float))
+            # A rank outside the input's mesh holds no local: any dtype keys the executor's cache.
+            dtype = local.dtype if local is not None else _C.DataType.Float
+            layouts.append((mesh, list(ps), list(shape), dtype))
         call = _Call(self._executor.prepare(layouts), torch_meshes)
         self._calls[key] = call
         return call
-
-
-def _torch_dtype(dt, i):
-    from ._locals import torch_dtypes
-
-    mf = torch_dtypes().get(dt)
-    if mf is None:
-        raise _C.DtypeError(f"input {i}: unsupported torch dtype {dt}: meshfuse takes float32, bfloat16, float16, "
-                            "int64 and bool")
-    return mf
 
 
 def _wrap_outputs(call: _Call, outs: list, inputs) -> list:
