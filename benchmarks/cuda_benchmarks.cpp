@@ -1,0 +1,258 @@
+// GPU benchmarks of the CUDA backend, each a ratio against a baseline measured in the same run
+// (DESIGN.md "Performance"); scripts/gpu-check runs them and records the JSON.
+//
+//   bandwidth   device-to-device copy (cudaMemcpyAsync) vs the runtime's vectorized accumulate
+//               and a generated pointwise kernel (y = x * sigmoid(x) on bf16), in GB/s counting
+//               bytes read and written; goal: generated >= 0.85 x copy
+//   gemm        bf16 [t, h] x [4h, h]^T (t = 8192, h = 4096): a direct cuBLASLt call vs the same
+//               GEMM through the runtime (backend segment, and the whole executor); goal >= 0.95
+//   mlp         the GPT-style MLP block forward (bf16, h = 4096, t = 8192) through the executor,
+//               for cuda_mlp_torch.py to compare with PyTorch eager and torch.compile
+//   overhead    host time per launched segment: a chain of tiny GEMMs through the executor,
+//               minus their GPU time measured directly
+//
+//   cuda_benchmarks [--describe] [--json FILE] [--quick]
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "meshfuse/executor.h"
+#include "meshfuse/ir/parser.h"
+#include "meshfuse/ops.h"
+#include "meshfuse/runtime/cuda.h"
+
+using namespace meshfuse;
+using json = nlohmann::json;
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": " + cublasLtGetStatusString(s));
+}
+
+// Median seconds of `reps` timed calls of `fn` (after `warmup` calls), each ended by `sync`.
+double timeIt(const std::function<void()>& fn, const std::function<void()>& sync, int warmup = 3, int reps = 10) {
+  for (int i = 0; i < warmup; ++i) fn();
+  sync();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    fn();
+    sync();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void deviceSync() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+// A one-device executor for `def` with its inputs resident on the GPU.
+struct OnGpu {
+  std::unique_ptr<Communicator> self = makeSelfCommunicator();
+  std::unique_ptr<MultiDeviceExecutor> exec;
+  std::vector<ShardedTensor> inputs;
+  OnGpu(const Fusion& def, const std::vector<Tensor>& host_inputs) {
+    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(def), *self, makeCudaBackend());
+    for (const Tensor& t : host_inputs)
+      inputs.push_back({exec->backend().upload(t), DeviceMesh({0}), {Placement::replicate()}});
+  }
+  void run() { exec->run(inputs); }
+};
+
+json bandwidth(int64_t bytes) {
+  json r;
+  std::unique_ptr<Backend> b = makeCudaBackend();
+  const int64_t n = bytes / 2;  // bf16 elements
+  Tensor x = b->allocate(DataType::BFloat16, {n}), y = b->allocate(DataType::BFloat16, {n});
+  check(cudaMemset(x.data(), 0, x.nbytes()), "cudaMemset");
+  check(cudaMemset(y.data(), 0, y.nbytes()), "cudaMemset");
+  const double moved = 2.0 * static_cast<double>(x.nbytes());  // read + write
+  double copy_s = timeIt([&] { check(cudaMemcpyAsync(y.data(), x.data(), x.nbytes(), cudaMemcpyDeviceToDevice, nullptr),
+                                     "cudaMemcpyAsync"); },
+                         deviceSync);
+  r["copy_GBps"] = moved / copy_s / 1e9;
+  // accumulate reads two and writes one operand.
+  double acc_s = timeIt([&] { b->accumulate(y, x); }, [&] { b->streams().synchronize(); });
+  r["accumulate_GBps"] = 1.5 * moved / acc_s / 1e9;
+  r["accumulate_vs_copy"] = (1.5 * moved / acc_s) / (moved / copy_s);
+  Fusion f;
+  TensorView* in = f.defineTensor({n}, DataType::BFloat16, "x");
+  f.addOutput(ops::mul(in, ops::sigmoid(in)));
+  try {
+    OnGpu g(f, {Tensor(DataType::BFloat16, {n})});
+    double s = timeIt([&] { g.run(); }, deviceSync);
+    r["generated_pointwise_GBps"] = moved / s / 1e9;
+    r["generated_vs_copy"] = copy_s / s;
+  } catch (const UserError& e) {
+    r["generated_pointwise"] = std::string("not run: ") + e.message();
+  }
+  return r;
+}
+
+// The direct cuBLASLt call the runtime is measured against: the same problem (transposed
+// column-major, see src/runtime/cuda/gemm_plan.h), f32 accumulation, heuristic's first choice.
+struct DirectGemm {
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  void* ws = nullptr;
+  size_t ws_size = size_t{32} << 20;
+  DirectGemm(int64_t m, int64_t n, int64_t k) {  // D[m x n] = W^T (k x m) ... as linear: m = features
+    check(cublasLtCreate(&h), "cublasLtCreate");
+    check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "transa");
+    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)), "transb");
+    check(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k), "layout a");
+    check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k), "layout b");
+    check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m), "layout d");
+    check(cudaMalloc(&ws, ws_size), "cudaMalloc");
+    cublasLtMatmulPreference_t pref = nullptr;
+    check(cublasLtMatmulPreferenceCreate(&pref), "pref");
+    uint64_t wsb = ws_size;
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)), "ws");
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    check(cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &res, &found), "heuristic");
+    if (found == 0) throw std::runtime_error("no cuBLASLt algorithm");
+    algo = res.algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  void run(const void* w, const void* x, void* y) {
+    float alpha = 1, beta = 0;
+    check(cublasLtMatmul(h, op, &alpha, w, la, x, lb, &beta, y, ld, y, ld, &algo, ws, ws_size, nullptr), "matmul");
+  }
+  ~DirectGemm() {
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(h);
+    cudaFree(ws);
+  }
+};
+
+json gemm(int64_t t, int64_t h) {
+  json r;
+  const int64_t m = 4 * h, k = h;  // up projection: [t, h] x [4h, h]^T
+  Fusion f;
+  TensorView* x = f.defineTensor({t, k}, DataType::BFloat16, "x");
+  TensorView* w = f.defineTensor({m, k}, DataType::BFloat16, "w");
+  f.addOutput(ops::linear(x, w));
+  OnGpu g(f, {Tensor::random(DataType::BFloat16, {t, k}, 1), Tensor::random(DataType::BFloat16, {m, k}, 2)});
+  Tensor y = g.exec->backend().allocate(DataType::BFloat16, {t, m});
+  DirectGemm direct(m, t, k);
+  const double flops = 2.0 * t * m * k;
+  double direct_s = timeIt([&] { direct.run(g.inputs[1].local.data(), g.inputs[0].local.data(), y.data()); }, deviceSync);
+  double exec_s = timeIt([&] { g.run(); }, deviceSync);
+  Segment seg;
+  seg.kind = Segment::Kind::Gemm;
+  seg.exprs = {f.outputs()[0]->definition()};
+  seg.inputs = {x, w};
+  seg.outputs = {f.outputs()[0]};
+  Backend& b = g.exec->backend();
+  std::vector<const Tensor*> ins = {&g.inputs[0].local, &g.inputs[1].local};
+  std::vector<Tensor*> outs = {&y};
+  double seg_s = timeIt([&] { b.streams().submit(0, TaskKind::Compute, "gemm", [&] {
+                           b.runSegment(seg, ins, outs, [](const TensorView*) { return std::vector<int64_t>{}; });
+                         }); },
+                        [&] { b.streams().synchronize(); });
+  r["shape"] = fmt::format("bf16 [{}, {}] x [{}, {}]^T", t, k, m, k);
+  r["direct_TFLOPs"] = flops / direct_s / 1e12;
+  r["segment_TFLOPs"] = flops / seg_s / 1e12;
+  r["executor_TFLOPs"] = flops / exec_s / 1e12;
+  r["segment_vs_direct"] = direct_s / seg_s;
+  r["executor_vs_direct"] = direct_s / exec_s;
+  return r;
+}
+
+json mlp(int64_t t, int64_t h) {
+  json r;
+  // models::buildMlp's block (without the residual), in bf16.
+  auto bf = std::make_unique<Fusion>();
+  TensorView* x = bf->defineTensor({t, h}, DataType::BFloat16, "inp");
+  TensorView* up = bf->defineTensor({4 * h, h}, DataType::BFloat16, "up_w");
+  TensorView* down = bf->defineTensor({h, 4 * h}, DataType::BFloat16, "down_w");
+  bf->addOutput(ops::linear(ops::gelu(ops::linear(x, up), "tanh"), down));
+  r["block"] = "linear(gelu_tanh(linear(x[t,h], up[4h,h])), down[h,4h]), bf16";
+  r["t"] = t;
+  r["h"] = h;
+  try {
+    OnGpu g(*bf, {Tensor::random(DataType::BFloat16, {t, h}, 1), Tensor::random(DataType::BFloat16, {4 * h, h}, 2),
+                  Tensor::random(DataType::BFloat16, {h, 4 * h}, 3)});
+    double s = timeIt([&] { g.run(); }, deviceSync);
+    r["meshfuse_ms"] = s * 1e3;
+  } catch (const UserError& e) {
+    r["meshfuse"] = std::string("not run: ") + e.message();
+  }
+  return r;
+}
+
+json overhead() {
+  json r;
+  constexpr int kSegments = 64;
+  Fusion f;
+  TensorView* x = f.defineTensor({8, 64}, DataType::BFloat16, "x");
+  TensorView* w = f.defineTensor({64, 64}, DataType::BFloat16, "w");
+  TensorView* y = x;
+  for (int i = 0; i < kSegments; ++i) y = ops::linear(y, w);
+  f.addOutput(y);
+  OnGpu g(f, {Tensor::random(DataType::BFloat16, {8, 64}, 1), Tensor::random(DataType::BFloat16, {64, 64}, 2)});
+  double run_s = timeIt([&] { g.run(); }, deviceSync, 5, 50);
+  DirectGemm direct(64, 8, 64);
+  Tensor out = g.exec->backend().allocate(DataType::BFloat16, {8, 64});
+  double gpu_s = timeIt([&] {
+    for (int i = 0; i < kSegments; ++i) direct.run(g.inputs[1].local.data(), g.inputs[0].local.data(), out.data());
+  }, deviceSync, 5, 50);
+  r["segments"] = kSegments;
+  r["run_us_per_segment"] = run_s / kSegments * 1e6;
+  r["direct_us_per_gemm"] = gpu_s / kSegments * 1e6;
+  r["host_overhead_us_per_segment"] = (run_s - gpu_s) / kSegments * 1e6;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--describe") {
+      std::cout << cudaDeviceDescription() << "\n";
+      return cudaDeviceAvailable() ? 0 : 1;
+    }
+    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--quick") quick = true;
+  }
+  if (!cudaDeviceAvailable()) {
+    std::cerr << cudaDeviceDescription() << "\n";
+    return 1;
+  }
+  json out;
+  out["device"] = cudaDeviceDescription();
+  try {
+    out["bandwidth"] = bandwidth(quick ? (64 << 20) : (int64_t{1} << 30));
+    out["gemm"] = quick ? gemm(1024, 512) : gemm(8192, 4096);
+    out["mlp"] = quick ? mlp(1024, 512) : mlp(8192, 4096);
+    out["overhead"] = overhead();
+  } catch (const std::exception& e) {
+    out["error"] = e.what();
+    std::cout << out.dump(2) << "\n";
+    return 1;
+  }
+  std::cout << out.dump(2) << "\n";
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+  return 0;
+}
