@@ -18,7 +18,7 @@ from . import _C, _world
 from .mesh import DeviceMesh, Partial, Replicate, Shard
 
 __all__ = ["init_process_group", "is_torch_dtensor", "mesh_from_torch", "placements_from_torch",
-           "placements_to_torch", "torch_mesh_for"]
+           "placements_to_torch", "torch_mesh_for", "TorchLayout", "make_dtensor"]
 
 
 def _dtensor_module():
@@ -88,6 +88,46 @@ def torch_mesh_for(mesh: DeviceMesh, known: list):
     tm = TorchDeviceMesh("cpu", mesh.mesh.tolist())
     _MESHES[tm] = mesh
     return tm
+
+
+class TorchLayout:
+    """Where a torch DTensor output lies: mesh, placements, global shape (and its spec, cached)."""
+
+    __slots__ = ("mesh", "placements", "shape", "stride", "_specs")
+
+    def __init__(self, mesh, placements: tuple, shape: tuple):
+        self.mesh, self.placements, self.shape = mesh, placements, tuple(shape)
+        stride, acc = [], 1
+        for s in reversed(self.shape):
+            stride.append(acc)
+            acc *= s
+        self.stride = tuple(reversed(stride))
+        self._specs = {}
+
+    def spec(self, dtype):
+        spec = self._specs.get(dtype)
+        if spec is None:
+            import torch
+            from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+            spec = self._specs[dtype] = DTensorSpec(self.mesh, self.placements,
+                                                    TensorMeta(torch.Size(self.shape), self.stride, dtype))
+        return spec
+
+
+def make_dtensor(local, layout: TorchLayout):
+    """A torch DTensor of `local` (this rank's block, contiguous) lying as `layout` says.
+
+    DTensor.from_local() costs ~17 us per call (it runs an autograd Function); building the
+    DTensor from its cached spec costs ~1.5 us. meshfuse's outputs do not join torch's autograd
+    graph either way. Falls back to from_local() where torch lacks the spec classes.
+    """
+    mod = _dtensor_module()
+    try:
+        return mod.DTensor(local, layout.spec(local.dtype), requires_grad=False)
+    except (ImportError, TypeError):
+        return mod.DTensor.from_local(local, layout.mesh, layout.placements, run_check=False,
+                                      shape=layout.shape, stride=layout.stride)
 
 
 def _free_port() -> int:

@@ -78,18 +78,10 @@ class _Call:
                     local[p.dim] //= mesh.size(axis)
             torch_layout = None
             if self.torch_out:
-                tm = torch_interop.torch_mesh_for(mesh, torch_meshes)
-                torch_layout = (tm, torch_interop.placements_to_torch(ps), _contiguous_strides(shape))
+                torch_layout = torch_interop.TorchLayout(torch_interop.torch_mesh_for(mesh, torch_meshes),
+                                                         torch_interop.placements_to_torch(ps), shape)
             self.outputs.append((mesh, ps, shape, (tuple(local), None, mesh._key, _placements_key(ps)),
                                  torch_layout))
-
-
-def _contiguous_strides(shape) -> tuple:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= s
-    return tuple(reversed(strides))
 
 
 class FusionDefinitionWrapper:
@@ -195,12 +187,10 @@ def _wrap_outputs(call: _Call, outs: list, inputs) -> list:
 
 def _wrap_torch(call: _Call, outs: list, inputs) -> list:
     import torch
-    from torch.distributed.tensor import DTensor as TorchDTensor
 
     result = []
-    for out, (mesh, ps, shape, key, (tm, tps, strides)) in zip(outs, call.outputs):
+    for i, (out, (mesh, ps, shape, key, torch_layout)) in enumerate(zip(outs, call.outputs)):
         # A rank outside the output's mesh holds an empty local tensor, as in torch.
         local = torch.from_dlpack(out) if out is not None else torch.empty((0,) * len(shape))
-        result.append(TorchDTensor.from_local(local, tm, tps, run_check=False, shape=torch.Size(shape),
-                                              stride=strides))
+        result.append(torch_interop.make_dtensor(local, torch_layout))
     return result

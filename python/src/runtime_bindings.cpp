@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <mutex>
 
 #include "bindings.h"
 #include "meshfuse/executor.h"
@@ -64,6 +65,9 @@ ShardedTensor toLayout(py::handle h) {
 struct PyExecutor {
   std::shared_ptr<Communicator> comm;
   std::unique_ptr<MultiDeviceExecutor> exec;
+  // Runs drop the GIL, so two Python threads could enter one executor at once; it is not
+  // reentrant (its evaluators hold per-run state). Taken after the GIL is released.
+  std::mutex mu;
 };
 
 // The program compiled for one input signature; owned by its executor's cache.
@@ -97,6 +101,7 @@ struct Prepared {
     std::vector<ShardedTensor> outs;
     {
       py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(owner->mu);
       outs = owner->exec->run(inputs);
     }
     py::list result;
@@ -110,6 +115,7 @@ struct Prepared {
   double timeRun(const py::sequence& locals, int64_t iterations) {
     for (size_t i = 0; i < inputs.size(); ++i) inputs[i].local = tensorFromPython(locals[i]);
     py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(owner->mu);
     auto start = std::chrono::steady_clock::now();
     for (int64_t k = 0; k < iterations; ++k) owner->exec->run(inputs);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -222,6 +228,7 @@ void bindPrograms(py::module_& m) {
               p.inputs.push_back(toLayout(l));
               p.program.input_shapes.push_back(p.inputs.back().global_shape);
             }
+            std::lock_guard<std::mutex> lock(self->mu);  // a run in another thread may be using the cache
             p.program.compiled = &self->exec->plan(p.inputs);
             return p;
           },
