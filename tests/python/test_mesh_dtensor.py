@@ -155,3 +155,33 @@ def test_a_mesh_larger_than_the_world_is_a_mesh_error():
     with pytest.raises(meshfuse.MeshError, match=rf"distribute_tensor: mesh .* names device {n} but the world has "
                                                  rf"{n} ranks .*launch with mpirun -np {n + 1}"):
         distribute_tensor(np.zeros((4 * (n + 1), 2), dtype=np.float32), big, [S(0)])
+
+
+def test_the_world():
+    meshfuse.init()
+    meshfuse.init()  # idempotent
+    assert meshfuse.is_initialized() and 0 <= meshfuse.rank() < meshfuse.world_size()
+    assert meshfuse.communicator_name() == ("mpi" if meshfuse.world_size() > 1 else meshfuse.communicator_name())
+
+
+class DLPackOnly:
+    """A DLPack producer that is neither numpy nor torch (as cupy or jax arrays would be)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def test_any_dlpack_producer_can_back_a_dtensor(rng, world_mesh):
+    full = H.randn(rng, 4 * meshfuse.world_size(), 3)
+    block = np.split(full, meshfuse.world_size())[meshfuse.rank()]
+    d = DTensor.from_local(DLPackOnly(block), world_mesh, [S(0)])
+    assert isinstance(d.to_local(), DLPackOnly) and d.shape == full.shape
+    H.assert_close(d.full_tensor(), full)
+    (y,) = meshfuse.FusionDefinitionWrapper(lambda fd: fd.add_output(fd.ops.neg(fd.define_tensor([-1, 3]))))([d])
+    H.assert_close(y.full_tensor(), -full)  # outputs of unknown kinds come back as numpy
