@@ -5,6 +5,7 @@
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ops.h"
+#include "decompose/resharding_steps.h"
 #include "propagation/required_sharding.h"
 #include "propagation/sharding.h"
 
@@ -38,19 +39,23 @@ OutputChoice outputChoice(const Expr* e, const ShardingRule& rule, int64_t a) {
   return c;
 }
 
-// Inserts `set`s before `e` that take `from` to `target` one mesh axis at a time. `why` holds
-// one "{}" for `from`.
+// Inserts `set`s before `e` that take `from` to `target` one mesh axis at a time, in the order
+// reshardingSteps plans. `why` holds one "{}" for `from`.
 TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target, const std::string& why) {
   TensorView* cur = from;
   Sharding s = readSharding(from);
-  f.setInsertionPoint(e);
-  for (size_t a = 0; a < target.axes.size(); ++a) {
-    if (s.axes[a] == target.axes[a]) continue;
-    std::string step = fmt::format("{} -> {} on mesh axis {}", s.axes[a].toString(), target.axes[a].toString(), a);
-    MF_USER_CHECK(target.axes[a].kind != Placement::Partial, ErrorKind::Unsupported,
+  for (size_t a = 0; a < target.axes.size(); ++a)
+    MF_USER_CHECK(target.axes[a].kind != Placement::Partial || s.axes[a] == target.axes[a], ErrorKind::Unsupported,
                   "{}: {} needs {} but a {} value cannot become a pending sum", e->name(), f.displayName(from),
                   target.axes[a].toString(), s.axes[a].toString());
-    s.axes[a] = target.axes[a];
+  f.setInsertionPoint(e);
+  Sharding axes_target = target;
+  axes_target.mesh = s.mesh;  // the stage move comes last, below
+  for (const Sharding& next_state : reshardingSteps(s, axes_target)) {
+    size_t a = 0;
+    while (next_state.axes[a] == s.axes[a]) ++a;
+    std::string step = fmt::format("{} -> {} on mesh axis {}", s.axes[a].toString(), next_state.axes[a].toString(), a);
+    s = next_state;
     TensorView* next = ops::set(cur);
     writeSharding(next, s);
     next->setPinned(false);
@@ -100,17 +105,14 @@ void decomposeReshardings(Fusion& f) {
       Sharding from = readSharding(in), to = readSharding(e->output());
       MF_CHECK(from.decided() && to.decided(), "decompose-reshardings requires propagate-shardings first");
       // A set that changes several axes (or axes and the stage) becomes a chain of sets that
-      // change one each: the axes first, on the source stage; the move to the stage last.
-      int64_t diffs = from.mesh != to.mesh ? 1 : 0, last = -1;
-      for (size_t a = 0; a < to.axes.size(); ++a)
-        if (from.axes[a] != to.axes[a]) ++diffs, last = static_cast<int64_t>(a);
-      if (diffs > 1) {
-        Sharding mid = to;
-        if (from.mesh != to.mesh) {
-          mid.mesh = from.mesh;
-        } else {
-          mid.axes[last] = from.axes[last];
-        }
+      // change one each (in reshardingSteps' order): the axes first, on the source stage; the
+      // move to the stage last. The set itself keeps the last step.
+      Sharding axes_to = to;
+      axes_to.mesh = from.mesh;
+      std::vector<Sharding> steps = reshardingSteps(from, axes_to);
+      int64_t count = static_cast<int64_t>(steps.size()) + (from.mesh != to.mesh ? 1 : 0);
+      if (count > 1) {
+        Sharding mid = from.mesh != to.mesh ? axes_to : steps[steps.size() - 2];
         TensorView* staged = reshard(f, e, in, mid, fmt::format("staged for {} of {{}}", e->name()));
         f.replaceOperand(e, in, staged);
       }

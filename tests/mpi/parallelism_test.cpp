@@ -162,3 +162,29 @@ TEST(Parallelism, RowParallelLinearAddsTheReplicatedBiasOnce) {
 
 }  // namespace
 }  // namespace meshfuse::testing
+
+namespace meshfuse::testing {
+namespace {
+
+// Redistribution on a 2x2 mesh where splits of one dim nest across both mesh axes.
+TEST(Parallelism, RedistributionOnA2x2MeshKeepsBlockOrder) {
+  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks";
+  DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
+  const std::vector<std::pair<Ps, Ps>> cases = {{{R, S(1)}, {S(1), R}},    {{S(1), R}, {R, S(1)}},
+                                                {{S(1), S(1)}, {R, S(1)}}, {{S(0), R}, {S(0), S(0)}},
+                                                {{S(0), S(1)}, {S(1), S(0)}}, {{R, R}, {S(1), S(1)}}};
+  for (const auto& [from, to] : cases) {
+    SCOPED_TRACE(placementsToString(from) + " -> " + placementsToString(to));
+    Fusion f;
+    TensorView* x = f.defineTensor({8, 12}, DataType::Float, "x");
+    TensorView* out = ops::set(x);
+    applyPlacements(out, mesh, to);
+    f.addOutput(out);
+    ShardedRun run = runSharded(f, {{mesh, from}});
+    expectMatchesReference(run);
+    EXPECT_EQ(run.local_outputs[0].placements, to);
+  }
+}
+
+}  // namespace
+}  // namespace meshfuse::testing
