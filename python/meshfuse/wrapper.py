@@ -20,7 +20,7 @@ released, and wraps the outputs.
 from __future__ import annotations
 
 from . import _C, _world
-from ._locals import converter_like, to_cpp
+from ._locals import converter_like, empty_like_kind, to_cpp
 from .dtensor import DTensor, _placements_key
 from .fusion_definition import FusionDefinition
 from .mesh import check_in_world, from_cpp, global_shape, mesh_from_cpp
@@ -38,6 +38,7 @@ class Plan:
         self.output_meshes = [mesh_from_cpp(m) if m is not None else None for m, _ in layouts]
         self.output_placements = [tuple(from_cpp(p) for p in ps) for _, ps in layouts]
         self.output_shapes = [tuple(s) for s in program.output_shapes]
+        self.output_dtypes = program.output_dtypes
 
     def host_ir(self, rank: int | None = None) -> str:
         """The host program `rank` (default: this rank) runs, as text."""
@@ -70,17 +71,18 @@ class _Call:
         self.prepared = prepared
         self.plan = Plan(prepared.program)
         self.torch_out = torch_meshes is not None
-        self.outputs = []  # per output: mesh, placements, global shape, DTensor key, torch layout
-        for mesh, ps, shape in zip(self.plan.output_meshes, self.plan.output_placements, self.plan.output_shapes):
+        self.outputs = []  # per output: mesh, placements, global shape, dtype, DTensor key, torch layout
+        p = self.plan
+        for mesh, ps, shape, dtype in zip(p.output_meshes, p.output_placements, p.output_shapes, p.output_dtypes):
             local = list(shape)
-            for axis, p in enumerate(ps):
-                if p.kind == "shard":
-                    local[p.dim] //= mesh.size(axis)
+            for axis, pl in enumerate(ps):
+                if pl.kind == "shard":
+                    local[pl.dim] //= mesh.size(axis)
             torch_layout = None
             if self.torch_out:
                 torch_layout = torch_interop.TorchLayout(torch_interop.torch_mesh_for(mesh, torch_meshes),
                                                          torch_interop.placements_to_torch(ps), shape)
-            self.outputs.append((mesh, ps, shape, (tuple(local), None, mesh._key, _placements_key(ps)),
+            self.outputs.append((mesh, ps, shape, dtype, (tuple(local), dtype, mesh._key, _placements_key(ps)),
                                  torch_layout))
 
 
@@ -173,24 +175,24 @@ class FusionDefinitionWrapper:
 
 def _wrap_outputs(call: _Call, outs: list, inputs) -> list:
     if call.torch_out:
-        return _wrap_torch(call, outs, inputs)
+        return _wrap_torch(call, outs)
     like = inputs[0]._local if inputs else None
     convert = converter_like(like)
     result = []
-    for out, (mesh, ps, shape, key, _) in zip(outs, call.outputs):
-        if out is None:  # this rank is outside the output's mesh
-            result.append(DTensor(None, mesh, ps, shape=shape))
-            continue
-        result.append(DTensor._make(convert(out), out, mesh, ps, shape, key[:1] + (out.dtype,) + key[2:]))
+    for out, (mesh, ps, shape, dtype, key, _) in zip(outs, call.outputs):
+        if out is None:  # this rank is outside the output's mesh: an empty local, as in torch
+            result.append(DTensor._make(empty_like_kind(like, dtype, len(shape)), None, mesh, ps, shape, key))
+        else:
+            result.append(DTensor._make(convert(out), out, mesh, ps, shape, key))
     return result
 
 
-def _wrap_torch(call: _Call, outs: list, inputs) -> list:
+def _wrap_torch(call: _Call, outs: list) -> list:
     import torch
 
     result = []
-    for i, (out, (mesh, ps, shape, key, torch_layout)) in enumerate(zip(outs, call.outputs)):
-        # A rank outside the output's mesh holds an empty local tensor, as in torch.
-        local = torch.from_dlpack(out) if out is not None else torch.empty((0,) * len(shape))
+    for out, (mesh, ps, shape, dtype, key, torch_layout) in zip(outs, call.outputs):
+        local = torch.from_dlpack(out) if out is not None else \
+            empty_like_kind(torch.empty(0), dtype, len(shape))
         result.append(torch_interop.make_dtensor(local, torch_layout))
     return result

@@ -193,6 +193,11 @@ void bindPrograms(py::module_& m) {
         for (const TensorView* tv : p.fusion().outputs()) out.append(layoutOf(tv));
         return out;
       })
+      .def_property_readonly("output_dtypes", [](const PyProgram& p) {
+        std::vector<DataType> out;
+        for (const TensorView* tv : p.fusion().outputs()) out.push_back(tv->dtype());
+        return out;
+      })
       .def_property_readonly("output_shapes", [](const PyProgram& p) {
         SymbolBindings b = bindGlobalShapes(p.fusion(), p.input_shapes);
         std::vector<std::vector<int64_t>> out;

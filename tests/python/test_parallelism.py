@@ -171,3 +171,50 @@ def test_set_moving_a_shard_to_the_outer_mesh_axis(rng):
 
     (out,), _, _ = H.run(define, [x], [[R, S(1)]], mesh)
     H.assert_close(out, x)  # the full value: the same verdict on every rank
+
+
+def define_decoder_layer(b, s, h, heads):
+    """A pre-norm GPT decoder layer: x + attn(ln1(x)), then + mlp(ln2(.)) (as examples/models.cpp)."""
+    e = h // heads
+
+    def define(fd):
+        x = fd.define_tensor([b, s, h])
+        ln1_w, ln1_b = fd.define_tensor([h]), fd.define_tensor([h])
+        wq, wk, wv, wo = (fd.define_tensor([h, h]) for _ in range(4))
+        ln2_w, ln2_b = fd.define_tensor([h]), fd.define_tensor([h])
+        up_w, down_w = fd.define_tensor([4 * h, h]), fd.define_tensor([h, 4 * h])
+
+        def to_heads(t):
+            return fd.ops.permute(fd.ops.reshape(t, [b, s, heads, e]), [0, 2, 1, 3])
+
+        n1 = fd.ops.layer_norm(x, ln1_w, ln1_b)
+        attn = fd.ops.sdpa(*(to_heads(fd.ops.linear(n1, w)) for w in (wq, wk, wv)), is_causal=True)
+        x2 = x + fd.ops.linear(fd.ops.reshape(fd.ops.permute(attn, [0, 2, 1, 3]), [b, s, h]), wo)
+        hidden = fd.ops.gelu(fd.ops.linear(fd.ops.layer_norm(x2, ln2_w, ln2_b), up_w), approximate="tanh")
+        fd.add_output(x2 + fd.ops.linear(hidden, down_w))
+
+    return define
+
+
+def decoder_layer_reference(x, ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, up_w, down_w, heads):
+    b, s, h = x.shape
+    to_heads = lambda t: t.reshape(b, s, heads, h // heads).transpose(0, 2, 1, 3)  # noqa: E731
+    n1 = H.layer_norm(x, ln1_w, ln1_b)
+    attn = H.sdpa(*(to_heads(n1 @ w.T) for w in (wq, wk, wv)), is_causal=True)
+    x2 = x + attn.transpose(0, 2, 1, 3).reshape(b, s, h) @ wo.T
+    return x2 + H.mlp(H.layer_norm(x2, ln2_w, ln2_b), up_w, down_w)
+
+
+@pytest.mark.parametrize("x_placement,collectives", [
+    (R, ["allreduce", "allreduce"]),
+    (S(1), ["allgather", "reduce_scatter", "allgather", "reduce_scatter"]),
+], ids=["tensor_parallel", "sequence_parallel"])
+def test_decoder_layer(x_placement, collectives, rng):
+    b, s, h, heads = 2, 8, 32, 4
+    shapes = [(b, s, h), (h,), (h,), (h, h), (h, h), (h, h), (h, h), (h,), (h,), (4 * h, h), (h, 4 * h)]
+    arrays = [H.randn(rng, *shape) * (0.3 if len(shape) == 2 else 1) for shape in shapes]
+    placements = [[x_placement], [R], [R], [S(0)], [S(0)], [S(0)], [S(1)], [R], [R], [S(0)], [S(1)]]
+    (out,), plan, outs = H.run(define_decoder_layer(b, s, h, heads), arrays, placements)
+    H.assert_close(out, decoder_layer_reference(*(a.astype(np.float64) for a in arrays), heads=heads))
+    assert H.kinds(plan) == H.expect(collectives)
+    assert outs[0].placements == (x_placement,)
