@@ -166,6 +166,15 @@ def global_shape(local_shape, mesh: DeviceMesh, placements) -> tuple:
     return tuple(shape)
 
 
+def local_shape(shape, mesh: DeviceMesh, placements) -> tuple:
+    """The shape of one (even) shard: the inverse of global_shape."""
+    shape = list(shape)
+    for axis, p in enumerate(placements):
+        if p.kind == "shard":
+            shape[p.dim] //= mesh.size(axis)
+    return tuple(shape)
+
+
 def check_in_world(mesh: DeviceMesh, world_size: int, what: str):
     """Rejects a mesh that names ranks this world lacks (the same words as the executor's check)."""
     missing = [d for d in mesh.devices if d >= world_size]

@@ -23,7 +23,7 @@ from . import _C, _world
 from ._locals import converter_like, empty_like_kind, to_cpp
 from .dtensor import DTensor, _placements_key
 from .fusion_definition import FusionDefinition
-from .mesh import check_in_world, from_cpp, global_shape, mesh_from_cpp
+from .mesh import check_in_world, from_cpp, local_shape, mesh_from_cpp
 from . import torch_interop
 
 __all__ = ["FusionDefinitionWrapper", "Plan"]
@@ -74,15 +74,11 @@ class _Call:
         self.outputs = []  # per output: mesh, placements, global shape, dtype, DTensor key, torch layout
         p = self.plan
         for mesh, ps, shape, dtype in zip(p.output_meshes, p.output_placements, p.output_shapes, p.output_dtypes):
-            local = list(shape)
-            for axis, pl in enumerate(ps):
-                if pl.kind == "shard":
-                    local[pl.dim] //= mesh.size(axis)
             torch_layout = None
             if self.torch_out:
                 torch_layout = torch_interop.TorchLayout(torch_interop.torch_mesh_for(mesh, torch_meshes),
                                                          torch_interop.placements_to_torch(ps), shape)
-            self.outputs.append((mesh, ps, shape, dtype, (tuple(local), dtype, mesh._key, _placements_key(ps)),
+            self.outputs.append((mesh, ps, shape, dtype, (local_shape(shape, mesh, ps), dtype, mesh._key, _placements_key(ps)),
                                  torch_layout))
 
 
@@ -105,20 +101,12 @@ class FusionDefinitionWrapper:
 
     def __call__(self, inputs) -> list:
         """Runs on this rank's blocks of `inputs` (a list of DTensors); returns the outputs."""
-        key, locals_, torch_meshes = self._signature(inputs)
-        call = self._calls.get(key)
-        if call is None:
-            call = self._compile(key, inputs, locals_, torch_meshes)
-        outs = call.prepared.run(locals_)
-        return _wrap_outputs(call, outs, inputs)
+        call, locals_ = self._call_for(inputs)
+        return _wrap_outputs(call, call.prepared.run(locals_), inputs)
 
     def plan(self, inputs) -> Plan:
         """Compiles for `inputs`' signature without running; the returned Plan shows the program."""
-        key, locals_, torch_meshes = self._signature(inputs)
-        call = self._calls.get(key)
-        if call is None:
-            call = self._compile(key, inputs, locals_, torch_meshes)
-        return call.plan
+        return self._call_for(inputs)[0].plan
 
     @property
     def cache_size(self) -> int:
@@ -126,6 +114,14 @@ class FusionDefinitionWrapper:
         return len(self._calls)
 
     # ---- internals -------------------------------------------------------------------------
+
+    def _call_for(self, inputs):
+        """(the cached call of `inputs`' signature, compiled if new; their local tensors)."""
+        key, locals_, torch_meshes = self._signature(inputs)
+        call = self._calls.get(key)
+        if call is None:
+            call = self._compile(key, inputs, locals_, torch_meshes)
+        return call, locals_
 
     def _signature(self, inputs):
         """(cache key, local tensors, torch meshes or None) of a list of DTensors."""
