@@ -114,10 +114,8 @@ class DTensor:
                     "only as the result of a contraction)")
         if self._cpp is None:
             raise _C.MeshError(f"redistribute: rank {_world.rank()} is not in the mesh {self._mesh}")
-        cpp, current = self._cpp, self._placements
-        for step in _steps(current, placements):
-            [cpp] = _redistribution(self._mesh, current, step, self._shape, cpp.dtype).run([cpp])
-            current = step
+        [cpp] = _redistribution(self._mesh, self._placements, placements, self._shape, self._cpp.dtype).run(
+            [self._cpp])
         return DTensor._make(converter_like(self._local)(cpp), cpp, self._mesh, placements, self._shape,
                              (cpp.shape, cpp.dtype, self._mesh._key, _placements_key(placements)))
 
@@ -128,37 +126,6 @@ class DTensor:
 
 def _placements_key(placements) -> tuple:
     return tuple((p.kind, p.dim) for p in placements)
-
-
-def _steps(src: tuple, dst: tuple) -> list:
-    """The placements to go through from `src` to `dst` (the last is `dst`).
-
-    On a 1-d mesh: one step (the compiler picks the collective, e.g. one all_to_all). On an N-d
-    mesh, one mesh axis per step: first release (make Replicate) the axes that change,
-    innermost first, then set the new placements, outermost first. Why: meshfuse's compiler
-    currently gets the block order wrong when a single `set` reshards a dim that is sharded on
-    more than one mesh axis, or moves a dim's sharding to an outer axis (see docs/python.md,
-    "Known limitations"); one axis at a time, in this order, never does either. An axis also
-    releases when it shards a dim that an outer changing axis shards before or after.
-    """
-    if len(src) == 1:
-        return [dst]
-    n = len(src)
-    changes = [src[a] != dst[a] for a in range(n)]
-    release = set(a for a in range(n) if changes[a])
-    for j in range(n):
-        if src[j].is_shard() and any(changes[i] and (src[i] == src[j] or dst[i] == src[j]) for i in range(j)):
-            release.add(j)
-    steps, cur = [], list(src)
-    for a in sorted(release, reverse=True):
-        if not cur[a].is_replicate():
-            cur[a] = Replicate()
-            steps.append(tuple(cur))
-    for a in range(n):
-        if cur[a] != dst[a]:
-            cur[a] = dst[a]
-            steps.append(tuple(cur))
-    return steps
 
 
 # Redistribution is a one-op fusion, `out = set(x)` with `out` pinned to the new placements, run

@@ -158,8 +158,6 @@ def test_plan_shows_every_stage_and_caches_per_signature(mlp_inputs, world_mesh)
 
 
 @pytest.mark.world(4)
-@pytest.mark.xfail(strict=True, reason="core bug: one `set` that moves a dim's sharding to an outer mesh axis "
-                                       "takes the wrong block (slice before allgather); see docs/python.md")
 def test_set_moving_a_shard_to_the_outer_mesh_axis(rng):
     mesh = DeviceMesh([[0, 1], [2, 3]])
     x = H.randn(rng, 8, 12)
