@@ -46,11 +46,17 @@ struct CompiledProgram {
   std::map<std::string, std::string, std::less<>> stages;  // IR text per stage, when asked for
 };
 
-// The stages compile() can keep, in order: "fusion", "propagated", "decomposed", "hostir".
+// The stages compile() can keep, in order: "fusion", "propagated", "decomposed", "segmented",
+// "hostir".
 const std::vector<std::string>& pipelineStages();
 // With `keep_stages`, the text of each stage is kept in CompiledProgram::stages.
 CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& options = {}, bool keep_stages = false);
 // What `rank` runs: specialize-for-rank then insert-deallocations.
 HostProgram programForRank(const CompiledProgram& program, int64_t rank);
+
+// The kernel IR of every kernel and GEMM segment `rank` launches, for its local shapes with the
+// symbolic sizes bound by `sizes` (with `llvm`: the CPU backend's optimized LLVM IR instead).
+// The `kernels` and `llvm` stages of `meshfuse dump` (src/lower/kernel_dump.cpp).
+std::string dumpKernels(const CompiledProgram& program, int64_t rank, const SymbolBindings& sizes, bool llvm);
 
 }  // namespace meshfuse

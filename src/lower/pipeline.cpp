@@ -60,7 +60,7 @@ void runPasses(Fusion& fusion, const std::vector<std::string>& names, const Pipe
 }
 
 const std::vector<std::string>& pipelineStages() {
-  static const std::vector<std::string> stages = {"fusion", "propagated", "decomposed", "hostir"};
+  static const std::vector<std::string> stages = {"fusion", "propagated", "decomposed", "segmented", "hostir"};
   return stages;
 }
 
@@ -80,6 +80,7 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   if (keep_stages) out.stages["decomposed"] = printFusion(*fusion);
   out.fusion = std::shared_ptr<Fusion>(std::move(fusion));
   out.host = lowerToHostIr(out.fusion, options.overlap);
+  if (keep_stages) out.stages["segmented"] = printSegments(*out.fusion, *out.host.segments);
   if (keep_stages) out.stages["hostir"] = out.host.toString();
   return out;
 }

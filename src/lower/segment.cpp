@@ -1,8 +1,27 @@
-// segment: one segment per op for now (Gemm for linear/matmul, Communication for resharding
-// sets, Kernel for the rest). The kernel issue replaces this with real fusion of op chains.
+// segment: cuts a decomposed fusion into fused kernels, library GEMM calls and communications.
+//
+// requires: decompose-reshardings (a `set` whose operand and output shardings differ is a
+//   communication on one mesh axis and nothing else).
+// guarantees:
+//   - every resharding `set` is its own Communication segment;
+//   - every linear / matmul / sdpa is its own Gemm segment (a linear's bias is fused into the
+//     GEMM; sdpa is GEMMs around a fused softmax kernel); the pointwise chain after a GEMM (bias
+//     add, activation, residual add) becomes the GEMM's epilogue kernel, a Kernel segment;
+//   - every other op is in a Kernel segment, fused with its producers as long as all of the
+//     segment's values live on one mesh, all or none of them are microbatched (Stream-split
+//     rows, which lower-to-host-ir runs in a loop), and no path leaves the segment and comes
+//     back through another one (which would make the segments impossible to order);
+//   - segments come in dependency order (ties: the program order of their first op); `inputs`
+//     in first-use order; `outputs` in program order: the values used outside the segment,
+//     fusion outputs, and values nobody uses (still computed, as they were before segmenting).
+//
+//   %b = broadcast_in_dim(%bias)              gemm   #0 (%x, %w) -> (%a): linear
+//   %a = linear(%x, %w)                  =>   kernel #1 (%bias, %a, %r) -> (%y):
+//   %y = add(gelu(add(%a, %b)), %r)                broadcast_in_dim, add, gelu, add
 #include "meshfuse/segment.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "meshfuse/ir/fusion.h"
@@ -21,6 +40,158 @@ bool isResharding(const Expr* e) {
   return *in->mesh() != *out->mesh() || placementsOf(in) != placementsOf(out);
 }
 
+Segment::Kind kindOf(const Expr* e) {
+  const OpCategory c = e->info().category;
+  if (c == OpCategory::Gemm || c == OpCategory::Attention) return Segment::Kind::Gemm;
+  return isResharding(e) ? Segment::Kind::Communication : Segment::Kind::Kernel;
+}
+
+bool sameMesh(const TensorView* a, const TensorView* b) {
+  if (a->mesh() == nullptr || b->mesh() == nullptr) return a->mesh() == b->mesh();
+  return *a->mesh() == *b->mesh();
+}
+
+class Segmenter {
+ public:
+  explicit Segmenter(const Fusion& f) : f_(f) {}
+
+  std::vector<Segment> run() {
+    for (const Expr* e : f_.exprs()) {
+      const int64_t g = static_cast<int64_t>(groups_.size());
+      groups_.push_back({kindOf(e), {e}});
+      group_of_[e] = g;
+      if (groups_[g].kind != Segment::Kind::Kernel) continue;
+      // Join the first producer kernel it can, then pull the other producer kernels in.
+      int64_t home = g;
+      for (int64_t p : producerGroups(e))
+        if (home == g && canMerge(p, g)) home = merge(p, g);
+      for (int64_t p : producerGroups(e))
+        if (p != home && canMerge(home, p)) merge(home, p);
+    }
+    return ordered();
+  }
+
+ private:
+  struct Group {
+    Segment::Kind kind;
+    std::vector<const Expr*> exprs;  // program order
+    bool alive = true;
+  };
+
+  // Kernel groups that define an operand of `e`, in operand order, without repeats.
+  std::vector<int64_t> producerGroups(const Expr* e) const {
+    std::vector<int64_t> out;
+    for (const Val* v : e->inputs()) {
+      if (v == nullptr || v->definition() == nullptr) continue;
+      int64_t g = group_of_.at(v->definition());
+      if (groups_[g].kind == Segment::Kind::Kernel && std::find(out.begin(), out.end(), g) == out.end() &&
+          g != group_of_.at(e))
+        out.push_back(g);
+    }
+    return out;
+  }
+
+  // Groups reading a value of group `g` (other than g). Ops not visited yet are in no group.
+  std::set<int64_t> consumers(int64_t g) const {
+    std::set<int64_t> out;
+    for (const Expr* e : groups_[g].exprs)
+      for (const TensorView* o : e->outputs())
+        for (const Expr* u : o->uses())
+          if (auto it = group_of_.find(u); it != group_of_.end() && it->second != g) out.insert(it->second);
+    return out;
+  }
+
+  // Whether some path from `from` reaches `to` through a third group.
+  bool reachesIndirectly(int64_t from, int64_t to) const {
+    std::vector<int64_t> stack;
+    std::set<int64_t> seen;
+    for (int64_t c : consumers(from))
+      if (c != to) stack.push_back(c);
+    while (!stack.empty()) {
+      int64_t g = stack.back();
+      stack.pop_back();
+      if (!seen.insert(g).second) continue;
+      for (int64_t c : consumers(g)) {
+        if (c == to) return true;
+        stack.push_back(c);
+      }
+    }
+    return false;
+  }
+
+  bool canMerge(int64_t a, int64_t b) const {
+    const Group &ga = groups_[a], &gb = groups_[b];
+    if (ga.kind != Segment::Kind::Kernel || gb.kind != Segment::Kind::Kernel) return false;
+    const TensorView* x = ga.exprs[0]->output();
+    const TensorView* y = gb.exprs[0]->output();
+    if (!sameMesh(x, y) || streamSplitOf(x).has_value() != streamSplitOf(y).has_value()) return false;
+    return !reachesIndirectly(a, b) && !reachesIndirectly(b, a);
+  }
+
+  // Moves group `from` into `into`; returns `into`.
+  int64_t merge(int64_t into, int64_t from) {
+    Group& g = groups_[into];
+    for (const Expr* e : groups_[from].exprs) {
+      g.exprs.push_back(e);
+      group_of_[e] = into;
+    }
+    const auto& order = f_.exprs();
+    std::map<const Expr*, size_t> pos;
+    for (size_t i = 0; i < order.size(); ++i) pos[order[i]] = i;
+    std::sort(g.exprs.begin(), g.exprs.end(), [&](const Expr* a, const Expr* b) { return pos[a] < pos[b]; });
+    groups_[from].alive = false;
+    groups_[from].exprs.clear();
+    return into;
+  }
+
+  // Live groups in dependency order, the earliest-created ready group first.
+  std::vector<Segment> ordered() const {
+    std::map<int64_t, int64_t> waiting;  // group -> producers not yet placed
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!groups_[g].alive) continue;
+      waiting.emplace(g, 0);
+    }
+    for (const auto& [g, n] : waiting)
+      for (int64_t c : consumers(g)) ++waiting[c];
+    std::set<int64_t> ready;
+    for (const auto& [g, n] : waiting)
+      if (n == 0) ready.insert(g);
+    std::vector<Segment> out;
+    while (!ready.empty()) {
+      int64_t g = *ready.begin();
+      ready.erase(ready.begin());
+      out.push_back(toSegment(groups_[g]));
+      for (int64_t c : consumers(g))
+        if (--waiting[c] == 0) ready.insert(c);
+    }
+    MF_CHECK(out.size() == waiting.size(), "segments depend on each other in a cycle");
+    return out;
+  }
+
+  Segment toSegment(const Group& g) const {
+    Segment s;
+    s.kind = g.kind;
+    s.exprs = g.exprs;
+    auto inside = [&](const Expr* e) { return std::find(g.exprs.begin(), g.exprs.end(), e) != g.exprs.end(); };
+    for (const Expr* e : g.exprs) {
+      for (const Val* v : e->inputs()) {
+        if (v == nullptr || v->valKind() != ValKind::TensorView || (v->definition() && inside(v->definition()))) continue;
+        const auto* tv = static_cast<const TensorView*>(v);
+        if (std::find(s.inputs.begin(), s.inputs.end(), tv) == s.inputs.end()) s.inputs.push_back(tv);
+      }
+      for (const TensorView* o : e->outputs()) {
+        const auto& uses = o->uses();
+        if (f_.isOutput(o) || uses.empty() || !std::all_of(uses.begin(), uses.end(), inside)) s.outputs.push_back(o);
+      }
+    }
+    return s;
+  }
+
+  const Fusion& f_;
+  std::vector<Group> groups_;
+  std::map<const Expr*, int64_t> group_of_;
+};
+
 }  // namespace
 
 const char* segmentKindName(Segment::Kind k) {
@@ -32,23 +203,7 @@ const char* segmentKindName(Segment::Kind k) {
   return "?";
 }
 
-std::vector<Segment> segmentFusion(const Fusion& f) {
-  std::vector<Segment> out;
-  for (const Expr* e : f.exprs()) {
-    Segment s;
-    s.kind = e->info().category == OpCategory::Gemm ? Segment::Kind::Gemm
-             : isResharding(e)                       ? Segment::Kind::Communication
-                                                     : Segment::Kind::Kernel;
-    s.exprs = {e};
-    for (const Val* v : e->inputs())
-      if (v != nullptr && v->valKind() == ValKind::TensorView &&
-          std::find(s.inputs.begin(), s.inputs.end(), v) == s.inputs.end())
-        s.inputs.push_back(static_cast<const TensorView*>(v));
-    s.outputs = {e->output()};
-    out.push_back(std::move(s));
-  }
-  return out;
-}
+std::vector<Segment> segmentFusion(const Fusion& f) { return Segmenter(f).run(); }
 
 std::string printSegments(const Fusion& f, const std::vector<Segment>& segments) {
   std::string s = "segments {\n";

@@ -2,10 +2,13 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "cli_common.h"
+#include "meshfuse/executor.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/printer.h"
@@ -13,6 +16,7 @@
 #include "meshfuse/npy.h"
 #include "meshfuse/pipeline.h"
 #include "meshfuse/reference.h"
+#include "meshfuse/runtime/host_ir_evaluator.h"
 
 namespace mf = meshfuse;
 namespace cli = meshfuse::cli;
@@ -31,6 +35,48 @@ void runReference(const mf::Fusion& fusion, const cli::ShardedRunOptions& o, con
                              outputs[i].shapeString(), cli::summary(outputs[i]));
     if (!save_dir.empty()) mf::writeNpy(fmt::format("{}/output{}.npy", save_dir, i), outputs[i]);
   }
+}
+
+// `run --timing`: this rank's program compiled (passes timed) and run twice through the CPU
+// backend, the first run compiling the kernels; rank 0 prints the report.
+void reportTiming(const mf::Fusion& definition, const cli::ShardedRunOptions& o, mf::PipelineOptions pipeline) {
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  std::unique_ptr<mf::Communicator> comm = mf::makeDefaultCommunicator();
+  std::ostringstream passes;
+  pipeline.timing = &passes;
+  std::unique_ptr<mf::Backend> owned = mf::makeCpuBackend();
+  mf::Backend* backend = owned.get();
+  mf::MultiDeviceExecutor exec(mf::cloneFusion(definition), *comm, std::move(owned), {.pipeline = pipeline, .trace = true});
+  std::vector<mf::ShardedTensor> inputs = mf::inputLayouts(definition);
+  auto t0 = Clock::now();
+  const mf::CompiledProgram& compiled = exec.plan(inputs);
+  auto t1 = Clock::now();
+  mf::SymbolBindings sizes = cli::completeBindings(definition, o.sizes, /*warn=*/false);
+  std::vector<mf::Tensor> full = cli::makeInputs(definition, o.npy_inputs, sizes, o.seed);
+  for (size_t i = 0; i < full.size(); ++i) {
+    const mf::TensorView* tv = compiled.fusion->inputs()[i];
+    inputs[i].global_shape = full[i].shape();
+    if (tv->mesh() == nullptr || tv->mesh()->contains(comm->rank()))
+      inputs[i].local = mf::shardForRank(tv, full[i], comm->rank());
+  }
+  auto t2 = Clock::now();
+  exec.run(inputs);
+  auto t3 = Clock::now();
+  const mf::Backend::Stats cold = backend->stats();
+  exec.run(inputs);
+  auto t4 = Clock::now();
+  const mf::Backend::Stats warm = backend->stats();
+  if (comm->rank() != 0) return;
+  std::cout << "== timing (rank 0, " << backend->name() << " backend)\n" << passes.str();
+  std::cout << fmt::format("compile (passes, segmentation, host IR) {:>10.3f} ms\n", ms(t0, t1));
+  std::cout << fmt::format("run 1 (cold)                          {:>10.3f} ms  ({} kernels compiled in {:.3f} ms)\n",
+                           ms(t2, t3), cold.kernels_compiled, cold.compile_seconds * 1e3);
+  std::cout << fmt::format("run 2 (cached)                        {:>10.3f} ms  ({} kernels compiled)\n", ms(t3, t4),
+                           warm.kernels_compiled - cold.kernels_compiled);
+  for (const mf::TraceEvent& e : exec.lastTrace())
+    if (e.kind == mf::TaskKind::Compute || e.kind == mf::TaskKind::Communication)
+      std::cout << fmt::format("  {:<60} {:>10.3f} ms\n", e.name, (e.end_us - e.begin_us) / 1e3);
 }
 
 }  // namespace
@@ -69,9 +115,14 @@ int main(int argc, char** argv) {
   int64_t dump_rank = 0;
   auto* dump = app.add_subcommand("dump", "Compile FILE.mf and print one stage of the pipeline");
   addFile(dump);
-  dump->add_option("--stage", stage, "fusion | propagated | decomposed | hostir (one rank's program)")
-      ->check(CLI::IsMember(mf::pipelineStages()))
+  std::vector<std::string> stages = mf::pipelineStages();
+  stages.insert(stages.end(), {"kernels", "llvm"});
+  dump->add_option("--stage", stage,
+                   "fusion | propagated | decomposed | segmented | hostir (one rank's program) | kernels (kernel IR "
+                   "of the rank's segments, for its local shapes) | llvm (their CPU LLVM IR, optimized)")
+      ->check(CLI::IsMember(stages))
       ->capture_default_str();
+  addSizes(dump);
   dump->add_option("--rank", dump_rank, "the rank whose host program --stage=hostir prints (-1: all ranks together)")
       ->capture_default_str();
 
@@ -97,6 +148,10 @@ int main(int argc, char** argv) {
   run->add_flag("--check", run_opts.check, "compare the sharded result with single-device execution");
   run->add_flag("--print-hostir", run_opts.print_hostir, "print rank 0's host program before running");
   run->add_flag("--reference", reference, "ignore placements: run on one device with the reference executor");
+  bool run_timing = false;
+  run->add_flag("--timing", run_timing,
+                "then run again through the CPU backend and report (rank 0) each compile pass, kernel compilation, a "
+                "cold and a cached run, and every segment's time in the cached run");
   run->add_option("--inject-failure-on-rank", run_opts.fail_on_rank,
                   "make this rank fail before running (to see that the other ranks exit instead of hanging)");
 
@@ -155,8 +210,11 @@ int main(int argc, char** argv) {
         mf::runPasses(*fusion, passes, o);
         if (!dump_each) std::cout << mf::printFusion(*fusion);
       } else if (*dump) {
+        mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/false);
         mf::CompiledProgram p = mf::compile(std::move(fusion), pipeline, /*keep_stages=*/true);
-        if (stage == "hostir") {
+        if (stage == "kernels" || stage == "llvm") {
+          std::cout << mf::dumpKernels(p, std::max<int64_t>(dump_rank, 0), sizes, stage == "llvm");
+        } else if (stage == "hostir") {
           std::cout << (dump_rank < 0 ? p.host.toString() : mf::programForRank(p, dump_rank).toString());
         } else {
           std::cout << p.stages.at(stage);
@@ -167,12 +225,15 @@ int main(int argc, char** argv) {
         std::cout << cli::collectiveReport(p, report_rank < 0 ? std::vector<int64_t>{} : std::vector<int64_t>{report_rank},
                                            sizes);
       } else if (*run) {
+        int rc = 0;
         if (reference || fusion->numMeshes() == 0) {
           runReference(*fusion, run_opts, save_dir);
         } else {
           run_opts.pipeline = pipeline;
-          return cli::runSharded(*fusion, run_opts);
+          rc = cli::runSharded(*fusion, run_opts);
         }
+        if (rc == 0 && run_timing) reportTiming(*fusion, run_opts, pipeline);
+        return rc;
       }
     } catch (const mf::UserError& e) {
       std::cout << std::flush;
