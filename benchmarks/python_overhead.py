@@ -1,12 +1,12 @@
 """Python overhead of a cached FusionDefinitionWrapper call, beyond the C++ execution.
 
-For each case, in the same run:
-  cpp    the executor's run() of the compiled program, timed in a C++ loop (Prepared.time_run)
+For each case, in the same run, call by call in pairs:
+  cpp    the executor's run() of the compiled program, timed in C++ (Prepared.time_run)
   py     fdw(inputs) from Python: signature lookup, zero-copy conversion of the locals, the same
          C++ run (GIL released), wrapping the outputs as DTensors
   overhead = py - cpp, per call (target: <= 30 us)
 
-Medians over several trials; both DTensor kinds (meshfuse over numpy, torch DTensor).
+Medians over trials; both DTensor kinds (meshfuse over numpy, torch DTensor).
 
     PYTHONPATH=build/python python benchmarks/python_overhead.py          # 1 rank
     PYTHONPATH=build/python python -m meshfuse.launch -n 2 benchmarks/python_overhead.py
@@ -35,14 +35,6 @@ def add_one(fd):
     fd.add_output(fd.define_tensor([-1, 8]) + 1.0)
 
 
-def per_call(fn, iters):
-    meshfuse.barrier()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t) / iters
-
-
 def measure(name, define, arrays, placements, iters, trials, torch_mesh=None):
     mesh = DeviceMesh(range(meshfuse.world_size()))
     fdw = FusionDefinitionWrapper(define)
@@ -57,15 +49,24 @@ def measure(name, define, arrays, placements, iters, trials, torch_mesh=None):
         tp = [[TS(p[0].dim) if p[0].is_shard() else TR()] for p in placements]
         inputs = [tdist(torch.from_numpy(a), torch_mesh, p) for a, p in zip(arrays, tp)]
     fdw(inputs)  # compile and warm up
-    call = next(iter(fdw._calls.values()))
-    key, locals_, _ = fdw._signature(inputs)
+    call, locals_ = fdw._call_for(inputs)
+    # Paired: each Python call is followed by one C++-timed run of the same program, so that
+    # load from other processes hits both alike.
     cpp, py = [], []
+    clock = time.perf_counter
     for _ in range(trials):
         meshfuse.barrier()
-        cpp.append(call.prepared.time_run(locals_, iters))
-        py.append(per_call(lambda: fdw(inputs), iters))
+        c = p = 0.0
+        for _ in range(iters):
+            t = clock()
+            fdw(inputs)
+            p += clock() - t
+            c += call.prepared.time_run(locals_, 1)
+        cpp.append(c / iters)
+        py.append(p / iters)
     c, p = statistics.median(cpp) * 1e6, statistics.median(py) * 1e6
-    return {"case": name, "cpp_us": c, "py_us": p, "overhead_us": p - c}
+    over = statistics.median(b - a for a, b in zip(cpp, py)) * 1e6
+    return {"case": name, "cpp_us": c, "py_us": p, "overhead_us": over}
 
 
 def main():
