@@ -22,15 +22,17 @@ import shutil
 import socket
 import sys
 
-# What mpirun/srun set in every rank (the C++ runtime reads the same ones: runtime/environment.h).
-_LAUNCHED_BY_MPI = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+from . import _C
 
 
 def launched_by_mpi() -> bool:
-    return any(v in os.environ for v in _LAUNCHED_BY_MPI)
+    """Whether mpirun/srun started this process (decided by the C++ runtime's one reader of
+    the environment, so that Python and C++ agree)."""
+    return _C.launched_by_mpi()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for torch.distributed's rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -49,7 +51,7 @@ def command(n: int, program: list, mpirun: str = "mpirun", extra: list | None = 
     env["PYTHONPATH"] = os.pathsep.join(p for p in [package_parent, env.get("PYTHONPATH", "")] if p)
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env.setdefault("MASTER_ADDR", "127.0.0.1")
-    env.setdefault("MASTER_PORT", str(_free_port()))
+    env.setdefault("MASTER_PORT", str(free_port()))
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

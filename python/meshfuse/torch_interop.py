@@ -11,10 +11,10 @@ port and tells the others over MPI (mpi4py).
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from . import _C, _world
+from .launch import free_port
 from .mesh import DeviceMesh, Partial, Replicate, Shard
 
 __all__ = ["init_process_group", "is_torch_dtensor", "mesh_from_torch", "placements_from_torch",
@@ -130,12 +130,6 @@ def make_dtensor(local, layout: TorchLayout):
                                       shape=layout.shape, stride=layout.stride)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_process_group(backend: str = "gloo") -> None:
     """torch.distributed.init_process_group over meshfuse's ranks (no-op when already done)."""
     import torch.distributed as dist
@@ -147,9 +141,9 @@ def init_process_group(backend: str = "gloo") -> None:
     port = os.environ.get("MASTER_PORT")
     if port is None:
         if size == 1:
-            port = str(_free_port())
+            port = str(free_port())
         else:
             from mpi4py import MPI  # MPI is initialized by meshfuse already; mpi4py then leaves it be
 
-            port = MPI.COMM_WORLD.bcast(str(_free_port()) if rank == 0 else None, root=0)
+            port = MPI.COMM_WORLD.bcast(str(free_port()) if rank == 0 else None, root=0)
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size)

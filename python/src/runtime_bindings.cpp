@@ -16,6 +16,7 @@
 #include "meshfuse/host_ir.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/printer.h"
+#include "meshfuse/runtime/environment.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 #include "tensor_conversion.h"
 
@@ -132,6 +133,8 @@ py::object layoutOf(const TensorView* tv) {
 void bindCommunicator(py::module_& m) {
   m.def("init", [] { return world()->name(); }, "Creates the process's communicator (idempotent); returns its name.");
   m.def("is_initialized", [] { return worldSlot() != nullptr; });
+  m.def("launched_by_mpi", [] { return readRuntimeEnvironment().launched_by_mpi; },
+        "Whether mpirun/srun started this process (the variables runtime/environment.h reads).");
   m.def("rank", [] { return world()->rank(); });
   m.def("world_size", [] { return world()->size(); });
   m.def("communicator_name", [] { return world()->name(); });
