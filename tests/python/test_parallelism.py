@@ -216,3 +216,14 @@ def test_decoder_layer(x_placement, collectives, rng):
     H.assert_close(out, decoder_layer_reference(*(a.astype(np.float64) for a in arrays), heads=heads))
     assert H.kinds(plan) == H.expect(collectives)
     assert outs[0].placements == (x_placement,)
+
+
+def test_outputs_of_earlier_calls_stay_intact(mlp_inputs, world_mesh):
+    """Outputs view meshfuse's buffers without a copy: a later call must not overwrite them."""
+    fdw = FusionDefinitionWrapper(H.define_mlp(H_))
+    weights = [meshfuse.distribute_tensor(a, world_mesh, [p]) for a, p in zip(mlp_inputs[1:], [S(0), S(1)])]
+    x1, x2 = mlp_inputs[0], -mlp_inputs[0]
+    (y1,) = fdw([meshfuse.distribute_tensor(x1, world_mesh, [R]), *weights])
+    (y2,) = fdw([meshfuse.distribute_tensor(x2, world_mesh, [R]), *weights])
+    H.assert_close(y1.to_local(), H.mlp(x1, *mlp_inputs[1:]))
+    H.assert_close(y2.to_local(), H.mlp(x2, *mlp_inputs[1:]))
