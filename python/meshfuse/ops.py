@@ -6,7 +6,7 @@ table's order (which follows PyTorch: ``linear(x, weight, bias=None)``,
 ``softmax(x, dim)``, ``reshape(x, shape)``). Operands are TensorViews or, for pointwise ops,
 Python numbers. Passing ``None`` for an attribute keeps its default (``sdpa(..., scale=None)``
 means 1/sqrt(head size), as in torch). The reductions ``sum``, ``max`` and ``mean`` also take
-torch's ``keepdim``. ``help(fd.ops.linear)`` shows a signature.
+torch's ``keepdim``, and a single int (or ``dim=``) for ``dims``. ``help(fd.ops.linear)`` shows a signature.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from . import _C
 # reduced dims with a broadcast_in_dim (C++ ops::sum/max/mean).
 _REDUCTIONS = frozenset({"sum", "max", "mean"})
 # Names a torch or nvFuser user may reach for, mapped to the table's attribute names.
-_ATTR_ALIASES = {"reshape": {"new_shape": "shape"}, "permute": {"permutation": "dims"}}
+_ATTR_ALIASES = {"reshape": {"new_shape": "shape"}, "permute": {"permutation": "dims"},
+                 **{r: {"dim": "dims"} for r in _REDUCTIONS}}
 
 
 def _signature(schema) -> inspect.Signature:
@@ -55,7 +56,8 @@ def _make_op(schema):
         bound.apply_defaults()
         a = bound.arguments
         if name in _REDUCTIONS:
-            return _C.reduce(name, a["x"], a["dims"], a["keepdim"])
+            dims = [a["dims"]] if isinstance(a["dims"], int) else a["dims"]  # torch's sum(x, 1)
+            return _C.reduce(name, a["x"], dims, a["keepdim"])
         return _C.apply(self._fusion, name, [a[n] for n in operand_names], {n: a[n] for n in attr_names})
 
     op.__name__ = op.__qualname__ = name

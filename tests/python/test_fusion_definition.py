@@ -61,6 +61,7 @@ def test_shapes_dtypes_scalars_and_operators():
         assert s.shape == [-1, 1]
         m = fd.ops.mean(z, dims=[0, 1])
         assert m.shape == []
+        assert fd.ops.max(z, 1).shape == [-1] and fd.ops.sum(z, dim=0, keepdim=True).shape == [1, 4]
         c = fd.ops.cast(z, DataType.Float)
         assert c.dtype == DataType.Float
         r = fd.ops.reshape(c, new_shape=[-1, 2, 2])
