@@ -5,7 +5,8 @@
 // (kir::lowerSegment), emit LLVM IR, optimize and JIT it (counted in stats()) -> run the
 // program's steps in order: loop nests through their compiled functions, GEMM calls through
 // cblas_sgemm. Temporaries come from a per-thread scratch area that grows to the largest
-// program's need and is reused, so a cached launch allocates nothing.
+// program's need and is reused, so a cached launch allocates nothing; tensors the evaluator
+// allocates are recycled by size (host_allocator.h).
 #include <cblas.h>
 
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/kernel_ir.h"
 #include "meshfuse/runtime/backend.h"
+#include "runtime/cpu/host_allocator.h"
 #include "runtime/cpu/jit.h"
 #include "runtime/cpu/segment_key.h"
 
@@ -67,7 +69,7 @@ void runGemm(const kir::Gemm& g, void* const* buffers) {
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
-  Tensor allocate(DataType dtype, const std::vector<int64_t>& shape) override { return Tensor::empty(dtype, shape); }
+  Tensor allocate(DataType dtype, const std::vector<int64_t>& shape) override { return memory_.allocate(dtype, shape); }
 
   void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
                   const ShapeFn& shape_of) override {
@@ -141,6 +143,7 @@ class CpuBackend final : public Backend {
     return *cache_.emplace(key, std::move(c)).first->second;
   }
 
+  cpu::HostAllocator memory_;
   mutable std::mutex mu_;
   std::unordered_map<cpu::SegmentKey, std::unique_ptr<Compiled>, cpu::SegmentKeyHash> cache_;
   std::unique_ptr<cpu::Jit> jit_;  // created by the first compilation
