@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "meshfuse/ops.h"
 #include "meshfuse/runtime/backend.h"
 #include "meshfuse/runtime/cuda.h"
 #include "meshfuse/tensor.h"
@@ -59,6 +62,92 @@ inline ::testing::AssertionResult closeTo(const Tensor& got_any, const Tensor& w
 
 inline ::testing::AssertionResult closeTo(const Tensor& got, const Tensor& want, Backend* backend) {
   return closeTo(got, want, backend, toleranceFor(want.dtype()));
+}
+
+// One program per op of the IR (plus an MLP block), with odd sizes so that vectorized loops have
+// tails: what the GPU tests and the emitter tests run.
+struct OpCase {
+  std::string name;
+  std::vector<std::vector<int64_t>> shapes;
+  std::function<TensorView*(std::vector<TensorView*>)> build;
+  bool positive = false;  // inputs must be > 0 (log, sqrt, pow)
+};
+
+inline std::vector<OpCase> opCases() {
+  using T = std::vector<TensorView*>;
+  const std::vector<int64_t> m = {33, 130};  // odd sizes: tails of vectorized loops
+  std::vector<OpCase> c = {
+      {"neg", {m}, [](T t) { return ops::neg(t[0]); }},
+      {"abs", {m}, [](T t) { return ops::abs(t[0]); }},
+      {"exp", {m}, [](T t) { return ops::exp(t[0]); }},
+      {"log", {m}, [](T t) { return ops::log(t[0]); }, true},
+      {"sqrt", {m}, [](T t) { return ops::sqrt(t[0]); }, true},
+      {"rsqrt", {m}, [](T t) { return ops::rsqrt(t[0]); }, true},
+      {"reciprocal", {m}, [](T t) { return ops::reciprocal(t[0]); }, true},
+      {"tanh", {m}, [](T t) { return ops::tanh(t[0]); }},
+      {"sigmoid", {m}, [](T t) { return ops::sigmoid(t[0]); }},
+      {"relu", {m}, [](T t) { return ops::relu(t[0]); }},
+      {"silu", {m}, [](T t) { return ops::silu(t[0]); }},
+      {"gelu", {m}, [](T t) { return ops::gelu(t[0]); }},
+      {"gelu_tanh", {m}, [](T t) { return ops::gelu(t[0], "tanh"); }},
+      {"add_broadcast", {m, {1, 130}}, [](T t) { return ops::add(t[0], t[1]); }},
+      {"sub_scalar", {m}, [](T t) { return ops::sub(3.0, t[0]); }},
+      {"mul", {m, m}, [](T t) { return ops::mul(t[0], t[1]); }},
+      {"div", {m, m}, [](T t) { return ops::div(t[0], t[1]); }, true},
+      {"pow", {m}, [](T t) { return ops::pow(t[0], 1.5); }, true},
+      {"maximum", {m, m}, [](T t) { return ops::maximum(t[0], t[1]); }},
+      {"minimum", {m, m}, [](T t) { return ops::minimum(t[0], t[1]); }},
+      {"where_gt", {m, m}, [](T t) { return ops::where(ops::gt(t[0], t[1]), t[0], t[1]); }},
+      {"cast_f32", {m}, [](T t) { return ops::cast(t[0], DataType::Float); }},
+      {"sum", {{4, 33, 130}}, [](T t) { return ops::sum(t[0], {2}); }},
+      {"sum_outer", {{4, 33, 130}}, [](T t) { return ops::sum(t[0], {0}); }},
+      {"max", {m}, [](T t) { return ops::max(t[0], {1}); }},
+      {"mean", {m}, [](T t) { return ops::mean(t[0], {1}, true); }},
+      {"broadcast_in_dim", {{130}}, [](T t) { return ops::broadcastInDim(t[0], {33, 130}, {1}); }},
+      {"reshape", {m}, [](T t) { return ops::reshape(t[0], {130, 33}); }},
+      {"permute", {{4, 33, 130}}, [](T t) { return ops::permute(t[0], {2, 0, 1}); }},
+      {"slice", {m}, [](T t) { return ops::slice(t[0], {1, 5}, {30, 129}); }},
+      {"cat", {m, {33, 7}}, [](T t) { return ops::cat({t[0], t[1]}, 1); }},
+      {"softmax", {m}, [](T t) { return ops::softmax(t[0], 1); }},
+      {"softmax_dim0", {m}, [](T t) { return ops::softmax(t[0], 0); }},
+      {"layer_norm", {m, {130}, {130}}, [](T t) { return ops::layerNorm(t[0], t[1], t[2]); }},
+      {"rms_norm", {m, {130}}, [](T t) { return ops::rmsNorm(t[0], t[1]); }},
+      {"linear", {m, {64, 130}, {64}}, [](T t) { return ops::linear(t[0], t[1], t[2]); }},
+      {"matmul", {{2, 33, 130}, {2, 130, 17}}, [](T t) { return ops::matmul(t[0], t[1]); }},
+      {"sdpa", {{2, 4, 40, 32}, {2, 4, 40, 32}, {2, 4, 40, 32}}, [](T t) { return ops::sdpa(t[0], t[1], t[2]); }},
+      {"sdpa_causal", {{2, 4, 40, 32}, {2, 4, 40, 32}, {2, 4, 40, 32}},
+       [](T t) { return ops::sdpa(t[0], t[1], t[2], true); }},
+      {"mlp_block", {{64, 128}, {256, 128}, {128, 256}},
+       [](T t) { return ops::add(ops::linear(ops::gelu(ops::linear(t[0], t[1]), "tanh"), t[2]), t[0]); }},
+  };
+  return c;
+}
+
+// Builds case `c` in `def` with inputs of dtype `dt`; returns its seeded inputs.
+inline std::vector<Tensor> buildCase(const OpCase& c, DataType dt, Fusion& def) {
+  std::vector<TensorView*> tvs;
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < c.shapes.size(); ++i) {
+    std::vector<Extent> shape(c.shapes[i].begin(), c.shapes[i].end());
+    tvs.push_back(def.defineTensor(shape, dt, "in" + std::to_string(i)));
+    Tensor t = Tensor::random(dt, c.shapes[i], 11 + i);
+    if (c.positive)
+      for (int64_t j = 0; j < t.numel(); ++j) t.set(j, 0.25 + std::fabs(t.get(j)));
+    inputs.push_back(t);
+  }
+  def.addOutput(c.build(tvs));
+  return inputs;
+}
+
+// The tolerance of case `c`'s outputs of dtype `dt`: long f32 chains (attention, the MLP block)
+// run in another order than the reference's.
+inline Tolerance toleranceFor(const OpCase& c, DataType dt) {
+  Tolerance tol = toleranceFor(dt);
+  if (c.name.rfind("sdpa", 0) == 0 || c.name == "mlp_block") {
+    tol.atol *= 4;
+    tol.rtol *= 4;
+  }
+  return tol;
 }
 
 }  // namespace meshfuse::cuda_testing

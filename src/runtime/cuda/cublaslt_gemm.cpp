@@ -141,7 +141,7 @@ void CublasLtGemm::run(const GemmPlan& p, const void* a, const void* b, const vo
   Prepared& pr = prepare(p, a, b, bias, d, workspace_bytes);
   // The bias pointer is part of the descriptor: set it for this call (same alignment as cached).
   if (bias != nullptr) setDesc(pr.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  const float alpha = 1, beta = 0;
+  const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   MF_CUBLAS_CHECK(dyn::cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), pr.op, &alpha, a, pr.a, b, pr.b, &beta, d,
                                  pr.d, d, pr.d, &pr.algo, workspace, pr.workspace, stream));
 }

@@ -1,13 +1,23 @@
 // The CUDA backend (backend.h): device memory from the caching allocator, segments as cuBLASLt
 // GEMMs and NVRTC-compiled kernels, data movement as copies and runtime kernels, all enqueued on
 // the current task's CUDA stream (cuda_streams.h).
+//
+// A linear or matmul segment runs directly on cuBLASLt in its own dtype (bf16/f16 on tensor
+// cores). Every other segment (kernels, sdpa) is lowered to kernel IR, as on the CPU; its loop
+// nests become NVRTC kernels (cuda_emitter.h) and its GEMM calls f32 cuBLASLt calls. Compiled
+// programs are cached per segment structure and local shapes (the CPU backend's key).
 #include <cstring>
+#include <unordered_map>
 
 #include "meshfuse/error.h"
 #include "meshfuse/ir/expr.h"
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/kernel_ir.h"
 #include "meshfuse/runtime/cuda.h"
 #include "meshfuse/runtime/environment.h"
+#include "runtime/cpu/segment_key.h"
 #include "runtime/cuda/cublaslt_gemm.h"
+#include "runtime/cuda/cuda_emitter.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/cuda_error.h"
 #include "runtime/cuda/cuda_streams.h"
@@ -29,6 +39,14 @@ class CudaBackend final : public Backend {
                   o.cache_dir.empty() ? readRuntimeEnvironment().cache_dir + "/cuda" : o.cache_dir}),
         gemm_(o.allow_tf32) {}
 
+  // Kernels and GEMMs may still run: their libraries and cuBLASLt's handle must outlive them.
+  ~CudaBackend() override {
+    try {
+      streams_->synchronize();
+    } catch (...) {  // a failed stream was reported by the run that failed
+    }
+  }
+
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::Cuda; }
 
@@ -37,26 +55,16 @@ class CudaBackend final : public Backend {
   }
 
   void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
-                  const ShapeFn&) override {
+                  const ShapeFn& shape_of) override {
+    MF_CHECK(seg.kind != Segment::Kind::Communication, "runSegment of a communication segment");
+    MF_CHECK(inputs.size() == seg.inputs.size() && outputs.size() == seg.outputs.size(),
+             "a segment launch with {} inputs and {} outputs for {} and {}", inputs.size(), outputs.size(),
+             seg.inputs.size(), seg.outputs.size());
+    for (const Tensor* t : inputs) requireDevice(*t, "a segment input");
+    for (const Tensor* t : outputs) requireDevice(*t, "a segment output");
     ctx_->activate();
-    switch (seg.kind) {
-      case Segment::Kind::Gemm:
-        runGemm(seg, inputs, outputs);
-        return;
-      case Segment::Kind::Kernel: {
-        std::vector<std::string> ops;
-        for (const Expr* e : seg.exprs) ops.emplace_back(e->name());
-        // The CUDA C emitter is written on the kernel IR of the generated-kernels issue; until
-        // that IR is part of the build there is nothing to emit from.
-        userError(ErrorKind::Unsupported,
-                  "the CUDA backend cannot run kernel segments ({}) yet: its CUDA C emitter needs the kernel IR of "
-                  "the generated-kernels issue, which this build does not have; run with --device=cpu",
-                  fmt::join(ops, ", "));
-      }
-      case Segment::Kind::Communication:
-        break;
-    }
-    MF_CHECK(false, "runSegment of a communication segment");
+    if (seg.kind == Segment::Kind::Gemm && runDirectGemm(seg, inputs, outputs)) return;
+    runProgram(seg, inputs, outputs, shape_of);
   }
 
   void copy(Tensor& dst, const Tensor& src) override {
@@ -156,25 +164,91 @@ class CudaBackend final : public Backend {
     MF_CHECK(t.device() == Device::Cuda, "{} on a host tensor in the CUDA backend", what);
   }
 
-  void runGemm(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs) {
+  // A linear or matmul in its own dtype on cuBLASLt (bf16/f16 on tensor cores); false when the
+  // segment needs the kernel IR's lowering instead (sdpa, an empty contraction).
+  bool runDirectGemm(const Segment& seg, const std::vector<const Tensor*>& inputs,
+                     const std::vector<Tensor*>& outputs) {
+    const Expr* e = seg.exprs.front();
+    if (e->kind() != OpKind::Linear && e->kind() != OpKind::Matmul) return false;
     std::vector<std::vector<int64_t>> shapes;
-    for (const Tensor* t : inputs) {
-      requireDevice(*t, "a GEMM operand");
-      shapes.push_back(t->shape());
-    }
+    for (const Tensor* t : inputs) shapes.push_back(t->shape());
     cuda::GemmPlan plan = cuda::planGemm(seg, shapes);
-    Tensor& out = *outputs.at(0);
-    requireDevice(out, "a GEMM output");
-    cudaStream_t s = ctx_->currentOrMain();
-    if (plan.k == 0) {  // an empty contraction is zeros (plus the bias, which cuBLASLt would add)
-      MF_USER_CHECK(plan.epilogue == cuda::GemmEpilogue::None, ErrorKind::Unsupported,
-                    "a GEMM with an empty contraction dim and a {} epilogue", cuda::gemmEpilogueName(plan.epilogue));
-      MF_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.nbytes(), s));
-      return;
-    }
+    if (plan.k == 0) return false;
     const void* bias = plan.bias_input >= 0 ? inputs[plan.bias_input]->data() : nullptr;
-    gemm_.run(plan, inputs[plan.a_input]->data(), inputs[plan.b_input]->data(), bias, out.data(), s, workspace(s),
-              cuda::CublasLtGemm::kWorkspaceBytes);
+    cudaStream_t s = ctx_->currentOrMain();
+    gemm_.run(plan, inputs[plan.a_input]->data(), inputs[plan.b_input]->data(), bias, outputs.at(0)->data(), s,
+              workspace(s), cuda::CublasLtGemm::kWorkspaceBytes);
+    return true;
+  }
+
+  // A segment lowered to kernel IR: NVRTC kernels for its loop nests, cuBLASLt for its GEMM
+  // calls, temporaries in one scratch allocation per launch.
+  struct Program {
+    kir::Program program;
+    cuda::EmittedProgram emitted;
+    std::vector<std::vector<cudaKernel_t>> kernels;          // per step
+    std::vector<std::vector<cuda::KirGemmCall>> gemms;       // per step
+    std::vector<size_t> offsets;                             // per temporary buffer, in the scratch
+    size_t scratch_bytes = 0;
+  };
+
+  const Program& program(const Segment& seg, const ShapeFn& shape_of) {
+    const cpu::SegmentKey key = cpu::segmentKey(seg, shape_of);
+    auto it = programs_.find(key);
+    if (it != programs_.end()) return *it->second;
+    const int64_t id = static_cast<int64_t>(programs_.size());
+    auto p = std::make_unique<Program>();
+    const Fusion& fusion = *seg.exprs.at(0)->output()->fusion();
+    p->program = kir::lowerSegment(fusion, seg, shape_of, fmt::format("{} {}", segmentKindName(seg.kind), id));
+    p->emitted = cuda::emitCuda(p->program, fmt::format("mf{}_{}", id, segmentKindName(seg.kind)),
+                                ctx_->properties().sm_count);
+    for (size_t i = 0; i < p->program.steps.size(); ++i) {
+      p->kernels.emplace_back();
+      p->gemms.emplace_back();
+      if (p->program.steps[i].kind == kir::Step::GemmCall) {
+        p->gemms.back() = cuda::planKirGemm(p->program.steps[i].gemm);
+        continue;
+      }
+      for (const cuda::KernelLaunch& l : p->emitted.steps[i]) p->kernels.back().push_back(kernels_.get(p->emitted.source, l.name));
+    }
+    for (size_t b = 0; b < p->program.buffers.size(); ++b) {
+      const kir::Buffer& buf = p->program.buffers[b];
+      p->offsets.push_back(p->scratch_bytes);
+      if (buf.role == kir::Buffer::Temp)
+        p->scratch_bytes += (static_cast<size_t>(buf.numel() * dtypeSize(buf.dtype) * p->emitted.copies[b]) + 255) / 256 * 256;
+    }
+    return *programs_.emplace(key, std::move(p)).first->second;
+  }
+
+  void runProgram(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
+                  const ShapeFn& shape_of) {
+    const Program& p = program(seg, shape_of);
+    Tensor scratch = p.scratch_bytes > 0 ? allocate(DataType::Bool, {static_cast<int64_t>(p.scratch_bytes)}) : Tensor();
+    std::vector<void*> ptrs;
+    for (const Tensor* t : inputs) ptrs.push_back(const_cast<void*>(t->data()));
+    for (Tensor* t : outputs) ptrs.push_back(t->data());
+    for (size_t i = 0; i < ptrs.size(); ++i) {
+      const kir::Buffer& b = p.program.buffers.at(i);
+      const Tensor& t = i < inputs.size() ? *inputs[i] : *outputs[i - inputs.size()];
+      MF_CHECK(t.dtype() == b.dtype && t.numel() == b.numel(), "{}: buffer {} is {}{} but the kernel expects {}[{}]",
+               p.program.name, i, dtypeName(t.dtype()), t.shapeString(), dtypeName(b.dtype), fmt::join(b.shape, ", "));
+    }
+    for (size_t i = ptrs.size(); i < p.program.buffers.size(); ++i)
+      ptrs.push_back(static_cast<char*>(scratch.data()) + p.offsets[i]);
+    if (ptrs.empty()) ptrs.push_back(nullptr);  // the kernels' parameter has at least one slot
+    cudaStream_t s = ctx_->currentOrMain();
+    for (size_t i = 0; i < p.program.steps.size(); ++i) {
+      for (size_t k = 0; k < p.kernels[i].size(); ++k) {
+        const cuda::KernelLaunch& l = p.emitted.steps[i][k];
+        void* args[] = {ptrs.data()};  // the kernel's one parameter: every buffer pointer, by value
+        cuda::launchKernel(p.kernels[i][k], dim3(static_cast<unsigned>(l.blocks)), dim3(l.threads), 0, s, args);
+      }
+      for (const cuda::KirGemmCall& g : p.gemms[i]) {
+        auto at = [&](int buffer, int64_t offset) { return static_cast<float*>(ptrs.at(buffer)) + offset; };
+        gemm_.run(g.plan, at(g.plan.a_input, g.a_offset), at(g.plan.b_input, g.b_offset), nullptr,
+                  at(p.program.steps[i].gemm.c.buffer, g.d_offset), s, workspace(s), cuda::CublasLtGemm::kWorkspaceBytes);
+      }
+    }
   }
 
   // One cuBLASLt workspace per stream: GEMMs on different streams may run at the same time.
@@ -189,9 +263,10 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<CudaContext> ctx_;
   std::unique_ptr<Streams> streams_;
-  mutable cuda::KernelCache kernels_;
+  cuda::KernelCache kernels_;
   cuda::CublasLtGemm gemm_;
   std::map<cudaStream_t, Tensor> workspaces_;
+  std::unordered_map<cpu::SegmentKey, std::unique_ptr<Program>, cpu::SegmentKeyHash> programs_;
 };
 
 }  // namespace

@@ -33,17 +33,23 @@ class CudaStreams final : public Streams {
     ctx_->activate();
     cudaStream_t s = ctx_->stream(stream);
     StreamScope scope(s);
-    Traced traced;
-    if (tracing_ && kind != TaskKind::Wait) {
-      traced = {name, kind, stream, ctx_->takeEvent(true), ctx_->takeEvent(true)};
-      MF_CUDA_CHECK(cudaEventRecord(traced.begin, s));
+    if (!tracing_ || kind == TaskKind::Wait) {
+      task();
+      ctx_->noteWork();
+      return;
     }
-    task();
-    ctx_->noteWork();
-    if (traced.begin != nullptr) {
-      MF_CUDA_CHECK(cudaEventRecord(traced.end, s));
-      trace_.push_back(traced);
+    Traced t{name, kind, stream, ctx_->takeEvent(true), ctx_->takeEvent(true)};
+    try {
+      MF_CUDA_CHECK(cudaEventRecord(t.begin, s));
+      task();
+      ctx_->noteWork();
+      MF_CUDA_CHECK(cudaEventRecord(t.end, s));
+    } catch (...) {  // a failed task leaves no half-recorded entry
+      ctx_->giveEvent(t.begin, true);
+      ctx_->giveEvent(t.end, true);
+      throw;
     }
+    trace_.push_back(std::move(t));
   }
 
   std::shared_ptr<Event> record(int64_t stream) override {

@@ -42,9 +42,10 @@ const char* gemmEpilogueName(GemmEpilogue e) {
 }
 
 std::string GemmPlan::describe() const {
-  return fmt::format("{} m={} n={} k={} {}{} lda={} ldb={} ldd={} batch={} strides=({}, {}, {}) epilogue={}",
+  return fmt::format("{} m={} n={} k={} {}{} lda={} ldb={} ldd={} batch={} strides=({}, {}, {}) epilogue={}{}",
                      dtypeName(dtype), m, n, k, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', lda, ldb, ldd, batch,
-                     stride_a, stride_b, stride_d, gemmEpilogueName(epilogue));
+                     stride_a, stride_b, stride_d, gemmEpilogueName(epilogue),
+                     alpha == 1 && beta == 0 ? "" : fmt::format(" alpha={} beta={}", alpha, beta));
 }
 
 GemmPlan planGemm(const Segment& seg, const std::vector<std::vector<int64_t>>& shapes) {
@@ -154,6 +155,49 @@ GemmPlan planGemm(const Segment& seg, const std::vector<std::vector<int64_t>>& s
                                                     : GemmEpilogue::Bias;
   }
   return p;
+}
+
+std::vector<KirGemmCall> planKirGemm(const kir::Gemm& g) {
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: kir's B is cuBLASLt's A.
+  GemmPlan p;
+  p.dtype = DataType::Float;
+  p.m = g.n;
+  p.n = g.m;
+  p.k = g.k;
+  p.trans_a = g.b.trans;
+  p.lda = g.b.ld;
+  p.a_input = static_cast<int>(g.b.buffer);
+  p.trans_b = g.a.trans;
+  p.ldb = g.a.ld;
+  p.b_input = static_cast<int>(g.a.buffer);
+  p.ldd = g.c.ld;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+  std::vector<kir::Gemm::BatchDim> outer = g.batch;
+  if (!outer.empty()) {
+    const kir::Gemm::BatchDim last = outer.back();
+    outer.pop_back();
+    p.batch = last.extent;
+    p.stride_a = last.stride_b;
+    p.stride_b = last.stride_a;
+    p.stride_d = last.stride_c;
+  }
+  int64_t entries = 1;
+  for (const kir::Gemm::BatchDim& d : outer) entries *= d.extent;
+  std::vector<KirGemmCall> calls;
+  for (int64_t t = 0; t < entries; ++t) {
+    KirGemmCall c{p, g.b.offset, g.a.offset, g.c.offset};
+    int64_t rest = t;
+    for (size_t d = outer.size(); d-- > 0;) {
+      const int64_t j = rest % outer[d].extent;
+      rest /= outer[d].extent;
+      c.a_offset += j * outer[d].stride_b;
+      c.b_offset += j * outer[d].stride_a;
+      c.d_offset += j * outer[d].stride_c;
+    }
+    calls.push_back(c);
+  }
+  return calls;
 }
 
 }  // namespace meshfuse::cuda

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "meshfuse/ir/dtype.h"
+#include "meshfuse/kernel_ir.h"
 #include "meshfuse/segment.h"
 
 namespace meshfuse::cuda {
@@ -35,11 +36,22 @@ struct GemmPlan {
   int a_input = -1, b_input = -1;        // the segment inputs that are cuBLASLt's A and B
   int bias_input = -1;                   // segment input of the bias, -1 without one
   GemmEpilogue epilogue = GemmEpilogue::None;
+  double alpha = 1, beta = 0;            // D = alpha * product + beta * D (D holds C)
   std::string describe() const;          // for error messages and the cache key
 };
 
 // `input_shapes` align with seg.inputs (the local shapes of this launch); the segment's single
 // output must be the last expr's.
 GemmPlan planGemm(const Segment& seg, const std::vector<std::vector<int64_t>>& input_shapes);
+
+// A kernel IR GEMM call (f32 buffers, row-major, any batch dims) as cuBLASLt calls: one per
+// entry of the batch dims before the last, which is cuBLASLt's strided batch. Offsets are in
+// elements from the operands' buffers; a_input/b_input name kir::Gemm's b and a operands (the
+// product is computed transposed, as above).
+struct KirGemmCall {
+  GemmPlan plan;
+  int64_t a_offset = 0, b_offset = 0, d_offset = 0;
+};
+std::vector<KirGemmCall> planKirGemm(const kir::Gemm& g);
 
 }  // namespace meshfuse::cuda

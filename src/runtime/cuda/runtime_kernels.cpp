@@ -9,6 +9,8 @@ namespace meshfuse::cuda {
 
 const std::string& cudaPrelude() {
   static const std::string s = R"CUDA(// meshfuse prelude
+#ifndef MF_PRELUDE
+#define MF_PRELUDE
 typedef unsigned short mf_bf16;  // 16-bit patterns, as the host stores them
 typedef unsigned short mf_f16;
 typedef long long mf_i64;
@@ -27,18 +29,29 @@ __device__ __forceinline__ unsigned short mf_f32_to_bf16(float f) {
   return (unsigned short)(u >> 16);
 #endif
 }
+// MF_HOST_EMULATION: the unit tests compile generated kernels for the host, which supplies the
+// conversions (the GPU has them in hardware).
 __device__ __forceinline__ float mf_f16_to_f32(unsigned short h) {
+#ifdef MF_HOST_EMULATION
+  return mf_emu_f16_to_f32(h);
+#else
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
   return f;
+#endif
 }
 __device__ __forceinline__ unsigned short mf_f32_to_f16(float f) {
+#ifdef MF_HOST_EMULATION
+  return mf_emu_f32_to_f16(f);
+#else
   unsigned short r;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
   return r;
+#endif
 }
 __device__ __forceinline__ long long mf_global_thread() { return blockIdx.x * (long long)blockDim.x + threadIdx.x; }
 __device__ __forceinline__ long long mf_grid_threads() { return (long long)gridDim.x * blockDim.x; }
+#endif  // MF_PRELUDE
 )CUDA";
   return s;
 }

@@ -1,0 +1,574 @@
+// Kernel IR -> CUDA C (see cuda_emitter.h for the parallelization).
+#include "runtime/cuda/cuda_emitter.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "meshfuse/error.h"
+#include "runtime/cuda/runtime_kernels.h"
+
+namespace meshfuse::cuda {
+namespace {
+
+using kir::Expr;
+using kir::Op;
+using kir::Stmt;
+using kir::Type;
+
+constexpr int kThreads = 256;
+constexpr int64_t kPrivateBytesCap = int64_t{64} << 20;  // private temporaries, all workers together
+
+const char* ctype(Type t) {
+  switch (t) {
+    case Type::Bool: return "bool";
+    case Type::I64: return "long long";
+    case Type::F32: return "float";
+    case Type::F64: return "double";
+  }
+  return "?";
+}
+
+const char* storageType(DataType dt) {
+  switch (dt) {
+    case DataType::Float: return "float";
+    case DataType::BFloat16: return "mf_bf16";
+    case DataType::Half: return "mf_f16";
+    case DataType::Int64: return "long long";
+    case DataType::Bool: return "unsigned char";
+  }
+  return "?";
+}
+
+bool isFloat(Type t) { return t == Type::F32 || t == Type::F64; }
+
+// Exact literals: hexadecimal floats, named infinities and NaN.
+std::string literal(double v, Type t) {
+  switch (t) {
+    case Type::Bool: return v != 0 ? "true" : "false";
+    case Type::I64: return fmt::format("{}LL", static_cast<long long>(v));
+    case Type::F32:
+    case Type::F64: {
+      const bool f = t == Type::F32;
+      if (std::isnan(v)) return f ? "MF_NAN_F" : "MF_NAN_D";
+      if (std::isinf(v)) return std::string(v < 0 ? "(-" : "(") + (f ? "MF_INF_F)" : "MF_INF_D)");
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%a", f ? static_cast<double>(static_cast<float>(v)) : v);
+      return f ? fmt::format("{}f", buf) : std::string(buf);
+    }
+  }
+  return "?";
+}
+
+// Scalars and buffers an expression tree reads.
+void exprUses(const Expr& e, std::set<int64_t>* scalars, std::set<int64_t>* buffers) {
+  if (e->op == Op::Var && scalars) scalars->insert(e->id);
+  if (e->op == Op::Load && buffers) buffers->insert(e->id);
+  for (const Expr& a : e->args) exprUses(a, scalars, buffers);
+}
+
+// Calls f on every statement of `body`, depth first.
+void walk(const std::vector<Stmt>& body, const std::function<void(const Stmt&)>& f) {
+  for (const Stmt& s : body) {
+    f(s);
+    if (s.kind == Stmt::For) walk(s.body, f);
+  }
+}
+
+// Scalars and buffers a statement list reads or writes (its own loop variables included).
+struct Uses {
+  std::set<int64_t> scalars, buffers, stored, assigned;
+};
+Uses usesOf(const std::vector<Stmt>& body) {
+  Uses u;
+  walk(body, [&](const Stmt& s) {
+    if (s.value) exprUses(s.value, &u.scalars, &u.buffers);
+    if (s.index) exprUses(s.index, &u.scalars, &u.buffers);
+    if (s.kind == Stmt::Store) u.stored.insert(s.id), u.buffers.insert(s.id);
+    if (s.kind == Stmt::Assign) u.assigned.insert(s.id);
+  });
+  return u;
+}
+
+// Scalars a statement list defines (loop variables, lets, accumulators it assigns).
+std::set<int64_t> definedIn(const std::vector<Stmt>& body) {
+  std::set<int64_t> d;
+  walk(body, [&](const Stmt& s) {
+    if (s.kind != Stmt::Store) d.insert(s.id);
+  });
+  return d;
+}
+
+// The outer perfect nest of a statement list: loops whose body is exactly one loop.
+struct Nest {
+  std::vector<int64_t> vars, extents;
+  const std::vector<Stmt>* body = nullptr;
+  int64_t total() const {
+    int64_t t = 1;
+    for (int64_t e : extents) t *= e;
+    return t;
+  }
+};
+Nest outerNest(const std::vector<Stmt>& root) {
+  Nest n;
+  n.body = &root;
+  while (n.body->size() == 1 && n.body->front().kind == Stmt::For) {
+    n.vars.push_back(n.body->front().id);
+    n.extents.push_back(n.body->front().extent);
+    n.body = &n.body->front().body;
+  }
+  return n;
+}
+
+// Iterations of the loops inside a body (an estimate of a row's work).
+int64_t innerWork(const std::vector<Stmt>& body) {
+  int64_t w = 0;
+  for (const Stmt& s : body)
+    if (s.kind == Stmt::For) w = std::max(w, s.extent * std::max<int64_t>(1, innerWork(s.body)));
+  return w;
+}
+
+enum class Mode { Thread, Block };
+
+// A reduction the emitter recognized: accumulator `acc = op(acc, x)` over a parallel loop.
+struct Reduction {
+  int64_t acc;
+  Op op;
+};
+
+class KernelWriter {
+ public:
+  KernelWriter(const kir::Program& p, const std::string& bufs_type, const Nest& nest, Mode mode,
+               const std::set<int64_t>& private_buffers)
+      : p_(p), bufs_type_(bufs_type), nest_(nest), mode_(mode), private_(private_buffers) {}
+
+  std::string write(const std::string& name) {
+    const Uses u = usesOf(*nest_.body);
+    out_ = fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({} mf_bufs) {{\n", kThreads, name,
+                       bufs_type_);
+    indent_ = 1;
+    for (int64_t b : u.buffers) {
+      const DataType dt = p_.buffers.at(b).dtype;
+      line(fmt::format("{}* __restrict__ b{} = static_cast<{}*>(mf_bufs.p[{}]);", storageType(dt), b, storageType(dt), b));
+    }
+    for (int64_t s : u.scalars)
+      if (p_.scalars.at(s).kind == kir::Scalar::Accumulator) line(fmt::format("{} s{};", ctype(p_.scalars[s].type), s));
+    for (int64_t s : u.assigned)
+      if (!u.scalars.count(s)) line(fmt::format("{} s{};", ctype(p_.scalars.at(s).type), s));
+    if (mode_ == Mode::Thread) {
+      line("const long long mf_w = blockIdx.x * (long long)blockDim.x + threadIdx.x;");
+      line("const long long mf_W = (long long)gridDim.x * blockDim.x;");
+    } else {
+      line("const long long mf_w = blockIdx.x, mf_W = gridDim.x;");
+    }
+    line(fmt::format("for (long long mf_o = mf_w; mf_o < {}LL; mf_o += mf_W) {{", nest_.total()));
+    ++indent_;
+    memo_.emplace_back();
+    if (!nest_.vars.empty()) line("long long mf_rest = mf_o;");
+    for (size_t d = nest_.vars.size(); d-- > 0;) {
+      line(fmt::format("const long long s{} = mf_rest % {}LL;", nest_.vars[d], nest_.extents[d]));
+      if (d > 0) line(fmt::format("mf_rest /= {}LL;", nest_.extents[d]));
+    }
+    if (mode_ == Mode::Thread) {
+      stmts(*nest_.body, false);
+    } else {
+      blockBody(*nest_.body);
+      line("__syncthreads();  // the next row reuses shared memory and private temporaries");
+    }
+    memo_.pop_back();
+    --indent_;
+    line("}");
+    return out_ + "}\n\n";
+  }
+
+ private:
+  void line(const std::string& s) { out_ += std::string(2 * indent_, ' ') + s + "\n"; }
+
+  // ---- expressions ------------------------------------------------------------------------
+  std::string expr(const Expr& e) {
+    switch (e->op) {
+      case Op::Const: return literal(e->value, e->type);
+      case Op::Var: {
+        auto r = rename_.find(e->id);
+        return r != rename_.end() ? r->second : fmt::format("s{}", e->id);
+      }
+      case Op::Load: return load(e);
+      default: break;
+    }
+    // Values are named once per scope (as the CPU emitter memoizes): the IR shares subtrees.
+    for (auto s = memo_.rbegin(); s != memo_.rend(); ++s)
+      if (auto it = s->find(e.get()); it != s->end()) return it->second;
+    std::string text = compute(e);
+    std::string name = fmt::format("e{}", next_value_++);
+    line(fmt::format("const {} {} = {};", ctype(e->type), name, text));
+    memo_.back()[e.get()] = name;
+    return name;
+  }
+
+  std::string index(int64_t buffer, const Expr& idx) {
+    std::string i = expr(idx);
+    if (!private_.count(buffer)) return i;
+    // A private temporary: thread mode interleaves workers (coalesced), block mode gives each
+    // block a contiguous copy.
+    if (mode_ == Mode::Thread) return fmt::format("({}) * mf_W + mf_w", i);
+    return fmt::format("mf_w * {}LL + ({})", p_.buffers.at(buffer).numel(), i);
+  }
+
+  std::string load(const Expr& e) {
+    const DataType dt = p_.buffers.at(e->id).dtype;
+    std::string v = fmt::format("b{}[{}]", e->id, index(e->id, e->args.at(0)));
+    switch (dt) {
+      case DataType::BFloat16: v = fmt::format("mf_bf16_to_f32({})", v); break;
+      case DataType::Half: v = fmt::format("mf_f16_to_f32({})", v); break;
+      case DataType::Bool: v = fmt::format("({} != 0)", v); break;
+      default: break;
+    }
+    return convert(v, kir::valueTypeOf(dt), e->type);
+  }
+
+  static std::string convert(const std::string& v, Type from, Type to) {
+    if (from == to) return v;
+    if (to == Type::Bool) return fmt::format("({} != 0)", v);
+    // float -> i64 truncates; the GPU's conversion saturates and maps NaN to 0, as the CPU's does.
+    return fmt::format("static_cast<{}>({})", ctype(to), v);
+  }
+
+  std::string compute(const Expr& e) {
+    if (e->op == Op::Round) {
+      std::string x = expr(e->args[0]);
+      return e->round_to == DataType::Half ? fmt::format("mf_f16_to_f32(mf_f32_to_f16({}))", x)
+                                           : fmt::format("mf_round_bf16({})", x);
+    }
+    if (e->op == Op::Cast) return convert(expr(e->args[0]), e->args[0]->type, e->type);
+    if (e->op == Op::Select)
+      return fmt::format("({} ? {} : {})", expr(e->args[0]), expr(e->args[1]), expr(e->args[2]));
+    if (e->args.size() == 1) return unary(e->op, expr(e->args[0]), e->args[0]->type);
+    return binary(e->op, expr(e->args[0]), expr(e->args[1]), e->args[0]->type);
+  }
+
+  static std::string unary(Op op, const std::string& x, Type t) {
+    const bool f32 = t == Type::F32;
+    auto fn = [&](const char* name) { return fmt::format("{}{}({})", name, f32 ? "f" : "", x); };
+    switch (op) {
+      case Op::Neg: return fmt::format("(-{})", x);
+      case Op::Abs: return isFloat(t) ? fn("fabs") : fmt::format("llabs({})", x);
+      case Op::Exp: return fn("exp");
+      case Op::Log: return fn("log");
+      case Op::Sqrt: return fn("sqrt");
+      case Op::Rsqrt: return fmt::format("({} / {})", f32 ? "1.0f" : "1.0", fn("sqrt"));
+      case Op::Recip: return fmt::format("({} / {})", f32 ? "1.0f" : "1.0", x);
+      case Op::Tanh: return fn("tanh");
+      case Op::Erf: return fn("erf");
+      case Op::Trunc: return fn("trunc");
+      default: break;
+    }
+    MF_CHECK(false, "{} is not a unary kernel op", kir::opName(op));
+  }
+
+  static std::string binary(Op op, const std::string& a, const std::string& b, Type t) {
+    const bool f32 = t == Type::F32;
+    switch (op) {
+      case Op::Add: return fmt::format("({} + {})", a, b);
+      case Op::Sub: return fmt::format("({} - {})", a, b);
+      case Op::Mul: return fmt::format("({} * {})", a, b);
+      case Op::Div: return fmt::format("({} / {})", a, b);  // integers: of indices (non-negative)
+      case Op::Rem: return isFloat(t) ? fmt::format("fmod{}({}, {})", f32 ? "f" : "", a, b) : fmt::format("({} % {})", a, b);
+      case Op::Pow: return fmt::format("pow{}({}, {})", f32 ? "f" : "", a, b);
+      case Op::Max: return fmt::format("({0} < {1} ? {1} : {0})", a, b);
+      case Op::Min: return fmt::format("({1} < {0} ? {1} : {0})", a, b);
+      case Op::Eq: return fmt::format("({} == {})", a, b);
+      case Op::Ne: return fmt::format("({} != {})", a, b);
+      case Op::Lt: return fmt::format("({} < {})", a, b);
+      case Op::Le: return fmt::format("({} <= {})", a, b);
+      case Op::Gt: return fmt::format("({} > {})", a, b);
+      case Op::Ge: return fmt::format("({} >= {})", a, b);
+      default: break;
+    }
+    MF_CHECK(false, "{} is not a binary kernel op", kir::opName(op));
+  }
+
+  // ---- statements, serially ---------------------------------------------------------------
+  void stmt(const Stmt& s, bool guard_stores) {
+    switch (s.kind) {
+      case Stmt::For:
+        line(fmt::format("for (long long s{0} = 0; s{0} < {1}LL; ++s{0}) {{", s.id, s.extent));
+        ++indent_;
+        memo_.emplace_back();
+        stmts(s.body, guard_stores);
+        memo_.pop_back();
+        --indent_;
+        line("}");
+        return;
+      case Stmt::Let:
+        line(fmt::format("const {} s{} = {};", ctype(p_.scalars.at(s.id).type), s.id, expr(s.value)));
+        return;
+      case Stmt::Assign: {
+        std::string v = expr(s.value);
+        auto r = rename_.find(s.id);
+        line(fmt::format("{} = {};", r != rename_.end() ? r->second : fmt::format("s{}", s.id), v));
+        return;
+      }
+      case Stmt::Store: {
+        const DataType dt = p_.buffers.at(s.id).dtype;
+        std::string v = convert(expr(s.value), s.value->type, kir::valueTypeOf(dt));
+        if (dt == DataType::BFloat16) v = fmt::format("mf_f32_to_bf16({})", v);
+        if (dt == DataType::Half) v = fmt::format("mf_f32_to_f16({})", v);
+        if (dt == DataType::Bool) v = fmt::format("static_cast<unsigned char>({})", v);
+        std::string st = fmt::format("b{}[{}] = {};", s.id, index(s.id, s.index), v);
+        line(guard_stores ? "if (threadIdx.x == 0) " + st : st);
+        return;
+      }
+    }
+  }
+  void stmts(const std::vector<Stmt>& body, bool guard_stores) {
+    for (const Stmt& s : body) stmt(s, guard_stores);
+  }
+
+  // ---- block mode -------------------------------------------------------------------------
+  // One row's body, run by a whole block. Statements outside loops compute uniform values in
+  // every thread; loops are spread over the threads when `parallelPlan` proves it safe.
+  void blockBody(const std::vector<Stmt>& body) {
+    std::set<int64_t> initialized;  // accumulators assigned so far in this body
+    for (size_t i = 0; i < body.size(); ++i) {
+      const Stmt& s = body[i];
+      if (s.kind != Stmt::For) {
+        stmt(s, /*guard_stores=*/true);
+        if (s.kind == Stmt::Assign) initialized.insert(s.id);
+        continue;
+      }
+      std::vector<Reduction> reductions;
+      const std::vector<Stmt> rest(body.begin() + static_cast<std::ptrdiff_t>(i) + 1, body.end());
+      const bool parallel = parallelPlan(s, initialized, rest, &reductions);
+      const Uses u = usesOf({s});
+      if (parallel) {
+        parallelLoop(s, reductions);
+      } else {
+        stmt(s, /*guard_stores=*/true);
+      }
+      for (int64_t a : u.assigned) initialized.insert(a);
+      if (!u.stored.empty()) line("__syncthreads();");
+    }
+  }
+
+  // Whether the iterations of `loop` may run on different threads: every store's index varies
+  // with the loop; accumulators it assigns are either its own (first assigned inside, not read
+  // after it) or reductions `acc = op(acc, x)` (op add/max/min, acc read nowhere else in the loop).
+  bool parallelPlan(const Stmt& loop, const std::set<int64_t>& initialized, const std::vector<Stmt>& rest,
+                    std::vector<Reduction>* reductions) {
+    bool ok = true;
+    walk({loop}, [&](const Stmt& s) {
+      if (s.kind == Stmt::Store) {
+        std::set<int64_t> vars;
+        exprUses(s.index, &vars, nullptr);
+        if (!vars.count(loop.id)) ok = false;
+      }
+    });
+    if (!ok) return false;
+    const Uses inside = usesOf({loop});
+    const Uses after = usesOf(rest);
+    for (int64_t acc : inside.assigned) {
+      if (!initialized.count(acc)) {  // the loop's own: must not carry a value out
+        if (after.scalars.count(acc) || after.assigned.count(acc)) return false;
+        continue;
+      }
+      std::optional<Op> op;
+      int64_t reads = 0, assigns = 0;
+      walk({loop}, [&](const Stmt& s) {
+        if (s.value) reads += countVar(s.value, acc);
+        if (s.index) reads += countVar(s.index, acc);
+        if (s.kind != Stmt::Assign || s.id != acc) return;
+        ++assigns;
+        const Expr& v = s.value;
+        const bool shape = v->args.size() == 2 && (v->op == Op::Add || v->op == Op::Max || v->op == Op::Min) &&
+                           ((isVar(v->args[0], acc) && countVar(v->args[1], acc) == 0) ||
+                            (isVar(v->args[1], acc) && countVar(v->args[0], acc) == 0));
+        if (!shape || (op && *op != v->op)) ok = false;
+        op = v->op;
+      });
+      if (!ok || reads != assigns) return false;  // acc read only as its own operand
+      reductions->push_back({acc, *op});
+    }
+    return true;
+  }
+
+  static bool isVar(const Expr& e, int64_t id) { return e->op == Op::Var && e->id == id; }
+  static int64_t countVar(const Expr& e, int64_t id) {
+    int64_t n = isVar(e, id) ? 1 : 0;
+    for (const Expr& a : e->args) n += countVar(a, id);
+    return n;
+  }
+
+  static const char* reduceOp(Op op) { return op == Op::Add ? "MfAdd" : op == Op::Max ? "MfMax" : "MfMin"; }
+  std::string identity(Op op, Type t) const {
+    if (op == Op::Add) return literal(0, t);
+    if (t == Type::I64) return op == Op::Max ? "MF_LLONG_MIN" : "MF_LLONG_MAX";
+    return literal(op == Op::Max ? -INFINITY : INFINITY, t);
+  }
+
+  void parallelLoop(const Stmt& loop, const std::vector<Reduction>& reductions) {
+    for (const Reduction& r : reductions) {
+      const Type t = p_.scalars.at(r.acc).type;
+      line(fmt::format("{} mf_p{} = {};", ctype(t), r.acc, identity(r.op, t)));
+      rename_[r.acc] = fmt::format("mf_p{}", r.acc);
+    }
+    line(fmt::format("for (long long s{0} = threadIdx.x; s{0} < {1}LL; s{0} += blockDim.x) {{", loop.id, loop.extent));
+    ++indent_;
+    memo_.emplace_back();
+    stmts(loop.body, /*guard_stores=*/false);
+    memo_.pop_back();
+    --indent_;
+    line("}");
+    for (const Reduction& r : reductions) {
+      rename_.erase(r.acc);
+      const std::string total = fmt::format("mf_block_reduce(mf_p{}, {}())", r.acc, reduceOp(r.op));
+      line(fmt::format("s{0} = {1}()(s{0}, {2});", r.acc, reduceOp(r.op), total));
+    }
+  }
+
+  const kir::Program& p_;
+  std::string bufs_type_;
+  const Nest& nest_;
+  Mode mode_;
+  const std::set<int64_t>& private_;
+  std::string out_;
+  int indent_ = 0;
+  std::vector<std::map<const kir::Node*, std::string>> memo_;
+  std::map<int64_t, std::string> rename_;
+  int64_t next_value_ = 0;
+};
+
+// The helpers every program's kernels use, after the prelude.
+const char* kKernelHelpers = R"CUDA(
+#ifndef MF_KERNEL_HELPERS
+#define MF_KERNEL_HELPERS
+#define MF_INF_F __int_as_float(0x7f800000)
+#define MF_NAN_F __int_as_float(0x7fc00000)
+#define MF_INF_D __longlong_as_double(0x7ff0000000000000LL)
+#define MF_NAN_D __longlong_as_double(0x7ff8000000000000LL)
+#define MF_LLONG_MAX 9223372036854775807LL
+#define MF_LLONG_MIN (-MF_LLONG_MAX - 1LL)
+__device__ __forceinline__ float mf_round_bf16(float x) { return x != x ? x : mf_bf16_to_f32(mf_f32_to_bf16(x)); }
+struct MfAdd { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+struct MfMax { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? b : a; } };
+struct MfMin { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return b < a ? b : a; } };
+// Every thread of the block gets op over every thread's v (blockDim.x a multiple of 32).
+template <typename T, typename Op>
+__device__ __forceinline__ T mf_block_reduce(T v, Op op) {
+  __shared__ T mf_warp_values[32];
+  for (int m = 16; m > 0; m >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();  // an earlier reduction's readers are done with mf_warp_values
+  if (lane == 0) mf_warp_values[warp] = v;
+  __syncthreads();
+  v = mf_warp_values[0];
+  for (int w = 1; w < warps; ++w) v = op(v, mf_warp_values[w]);
+  return v;
+}
+#endif  // MF_KERNEL_HELPERS
+)CUDA";
+
+// Temporaries of `body` that hold one outer iteration: used nowhere else in the program and
+// indexed without the outer loop variables.
+std::set<int64_t> privateTemporaries(const kir::Program& p, const Nest& nest, const std::vector<Stmt>& kernel_root,
+                                     const std::map<int64_t, int>& kernels_using) {
+  std::set<int64_t> out;
+  if (nest.vars.empty()) return out;
+  const Uses u = usesOf(kernel_root);
+  for (int64_t b : u.buffers) {
+    if (p.buffers.at(b).role != kir::Buffer::Temp || kernels_using.at(b) != 1) continue;
+    bool outer = false;
+    walk(kernel_root, [&](const Stmt& s) {
+      std::vector<Expr> indices;
+      if (s.kind == Stmt::Store && s.id == b) indices.push_back(s.index);
+      std::function<void(const Expr&)> loads = [&](const Expr& e) {
+        if (e->op == Op::Load && e->id == b) indices.push_back(e->args[0]);
+        for (const Expr& a : e->args) loads(a);
+      };
+      if (s.value) loads(s.value);
+      if (s.index) loads(s.index);
+      for (const Expr& i : indices) {
+        std::set<int64_t> vars;
+        exprUses(i, &vars, nullptr);
+        for (int64_t v : nest.vars) outer |= vars.count(v) > 0;
+      }
+    });
+    if (!outer) out.insert(b);
+  }
+  return out;
+}
+
+// The kernels of one Loops step: several independent nests at the root launch one by one.
+std::vector<std::vector<Stmt>> kernelRoots(const std::vector<Stmt>& root) {
+  bool independent = root.size() > 1;
+  for (const Stmt& s : root) {
+    if (s.kind != Stmt::For) independent = false;
+    if (!independent) break;
+    const Uses u = usesOf({s});
+    const std::set<int64_t> own = definedIn({s});
+    for (int64_t v : u.scalars) independent &= own.count(v) > 0;
+  }
+  if (!independent) return {root};
+  std::vector<std::vector<Stmt>> out;
+  for (const Stmt& s : root) out.push_back({s});
+  return out;
+}
+
+}  // namespace
+
+EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm_count) {
+  EmittedProgram out;
+  out.copies.assign(p.buffers.size(), 1);
+  const std::string bufs_type = fmt::format("MfBufs_{}", prefix);
+  out.source = cudaPrelude() + kKernelHelpers +
+               fmt::format("struct {} {{ void* p[{}]; }};\n\n", bufs_type, std::max<size_t>(p.buffers.size(), 1));
+  // How many kernels of the whole program touch each buffer (private temporaries: exactly one),
+  // GEMM calls counting as users of their operands.
+  std::vector<std::vector<std::vector<Stmt>>> roots(p.steps.size());
+  std::map<int64_t, int> kernels_using;
+  for (size_t b = 0; b < p.buffers.size(); ++b) kernels_using[static_cast<int64_t>(b)] = 0;
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    const kir::Step& step = p.steps[i];
+    if (step.kind == kir::Step::GemmCall) {
+      for (int64_t b : {step.gemm.a.buffer, step.gemm.b.buffer, step.gemm.c.buffer}) kernels_using[b] += 1;
+      continue;
+    }
+    roots[i] = kernelRoots(step.loops.body);
+    for (const std::vector<Stmt>& r : roots[i])
+      for (int64_t b : usesOf(r).buffers) kernels_using[b] += 1;
+  }
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    out.steps.emplace_back();
+    for (size_t k = 0; k < roots[i].size(); ++k) {
+      const std::vector<Stmt>& root = roots[i][k];
+      const Nest nest = outerNest(root);
+      const int64_t total = nest.total(), work = innerWork(*nest.body);
+      const Mode mode = work == 0 || (work <= 32 && total >= int64_t{sm_count} * 4 * kThreads) ? Mode::Thread
+                                                                                               : Mode::Block;
+      const std::set<int64_t> priv = privateTemporaries(p, nest, root, kernels_using);
+      KernelLaunch l;
+      l.name = fmt::format("{}_s{}_k{}", prefix, i, k);
+      int64_t workers = mode == Mode::Thread ? std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{sm_count} * 32) * kThreads
+                                             : std::min<int64_t>(total, int64_t{sm_count} * 16);
+      int64_t private_bytes = 0;
+      for (int64_t b : priv) private_bytes += p.buffers[b].numel() * dtypeSize(p.buffers[b].dtype);
+      if (private_bytes > 0) workers = std::max<int64_t>(1, std::min(workers, kPrivateBytesCap / private_bytes));
+      if (mode == Mode::Thread) workers = std::max<int64_t>(kThreads, workers / kThreads * kThreads);
+      workers = std::max<int64_t>(workers, 1);
+      l.blocks = mode == Mode::Thread ? workers / kThreads : workers;
+      for (int64_t b : priv) out.copies[b] = mode == Mode::Thread ? l.blocks * kThreads : l.blocks;
+      out.source += fmt::format("// step {} ({}), kernel {}: {} mode over {} outer iteration(s)\n", i,
+                                p.steps[i].loops.name, k, mode == Mode::Thread ? "thread" : "block", total);
+      out.source += KernelWriter(p, bufs_type, nest, mode, priv).write(l.name);
+      out.steps.back().push_back(l);
+    }
+  }
+  return out;
+}
+
+}  // namespace meshfuse::cuda
