@@ -177,7 +177,9 @@ TEST(CudaEmitterModes, RowsRunOnBlocksAndPointwiseOnThreads) {
   ASSERT_EQ(softmax.steps.at(0).size(), 1u);
   EXPECT_EQ(softmax.steps[0][0].blocks, 132 * 16);
   cuda::EmittedProgram gelu = emit([](TensorView* x) { return ops::gelu(x, "tanh"); }, {8192, 4096});
-  EXPECT_NE(gelu.source.find("thread mode"), std::string::npos) << gelu.source;
+  EXPECT_NE(gelu.source.find("thread mode over 33554432 outer iteration(s), 8 per thread (vectorized)"),
+            std::string::npos) << gelu.source;
+  EXPECT_NE(gelu.source.find("*reinterpret_cast<const uint4*>"), std::string::npos) << gelu.source;
   EXPECT_EQ(gelu.source.substr(gelu.source.find("// step")).find("__syncthreads"), std::string::npos)
       << "a pointwise kernel needs no barrier";
 }

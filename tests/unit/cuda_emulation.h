@@ -34,6 +34,7 @@ inline const char* kEmulationShim = R"EMU(
 #include <vector>
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 struct float4 { float x, y, z, w; };
 thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;

@@ -136,6 +136,101 @@ int64_t innerWork(const std::vector<Stmt>& body) {
 
 enum class Mode { Thread, Block };
 
+// ---- vectorization of pointwise nests -------------------------------------------------------
+// In a loop-free body, a load or store whose index steps by 1 with the innermost outer loop
+// moves V consecutive elements per thread as one 16-byte (or narrower) access.
+
+// The coefficient of loop variable `v` in an index expression that is affine in it; nullopt
+// otherwise. `lets` resolves let-bound scalars.
+std::optional<int64_t> coefficient(const Expr& e, int64_t v, const std::map<int64_t, Expr>& lets) {
+  switch (e->op) {
+    case Op::Const: return 0;
+    case Op::Var: {
+      if (e->id == v) return 1;
+      auto it = lets.find(e->id);
+      return it == lets.end() ? std::optional<int64_t>(0) : coefficient(it->second, v, lets);
+    }
+    case Op::Add:
+    case Op::Sub: {
+      auto a = coefficient(e->args[0], v, lets), b = coefficient(e->args[1], v, lets);
+      if (!a || !b) return std::nullopt;
+      return e->op == Op::Add ? *a + *b : *a - *b;
+    }
+    case Op::Mul: {
+      auto a = coefficient(e->args[0], v, lets), b = coefficient(e->args[1], v, lets);
+      if (!a || !b) return std::nullopt;
+      if (*a == 0 && *b == 0) return 0;
+      if (*b == 0 && e->args[1]->op == Op::Const) return *a * static_cast<int64_t>(e->args[1]->value);
+      if (*a == 0 && e->args[0]->op == Op::Const) return *b * static_cast<int64_t>(e->args[0]->value);
+      return std::nullopt;
+    }
+    default: {
+      for (const Expr& a : e->args) {
+        auto c = coefficient(a, v, lets);
+        if (!c || *c != 0) return std::nullopt;  // v under a division, remainder, ...: not affine
+      }
+      return 0;
+    }
+  }
+}
+
+struct VectorPlan {
+  int width = 1;                          // elements per thread; 1: not vectorized
+  std::vector<const kir::Node*> loads;    // loads with unit stride, in first-use order
+  std::vector<const Stmt*> stores;        // every store (all have unit stride)
+};
+
+void collectLoads(const Expr& e, std::vector<const kir::Node*>& out) {
+  if (e->op == Op::Load && std::find(out.begin(), out.end(), e.get()) == out.end()) out.push_back(e.get());
+  for (const Expr& a : e->args) collectLoads(a, out);
+}
+
+VectorPlan planVectors(const kir::Program& p, const Nest& nest) {
+  VectorPlan plan;
+  if (nest.vars.empty()) return plan;
+  const int64_t v = nest.vars.back(), extent = nest.extents.back();
+  std::map<int64_t, Expr> lets;
+  std::vector<const kir::Node*> loads;
+  int64_t widest = 1;
+  for (const Stmt& s : *nest.body) {
+    if (s.kind == Stmt::Let) {
+      lets[s.id] = s.value;
+    } else if (s.kind != Stmt::Store) {
+      return plan;  // loops or accumulators: not a pointwise body
+    }
+    collectLoads(s.value, loads);
+    if (s.index) collectLoads(s.index, loads);
+    if (s.kind != Stmt::Store) continue;
+    auto c = coefficient(s.index, v, lets);
+    if (!c || *c != 1) return plan;
+    plan.stores.push_back(&s);
+    widest = std::max(widest, dtypeSize(p.buffers.at(s.id).dtype));
+  }
+  for (const kir::Node* l : loads) {
+    auto c = coefficient(l->args.at(0), v, lets);
+    if (!c || *c != 1) continue;  // broadcast or gathered: a plain load per element
+    plan.loads.push_back(l);
+    widest = std::max(widest, dtypeSize(p.buffers.at(l->id).dtype));
+  }
+  if (plan.stores.empty()) return plan;
+  int width = static_cast<int>(16 / widest);
+  while (width > 1 && extent % width != 0) width /= 2;
+  plan.width = width;
+  return plan;
+}
+
+// The unsigned type of a `bytes`-wide access.
+const char* vectorType(int64_t bytes) {
+  switch (bytes) {
+    case 16: return "uint4";
+    case 8: return "uint2";
+    case 4: return "unsigned int";
+    case 2: return "unsigned short";
+    default: return "unsigned char";
+  }
+}
+
+
 // A reduction the emitter recognized: accumulator `acc = op(acc, x)` over a parallel loop.
 struct Reduction {
   int64_t acc;
@@ -145,8 +240,8 @@ struct Reduction {
 class KernelWriter {
  public:
   KernelWriter(const kir::Program& p, const std::string& bufs_type, const Nest& nest, Mode mode,
-               const std::set<int64_t>& private_buffers)
-      : p_(p), bufs_type_(bufs_type), nest_(nest), mode_(mode), private_(private_buffers) {}
+               const std::set<int64_t>& private_buffers, const VectorPlan& vectors)
+      : p_(p), bufs_type_(bufs_type), nest_(nest), mode_(mode), private_(private_buffers), vectors_(vectors) {}
 
   std::string write(const std::string& name) {
     const Uses u = usesOf(*nest_.body);
@@ -167,15 +262,18 @@ class KernelWriter {
     } else {
       line("const long long mf_w = blockIdx.x, mf_W = gridDim.x;");
     }
-    line(fmt::format("for (long long mf_o = mf_w; mf_o < {}LL; mf_o += mf_W) {{", nest_.total()));
+    const int width = vectors_.width;
+    line(fmt::format("for (long long mf_o = mf_w; mf_o < {}LL; mf_o += mf_W) {{", nest_.total() / width));
     ++indent_;
     memo_.emplace_back();
-    if (!nest_.vars.empty()) line("long long mf_rest = mf_o;");
+    if (!nest_.vars.empty()) line(width > 1 ? fmt::format("long long mf_rest = mf_o * {};", width) : "long long mf_rest = mf_o;");
     for (size_t d = nest_.vars.size(); d-- > 0;) {
       line(fmt::format("const long long s{} = mf_rest % {}LL;", nest_.vars[d], nest_.extents[d]));
       if (d > 0) line(fmt::format("mf_rest /= {}LL;", nest_.extents[d]));
     }
-    if (mode_ == Mode::Thread) {
+    if (width > 1) {
+      vectorBody();
+    } else if (mode_ == Mode::Thread) {
       stmts(*nest_.body, false);
     } else {
       blockBody(*nest_.body);
@@ -222,7 +320,9 @@ class KernelWriter {
 
   std::string load(const Expr& e) {
     const DataType dt = p_.buffers.at(e->id).dtype;
-    std::string v = fmt::format("b{}[{}]", e->id, index(e->id, e->args.at(0)));
+    auto lane = lane_ >= 0 ? vector_loads_.find(e.get()) : vector_loads_.end();
+    std::string v = lane != vector_loads_.end() ? fmt::format("{}[{}]", lane->second, lane_)
+                                                : fmt::format("b{}[{}]", e->id, index(e->id, e->args.at(0)));
     switch (dt) {
       case DataType::BFloat16: v = fmt::format("mf_bf16_to_f32({})", v); break;
       case DataType::Half: v = fmt::format("mf_f16_to_f32({})", v); break;
@@ -320,6 +420,10 @@ class KernelWriter {
         if (dt == DataType::BFloat16) v = fmt::format("mf_f32_to_bf16({})", v);
         if (dt == DataType::Half) v = fmt::format("mf_f32_to_f16({})", v);
         if (dt == DataType::Bool) v = fmt::format("static_cast<unsigned char>({})", v);
+        if (auto lane = lane_ >= 0 ? vector_stores_.find(&s) : vector_stores_.end(); lane != vector_stores_.end()) {
+          line(fmt::format("{}[{}] = {};", lane->second, lane_, v));
+          return;
+        }
         std::string st = fmt::format("b{}[{}] = {};", s.id, index(s.id, s.index), v);
         line(guard_stores ? "if (threadIdx.x == 0) " + st : st);
         return;
@@ -328,6 +432,82 @@ class KernelWriter {
   }
   void stmts(const std::vector<Stmt>& body, bool guard_stores) {
     for (const Stmt& s : body) stmt(s, guard_stores);
+  }
+
+  // ---- vectorized pointwise body ------------------------------------------------------------
+  // The group's lane-0 indices decide: all unit-stride accesses aligned to their width -> one
+  // wide load per input and one wide store per output, the body unrolled over the lanes in
+  // registers; else the lanes one by one with plain accesses (slices, odd offsets).
+  void vectorBody() {
+    const int width = vectors_.width;
+    const int64_t inner = nest_.vars.back();
+    line(fmt::format("const long long mf_lane0 = s{};", inner));
+    struct Access {
+      int64_t buffer;
+      const Expr* index;
+      std::string name;
+    };
+    std::vector<Access> accesses;
+    for (size_t k = 0; k < vectors_.loads.size(); ++k)
+      accesses.push_back({vectors_.loads[k]->id, &vectors_.loads[k]->args.at(0), fmt::format("mf_a{}", k)});
+    for (size_t k = 0; k < vectors_.stores.size(); ++k)
+      accesses.push_back({vectors_.stores[k]->id, &vectors_.stores[k]->index, fmt::format("mf_s{}", k)});
+    // Lane-0 indices in a scope of their own: their subexpressions must not be reused by lanes.
+    memo_.emplace_back();
+    std::vector<std::string> idx, checks;
+    for (const Access& a : accesses) {
+      idx.push_back(expr(*a.index));
+      const int64_t bytes = width * dtypeSize(p_.buffers.at(a.buffer).dtype);
+      checks.push_back(fmt::format("reinterpret_cast<unsigned long long>(b{} + {}) % {} == 0", a.buffer, idx.back(), bytes));
+    }
+    memo_.pop_back();
+    line(fmt::format("if ({}) {{", fmt::join(checks, " && ")));
+    ++indent_;
+    for (size_t k = 0; k < accesses.size(); ++k) {
+      const Access& a = accesses[k];
+      const DataType dt = p_.buffers.at(a.buffer).dtype;
+      const char* vt = vectorType(width * dtypeSize(dt));
+      if (k < vectors_.loads.size()) {
+        line(fmt::format("const {} {}_v = *reinterpret_cast<const {}*>(b{} + {});", vt, a.name, vt, a.buffer, idx[k]));
+        line(fmt::format("const {}* {} = reinterpret_cast<const {}*>(&{}_v);", storageType(dt), a.name, storageType(dt), a.name));
+        vector_loads_[vectors_.loads[k]] = a.name;
+      } else {
+        line(fmt::format("{} {}[{}];", storageType(dt), a.name, width));
+        vector_stores_[vectors_.stores[k - vectors_.loads.size()]] = a.name;
+      }
+    }
+    for (int j = 0; j < width; ++j) {
+      line("{");
+      ++indent_;
+      memo_.emplace_back();
+      lane_ = j;
+      line(fmt::format("const long long s{} = mf_lane0 + {};", inner, j));
+      stmts(*nest_.body, false);
+      lane_ = -1;
+      memo_.pop_back();
+      --indent_;
+      line("}");
+    }
+    for (size_t k = vectors_.loads.size(); k < accesses.size(); ++k) {
+      const char* vt = vectorType(width * dtypeSize(p_.buffers.at(accesses[k].buffer).dtype));
+      line(fmt::format("*reinterpret_cast<{}*>(b{} + {}) = *reinterpret_cast<const {}*>({});", vt,
+                       accesses[k].buffer, idx[k], vt, accesses[k].name));
+    }
+    vector_loads_.clear();
+    vector_stores_.clear();
+    --indent_;
+    line("} else {");
+    ++indent_;
+    line(fmt::format("for (int mf_j = 0; mf_j < {}; ++mf_j) {{", width));
+    ++indent_;
+    memo_.emplace_back();
+    line(fmt::format("const long long s{} = mf_lane0 + mf_j;", inner));
+    stmts(*nest_.body, false);
+    memo_.pop_back();
+    --indent_;
+    line("}");
+    --indent_;
+    line("}");
   }
 
   // ---- block mode -------------------------------------------------------------------------
@@ -340,6 +520,7 @@ class KernelWriter {
       if (s.kind != Stmt::For) {
         stmt(s, /*guard_stores=*/true);
         if (s.kind == Stmt::Assign) initialized.insert(s.id);
+        if (s.kind == Stmt::Store) line("__syncthreads();  // thread 0's store is read by the row's later stages");
         continue;
       }
       std::vector<Reduction> reductions;
@@ -436,6 +617,10 @@ class KernelWriter {
   const Nest& nest_;
   Mode mode_;
   const std::set<int64_t>& private_;
+  const VectorPlan& vectors_;
+  int lane_ = -1;  // inside a vectorized group: the lane being emitted
+  std::map<const kir::Node*, std::string> vector_loads_;  // load -> its lanes' array
+  std::map<const Stmt*, std::string> vector_stores_;      // store -> its lanes' array
   std::string out_;
   int indent_ = 0;
   std::vector<std::map<const kir::Node*, std::string>> memo_;
@@ -551,9 +736,11 @@ EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm
       const Mode mode = work == 0 || (work <= 32 && total >= int64_t{sm_count} * 4 * kThreads) ? Mode::Thread
                                                                                                : Mode::Block;
       const std::set<int64_t> priv = privateTemporaries(p, nest, root, kernels_using);
+      const VectorPlan vectors = mode == Mode::Thread && priv.empty() ? planVectors(p, nest) : VectorPlan{};
+      const int64_t groups = total / vectors.width;
       KernelLaunch l;
       l.name = fmt::format("{}_s{}_k{}", prefix, i, k);
-      int64_t workers = mode == Mode::Thread ? std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{sm_count} * 32) * kThreads
+      int64_t workers = mode == Mode::Thread ? std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t{sm_count} * 32) * kThreads
                                              : std::min<int64_t>(total, int64_t{sm_count} * 16);
       int64_t private_bytes = 0;
       for (int64_t b : priv) private_bytes += p.buffers[b].numel() * dtypeSize(p.buffers[b].dtype);
@@ -562,9 +749,10 @@ EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm
       workers = std::max<int64_t>(workers, 1);
       l.blocks = mode == Mode::Thread ? workers / kThreads : workers;
       for (int64_t b : priv) out.copies[b] = mode == Mode::Thread ? l.blocks * kThreads : l.blocks;
-      out.source += fmt::format("// step {} ({}), kernel {}: {} mode over {} outer iteration(s)\n", i,
-                                p.steps[i].loops.name, k, mode == Mode::Thread ? "thread" : "block", total);
-      out.source += KernelWriter(p, bufs_type, nest, mode, priv).write(l.name);
+      out.source += fmt::format("// step {} ({}), kernel {}: {} mode over {} outer iteration(s){}\n", i,
+                                p.steps[i].loops.name, k, mode == Mode::Thread ? "thread" : "block", total,
+                                vectors.width > 1 ? fmt::format(", {} per thread (vectorized)", vectors.width) : "");
+      out.source += KernelWriter(p, bufs_type, nest, mode, priv, vectors).write(l.name);
       out.steps.back().push_back(l);
     }
   }
