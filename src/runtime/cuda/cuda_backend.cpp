@@ -182,7 +182,7 @@ class CudaBackend final : public Backend {
   }
 
   // A segment lowered to kernel IR: NVRTC kernels for its loop nests, cuBLASLt for its GEMM
-  // calls, temporaries in one scratch allocation per launch.
+  // calls, temporaries in the stream's scratch area.
   struct Program {
     kir::Program program;
     cuda::EmittedProgram emitted;
@@ -223,7 +223,8 @@ class CudaBackend final : public Backend {
   void runProgram(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
                   const ShapeFn& shape_of) {
     const Program& p = program(seg, shape_of);
-    Tensor scratch = p.scratch_bytes > 0 ? allocate(DataType::Bool, {static_cast<int64_t>(p.scratch_bytes)}) : Tensor();
+    cudaStream_t s = ctx_->currentOrMain();
+    void* scratch = p.scratch_bytes > 0 ? this->scratch(s, p.scratch_bytes) : nullptr;
     std::vector<void*> ptrs;
     for (const Tensor* t : inputs) ptrs.push_back(const_cast<void*>(t->data()));
     for (Tensor* t : outputs) ptrs.push_back(t->data());
@@ -234,9 +235,8 @@ class CudaBackend final : public Backend {
                p.program.name, i, dtypeName(t.dtype()), t.shapeString(), dtypeName(b.dtype), fmt::join(b.shape, ", "));
     }
     for (size_t i = ptrs.size(); i < p.program.buffers.size(); ++i)
-      ptrs.push_back(static_cast<char*>(scratch.data()) + p.offsets[i]);
+      ptrs.push_back(static_cast<char*>(scratch) + p.offsets[i]);
     if (ptrs.empty()) ptrs.push_back(nullptr);  // the kernels' parameter has at least one slot
-    cudaStream_t s = ctx_->currentOrMain();
     for (size_t i = 0; i < p.program.steps.size(); ++i) {
       for (size_t k = 0; k < p.kernels[i].size(); ++k) {
         const cuda::KernelLaunch& l = p.emitted.steps[i][k];
@@ -249,6 +249,14 @@ class CudaBackend final : public Backend {
                   at(p.program.steps[i].gemm.c.buffer, g.d_offset), s, workspace(s), cuda::CublasLtGemm::kWorkspaceBytes);
       }
     }
+  }
+
+  // Kernel temporaries, one area per stream that grows to the largest program's need: launches
+  // on one stream run in order, so the next one may reuse it without waiting for anything.
+  void* scratch(cudaStream_t s, size_t bytes) {
+    Tensor& t = scratch_[s];
+    if (!t.defined() || t.nbytes() < bytes) t = allocate(DataType::Bool, {static_cast<int64_t>(bytes)});
+    return t.data();
   }
 
   // One cuBLASLt workspace per stream: GEMMs on different streams may run at the same time.
@@ -265,7 +273,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Streams> streams_;
   cuda::KernelCache kernels_;
   cuda::CublasLtGemm gemm_;
-  std::map<cudaStream_t, Tensor> workspaces_;
+  std::map<cudaStream_t, Tensor> workspaces_, scratch_;
   std::unordered_map<cpu::SegmentKey, std::unique_ptr<Program>, cpu::SegmentKeyHash> programs_;
 };
 
