@@ -156,6 +156,12 @@ class Printer {
     return "?";
   }
 
+  // An index at the top of a load or store reads best without its outer parentheses.
+  std::string top(const Expr& e) const {
+    std::string s = expr(e);
+    return s.size() > 1 && s.front() == '(' && e->type == Type::I64 && e->args.size() == 2 ? s.substr(1, s.size() - 2) : s;
+  }
+
   std::string expr(const Expr& e) const {
     switch (e->op) {
       case Op::Const:
@@ -163,7 +169,7 @@ class Printer {
         if (e->type == Type::I64) return fmt::format("{}", static_cast<int64_t>(e->value));
         return formatFloat(e->value);
       case Op::Var: return scalar(e->id);
-      case Op::Load: return fmt::format("b{}[{}]", e->id, expr(e->args[0]));
+      case Op::Load: return fmt::format("b{}[{}]", e->id, top(e->args[0]));
       case Op::Round: return fmt::format("round_{}({})", dtypeName(e->round_to), expr(e->args[0]));
       case Op::Cast: return fmt::format("{}({})", typeName(e->type), expr(e->args[0]));
       default: break;
@@ -194,7 +200,7 @@ class Printer {
           out += fmt::format("{}{} = {}\n", pad, scalar(s.id), expr(s.value));
           break;
         case Stmt::Store:
-          out += fmt::format("{}store b{}[{}] = {}\n", pad, s.id, expr(s.index), expr(s.value));
+          out += fmt::format("{}store b{}[{}] = {}\n", pad, s.id, top(s.index), expr(s.value));
           break;
       }
     }

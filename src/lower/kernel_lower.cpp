@@ -156,7 +156,9 @@ class LoopBuilder {
       return;
     }
     MF_CHECK(s.kind == Storage::Buffer, "a store to an accumulator");
-    Stmt st{Stmt::Store, s.id, 0, cast(std::move(v), valueTypeOf(p_.buffers[s.id].dtype))};
+    const DataType dt = p_.buffers[s.id].dtype;
+    if (v->op == Op::Round && v->round_to == dt) v = v->args[0];  // the store rounds the same way
+    Stmt st{Stmt::Store, s.id, 0, cast(std::move(v), valueTypeOf(dt))};
     st.index = flatIndex(s, n, idx);
     cur().push_back(std::move(st));
   }

@@ -6,6 +6,9 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/Support/raw_ostream.h>
 
+#include <cmath>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 #include "meshfuse/error.h"
@@ -44,6 +47,10 @@ class FunctionEmitter {
     b_.SetInsertPoint(entry);
     entry_ = entry;
     scopes_.emplace_back();
+    std::map<int64_t, bool> never_nan;
+    findNeverNan(nest.body, never_nan);
+    for (const auto& [id, ok] : never_nan)
+      if (ok) never_nan_.insert(id);
     stmts(nest.body);
     b_.CreateRetVoid();
 
@@ -87,7 +94,7 @@ class FunctionEmitter {
       switch (s.kind) {
         case Stmt::For: loop(s); break;
         case Stmt::Let: scalars_[s.id] = expr(s.value); break;
-        case Stmt::Assign: b_.CreateStore(expr(s.value), accumulator(s.id)); break;
+        case Stmt::Assign: b_.CreateStore(assigned(s), accumulator(s.id)); break;
         case Stmt::Store: store(s); break;
       }
     }
@@ -111,6 +118,38 @@ class FunctionEmitter {
     i->addIncoming(next, b_.GetInsertBlock());
     b_.CreateCondBr(b_.CreateICmpULT(next, b_.getInt64(s.extent)), head, exit);
     b_.SetInsertPoint(exit);
+  }
+
+  // The value of `acc = v`. A max reduction `acc = max(acc, x)` into an accumulator that never
+  // holds NaN (every assignment is a non-NaN constant or such a max) is lowered as
+  // maxnum(acc, x with NaN as -inf): the same value ((acc < x ? x : acc) ignores a NaN x too),
+  // but with both operands known not NaN, which LLVM 15 needs before it vectorizes the loop.
+  llvm::Value* assigned(const Stmt& s) {
+    const Expr& v = s.value;
+    const bool fp = v->type == Type::F32 || v->type == Type::F64;
+    if (!fp || v->op != Op::Max || !isSelf(v->args[0], s.id) || !never_nan_.count(s.id)) return expr(v);
+    llvm::Value* acc = expr(v->args[0]);
+    llvm::Value* x = expr(v->args[1]);
+    x = b_.CreateSelect(b_.CreateFCmpUNO(x, x), llvm::ConstantFP::getInfinity(x->getType(), true), x);
+    llvm::IRBuilder<>::FastMathFlagGuard guard(b_);
+    llvm::FastMathFlags f = b_.getFastMathFlags();
+    f.setNoNaNs();
+    f.setNoSignedZeros();
+    b_.setFastMathFlags(f);
+    return b_.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, acc, x);
+  }
+  static bool isSelf(const Expr& e, int64_t acc) { return e->op == Op::Var && e->id == acc; }
+
+  // Accumulators whose every assignment is a non-NaN constant or acc = max(acc, x).
+  void findNeverNan(const std::vector<Stmt>& body, std::map<int64_t, bool>& ok) {
+    for (const Stmt& s : body) {
+      if (s.kind == Stmt::For) findNeverNan(s.body, ok);
+      if (s.kind != Stmt::Assign) continue;
+      const Expr& v = s.value;
+      bool fine = (v->op == Op::Const && !std::isnan(v->value)) || (v->op == Op::Max && isSelf(v->args[0], s.id));
+      auto [it, fresh] = ok.emplace(s.id, fine);
+      if (!fresh) it->second = it->second && fine;
+    }
   }
 
   llvm::Value* accumulator(int64_t id) {
@@ -260,6 +299,7 @@ class FunctionEmitter {
   std::vector<llvm::Value*> buffers_;
   std::unordered_map<int64_t, llvm::Value*> scalars_;       // loop variables and lets
   std::unordered_map<int64_t, llvm::Value*> accumulators_;  // their allocas
+  std::set<int64_t> never_nan_;                              // accumulators findNeverNan cleared
   std::vector<std::unordered_map<const kir::Node*, llvm::Value*>> scopes_;
 };
 

@@ -1,0 +1,111 @@
+// Lowering segments to kernel IR: the loop structure each kind of segment gets (checked on the
+// printed program), and that the CPU emitter's loops vectorize.
+#include <gtest/gtest.h>
+
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/kernel_ir.h"
+#include "meshfuse/ops.h"
+#include "meshfuse/segment.h"
+
+namespace meshfuse {
+namespace {
+
+std::vector<int64_t> staticShape(const TensorView* tv) {
+  std::vector<int64_t> s;
+  for (const Extent& e : tv->shape()) s.push_back(e.value());
+  return s;
+}
+
+// The programs of every kernel/GEMM segment of `f`, printed.
+std::vector<std::string> lowered(const Fusion& f) {
+  std::vector<std::string> out;
+  for (const Segment& s : segmentFusion(f))
+    out.push_back(kir::printProgram(kir::lowerSegment(f, s, staticShape, "seg")));
+  return out;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+TEST(KernelLower, RowSoftmaxIsOnePassPerRowWithItsStatisticsInRegisters) {
+  Fusion f;
+  f.addOutput(ops::softmax(f.defineTensor({6, 10}, DataType::Float, "x"), 1));
+  std::vector<std::string> p = lowered(f);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(count(p[0], "buffer"), 2) << p[0];      // x and the output: no temporaries
+  EXPECT_EQ(count(p[0], "for i0 in [0, 6)"), 1) << p[0];  // the shared row loop
+  EXPECT_EQ(count(p[0], "in [0, 10)"), 3) << p[0];  // max, sum of exp, normalize
+  EXPECT_NE(p[0].find("acc"), std::string::npos) << p[0];
+}
+
+TEST(KernelLower, ReducingTheOuterDimNeedsAFullTemporary) {
+  Fusion f;
+  TensorView* x = f.defineTensor({6, 10}, DataType::Float, "x");
+  f.addOutput(ops::sub(x, ops::max(x, {0}, true)));
+  std::vector<std::string> p = lowered(f);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("temp f32[10]"), std::string::npos) << p[0];  // the column maxima
+}
+
+TEST(KernelLower, LayerNormOfBf16AccumulatesInF32) {
+  Fusion f;
+  TensorView* x = f.defineTensor({4, 32}, DataType::BFloat16, "x");
+  f.addOutput(ops::layerNorm(x, f.defineTensor({32}, DataType::BFloat16, "w")));
+  std::vector<std::string> p = lowered(f);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(count(p[0], "temp"), 0) << p[0];            // the row statistics are f32 accumulators
+  EXPECT_EQ(count(p[0], "round_bf16"), 0) << p[0];      // rounded once, by the bf16 store
+  EXPECT_NE(p[0].find("acc"), std::string::npos) << p[0];
+}
+
+TEST(KernelLower, LinearReadsTheWeightTransposedAndAddsTheBiasInTheGemm) {
+  Fusion f;
+  TensorView* x = f.defineTensor({8, 16}, DataType::Float, "x");
+  f.addOutput(ops::linear(x, f.defineTensor({4, 16}, DataType::Float, "w"), f.defineTensor({4}, DataType::Float, "b")));
+  std::vector<std::string> p = lowered(f);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("gemm m=8 n=4 k=16: b3[+0, ld 4] = 1.0 * b0[+0, ld 16] x b1^T[+0, ld 16] + 1.0 * b3"),
+            std::string::npos)
+      << p[0];
+  EXPECT_NE(p[0].find("loops k0_fill"), std::string::npos) << p[0];
+}
+
+TEST(KernelLower, Bf16MatmulWidensItsOperandsAndRoundsTheResult) {
+  Fusion f;
+  TensorView* a = f.defineTensor({2, 3, 4}, DataType::BFloat16, "a");
+  f.addOutput(ops::matmul(a, f.defineTensor({2, 4, 5}, DataType::BFloat16, "b")));
+  std::vector<std::string> p = lowered(f);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(count(p[0], "temp f32"), 3) << p[0];
+  EXPECT_NE(p[0].find("batch [2 (strides 12, 20, 15)]"), std::string::npos) << p[0];
+}
+
+TEST(KernelLower, SdpaIsTwoBatchedGemmsAroundAMaskedSoftmax) {
+  Fusion f;
+  TensorView* q = f.defineTensor({1, 2, 5, 4}, DataType::Float, "q");
+  TensorView* k = f.defineTensor({1, 2, 5, 4}, DataType::Float, "k");
+  TensorView* v = f.defineTensor({1, 2, 5, 3}, DataType::Float, "v");
+  f.addOutput(ops::sdpa(q, k, v, true));
+  std::vector<std::string> p = lowered(f);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(count(p[0], "gemm m=5"), 2) << p[0];
+  EXPECT_NE(p[0].find("b1^T"), std::string::npos) << p[0];  // K read transposed in place
+  EXPECT_NE(p[0].find("loops k1_softmax"), std::string::npos) << p[0];
+  EXPECT_NE(p[0].find("gt("), std::string::npos) << p[0];   // the causal mask
+}
+
+TEST(KernelLower, CpuLoopsVectorize) {
+  Fusion f;
+  TensorView* x = f.defineTensor({64, 256}, DataType::Float, "x");
+  f.addOutput(ops::gelu(ops::add(x, 1.0), "tanh"));
+  std::vector<Segment> segs = segmentFusion(f);
+  std::string ir = cpuLlvmIr(kir::lowerSegment(f, segs.at(0), staticShape, "seg"));
+  EXPECT_NE(ir.find("vector.body"), std::string::npos) << ir;
+  EXPECT_EQ(ir.find("call float @tanh"), std::string::npos) << ir;  // the polynomial, no libm call
+}
+
+}  // namespace
+}  // namespace meshfuse
