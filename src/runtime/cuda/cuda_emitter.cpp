@@ -105,23 +105,79 @@ std::set<int64_t> definedIn(const std::vector<Stmt>& body) {
   return d;
 }
 
-// The outer perfect nest of a statement list: loops whose body is exactly one loop.
+// The outer perfect nest of a statement list (loops whose body is exactly one loop), split into
+// the loops whose iterations are independent and those that must stay serial.
+//
+// A loop is parallel when every store in the nest writes an index that involves its variable,
+// and every load of a buffer the nest stores involves it too (so an iteration reads back only
+// what it wrote). The lowering's fused rows satisfy this; an accumulation over an outer loop
+// does not (`for r { for i { t[i] = t[i] + x[r, i] } }`: r is missing from the store) and runs
+// serially inside each parallel iteration -- an interchange that is valid because each parallel
+// iteration touches only its own locations.
 struct Nest {
-  std::vector<int64_t> vars, extents;
-  const std::vector<Stmt>* body = nullptr;
+  std::vector<int64_t> vars, extents;  // the parallel loops, outermost first
+  const std::vector<Stmt>* inner = nullptr;  // the innermost loop's body (in the program)
+  std::vector<Stmt> owned;                   // it wrapped in the serial loops, when there are any
+  const std::vector<Stmt>& body() const { return owned.empty() ? *inner : owned; }
   int64_t total() const {
     int64_t t = 1;
     for (int64_t e : extents) t *= e;
     return t;
   }
 };
-Nest outerNest(const std::vector<Stmt>& root) {
+
+bool involvesAll(const Expr& index, const std::vector<int64_t>& vars) {
+  std::set<int64_t> used;
+  exprUses(index, &used, nullptr);
+  return std::all_of(vars.begin(), vars.end(), [&](int64_t v) { return used.count(v) > 0; });
+}
+
+// The loops of the outer perfect nest, outermost first.
+std::vector<const Stmt*> perfectLoops(const std::vector<Stmt>& root) {
+  std::vector<const Stmt*> loops;
+  const std::vector<Stmt>* body = &root;
+  while (body->size() == 1 && body->front().kind == Stmt::For) {
+    loops.push_back(&body->front());
+    body = &body->front().body;
+  }
+  return loops;
+}
+
+// `row_local`: temporaries each parallel worker gets a copy of; they carry no dependence.
+Nest outerNest(const std::vector<Stmt>& root, const std::set<int64_t>& row_local) {
+  const std::vector<const Stmt*> loops = perfectLoops(root);
+  const std::vector<Stmt>* body = loops.empty() ? &root : &loops.back()->body;
+  const Uses u = usesOf(*body);
+  std::vector<bool> parallel(loops.size(), true);
+  walk(*body, [&](const Stmt& st) {
+    std::vector<Expr> indices;
+    if (st.kind == Stmt::Store && !row_local.count(st.id)) indices.push_back(st.index);
+    std::function<void(const Expr&)> loads = [&](const Expr& e) {
+      if (e->op == Op::Load && u.stored.count(e->id) && !row_local.count(e->id)) indices.push_back(e->args[0]);
+      for (const Expr& a : e->args) loads(a);
+    };
+    if (st.value) loads(st.value);
+    if (st.index) loads(st.index);
+    for (const Expr& i : indices)
+      for (size_t l = 0; l < loops.size(); ++l) parallel[l] = parallel[l] && involvesAll(i, {loops[l]->id});
+  });
   Nest n;
-  n.body = &root;
-  while (n.body->size() == 1 && n.body->front().kind == Stmt::For) {
-    n.vars.push_back(n.body->front().id);
-    n.extents.push_back(n.body->front().extent);
-    n.body = &n.body->front().body;
+  n.inner = body;
+  std::vector<const Stmt*> serial;
+  for (size_t l = 0; l < loops.size(); ++l) {
+    if (parallel[l]) {
+      n.vars.push_back(loops[l]->id);
+      n.extents.push_back(loops[l]->extent);
+    } else {
+      serial.push_back(loops[l]);
+    }
+  }
+  if (serial.empty()) return n;
+  n.owned = *body;
+  for (size_t l = serial.size(); l-- > 0;) {
+    Stmt loop{Stmt::For, serial[l]->id, serial[l]->extent};
+    loop.body = std::move(n.owned);
+    n.owned = {std::move(loop)};
   }
   return n;
 }
@@ -192,7 +248,7 @@ VectorPlan planVectors(const kir::Program& p, const Nest& nest) {
   std::map<int64_t, Expr> lets;
   std::vector<const kir::Node*> loads;
   int64_t widest = 1;
-  for (const Stmt& s : *nest.body) {
+  for (const Stmt& s : nest.body()) {
     if (s.kind == Stmt::Let) {
       lets[s.id] = s.value;
     } else if (s.kind != Stmt::Store) {
@@ -244,7 +300,7 @@ class KernelWriter {
       : p_(p), bufs_type_(bufs_type), nest_(nest), mode_(mode), private_(private_buffers), vectors_(vectors) {}
 
   std::string write(const std::string& name) {
-    const Uses u = usesOf(*nest_.body);
+    const Uses u = usesOf(nest_.body());
     out_ = fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({} mf_bufs) {{\n", kThreads, name,
                        bufs_type_);
     indent_ = 1;
@@ -274,9 +330,9 @@ class KernelWriter {
     if (width > 1) {
       vectorBody();
     } else if (mode_ == Mode::Thread) {
-      stmts(*nest_.body, false);
+      stmts(nest_.body(), false);
     } else {
-      blockBody(*nest_.body);
+      blockBody(nest_.body());
       line("__syncthreads();  // the next row reuses shared memory and private temporaries");
     }
     memo_.pop_back();
@@ -482,7 +538,7 @@ class KernelWriter {
       memo_.emplace_back();
       lane_ = j;
       line(fmt::format("const long long s{} = mf_lane0 + {};", inner, j));
-      stmts(*nest_.body, false);
+      stmts(nest_.body(), false);
       lane_ = -1;
       memo_.pop_back();
       --indent_;
@@ -502,7 +558,7 @@ class KernelWriter {
     ++indent_;
     memo_.emplace_back();
     line(fmt::format("const long long s{} = mf_lane0 + mf_j;", inner));
-    stmts(*nest_.body, false);
+    stmts(nest_.body(), false);
     memo_.pop_back();
     --indent_;
     line("}");
@@ -658,12 +714,12 @@ __device__ __forceinline__ T mf_block_reduce(T v, Op op) {
 #endif  // MF_KERNEL_HELPERS
 )CUDA";
 
-// Temporaries of `body` that hold one outer iteration: used nowhere else in the program and
-// indexed without the outer loop variables.
-std::set<int64_t> privateTemporaries(const kir::Program& p, const Nest& nest, const std::vector<Stmt>& kernel_root,
-                                     const std::map<int64_t, int>& kernels_using) {
+// Temporaries of a kernel that hold one iteration of its outer loops: used by no other kernel
+// of the program and indexed without any of `outer_vars`.
+std::set<int64_t> privateTemporaries(const kir::Program& p, const std::vector<int64_t>& outer_vars,
+                                     const std::vector<Stmt>& kernel_root, const std::map<int64_t, int>& kernels_using) {
   std::set<int64_t> out;
-  if (nest.vars.empty()) return out;
+  if (outer_vars.empty()) return out;
   const Uses u = usesOf(kernel_root);
   for (int64_t b : u.buffers) {
     if (p.buffers.at(b).role != kir::Buffer::Temp || kernels_using.at(b) != 1) continue;
@@ -680,7 +736,7 @@ std::set<int64_t> privateTemporaries(const kir::Program& p, const Nest& nest, co
       for (const Expr& i : indices) {
         std::set<int64_t> vars;
         exprUses(i, &vars, nullptr);
-        for (int64_t v : nest.vars) outer |= vars.count(v) > 0;
+        for (int64_t v : outer_vars) outer |= vars.count(v) > 0;
       }
     });
     if (!outer) out.insert(b);
@@ -731,11 +787,13 @@ EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm
     out.steps.emplace_back();
     for (size_t k = 0; k < roots[i].size(); ++k) {
       const std::vector<Stmt>& root = roots[i][k];
-      const Nest nest = outerNest(root);
-      const int64_t total = nest.total(), work = innerWork(*nest.body);
+      std::vector<int64_t> loop_vars;
+      for (const Stmt* l : perfectLoops(root)) loop_vars.push_back(l->id);
+      const std::set<int64_t> priv = privateTemporaries(p, loop_vars, root, kernels_using);
+      const Nest nest = outerNest(root, priv);
+      const int64_t total = nest.total(), work = innerWork(nest.body());
       const Mode mode = work == 0 || (work <= 32 && total >= int64_t{sm_count} * 4 * kThreads) ? Mode::Thread
                                                                                                : Mode::Block;
-      const std::set<int64_t> priv = privateTemporaries(p, nest, root, kernels_using);
       const VectorPlan vectors = mode == Mode::Thread && priv.empty() ? planVectors(p, nest) : VectorPlan{};
       const int64_t groups = total / vectors.width;
       KernelLaunch l;
