@@ -49,6 +49,8 @@ void reportTiming(const mf::Fusion& definition, const cli::ShardedRunOptions& o,
   mf::Backend* backend = owned.get();
   mf::MultiDeviceExecutor exec(mf::cloneFusion(definition), *comm, std::move(owned), {.pipeline = pipeline, .trace = true});
   std::vector<mf::ShardedTensor> inputs = mf::inputLayouts(definition);
+  if (definition.numMeshes() == 0)  // a single-device fusion: the program of a one-device mesh
+    for (mf::ShardedTensor& in : inputs) in = {{}, mf::DeviceMesh({0}), {mf::Placement::replicate()}};
   auto t0 = Clock::now();
   const mf::CompiledProgram& compiled = exec.plan(inputs);
   auto t1 = Clock::now();
