@@ -11,8 +11,8 @@
 //       {down_w_local, mesh, {Placement::shard(1)}}});
 //   // outs[0].local is this rank's block; outs[0].placements says how it is laid out.
 //
-// Compiled programs are cached per (mesh, placements, dtype) of every input; symbolic sizes are
-// bound at run time from the local shapes, so a new batch size does not recompile.
+// Compiled programs are cached per (mesh, placements) of every input; symbolic sizes are bound
+// at run time from the local shapes, so a new batch size does not recompile.
 #pragma once
 
 #include <map>
@@ -77,6 +77,7 @@ class MultiDeviceExecutor {
  private:
   struct Entry;
   Entry& entryFor(const std::vector<ShardedTensor>& inputs);
+  std::vector<ShardedTensor> runChecked(const std::vector<ShardedTensor>& inputs);
 
   std::unique_ptr<Fusion> definition_;
   Communicator& comm_;

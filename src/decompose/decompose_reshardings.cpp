@@ -104,6 +104,13 @@ void decomposeReshardings(Fusion& f) {
       TensorView* in = tensorAt(e, 0);
       Sharding from = readSharding(in), to = readSharding(e->output());
       MF_CHECK(from.decided() && to.decided(), "decompose-reshardings requires propagate-shardings first");
+      for (size_t a = 0; a < to.axes.size(); ++a)
+        MF_USER_CHECK(to.axes[a].kind != Placement::Partial || from.axes[a].kind == Placement::Partial,
+                      ErrorKind::Unsupported,
+                      "set: {} is pinned {} on mesh axis {} but its input {} is {}; a set cannot make a pending sum "
+                      "(Partial) of a value that has none",
+                      f.displayName(e->output()), to.axes[a].toString(), a, f.displayName(in),
+                      from.axes[a].toString());
       // A set that changes several axes (or axes and the stage) becomes a chain of sets that
       // change one each (in reshardingSteps' order): the axes first, on the source stage; the
       // move to the stage last. The set itself keeps the last step.

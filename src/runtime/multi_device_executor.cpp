@@ -2,6 +2,8 @@
 // caches per input layout, and runs this rank's host program.
 #include "meshfuse/executor.h"
 
+#include <typeinfo>
+
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
@@ -11,14 +13,14 @@ struct MultiDeviceExecutor::Entry {
   CompiledProgram compiled;
   HostProgram program;
   std::unique_ptr<HostIrEvaluator> evaluator;
-  std::vector<ShardedTensor> layouts;  // the inputs' meshes, placements and dtypes (no data)
+  // The inputs' meshes and placements (no data). Dtypes are the definition's: a local tensor of
+  // another dtype is an error, not another program.
+  std::vector<ShardedTensor> layouts;
 
   bool matches(const std::vector<ShardedTensor>& inputs) const {
     if (inputs.size() != layouts.size()) return false;
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].mesh != layouts[i].mesh || inputs[i].placements != layouts[i].placements ||
-          inputs[i].local.dtype() != layouts[i].local.dtype())
-        return false;
+      if (inputs[i].mesh != layouts[i].mesh || inputs[i].placements != layouts[i].placements) return false;
     return true;
   }
 };
@@ -79,7 +81,7 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
   if (last_ != nullptr && last_->matches(inputs)) return *last_;
   std::string key;
   for (const ShardedTensor& in : inputs)
-    key += fmt::format("{}{}{};", in.mesh.toString(), placementsToString(in.placements), dtypeName(in.local.dtype()));
+    key += fmt::format("{}{};", in.mesh.toString(), placementsToString(in.placements));
   auto it = cache_.find(key);
   if (it != cache_.end()) return *(last_ = it->second.get());
   // Every check below fails identically on every rank (they all compile the same program).
@@ -95,7 +97,7 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
   e->program = programForRank(e->compiled, comm_.rank());
   e->evaluator = std::make_unique<HostIrEvaluator>(e->program, *backend_, comm_);
   e->evaluator->setTracing(options_.trace);
-  for (const ShardedTensor& in : inputs) e->layouts.push_back({Tensor::empty(in.local.dtype(), {}), in.mesh, in.placements});
+  for (const ShardedTensor& in : inputs) e->layouts.push_back({Tensor(), in.mesh, in.placements});
   return *(last_ = cache_.emplace(key, std::move(e)).first->second.get());
 }
 
@@ -108,6 +110,18 @@ const HostProgram& MultiDeviceExecutor::programFor(const std::vector<ShardedTens
 }
 
 std::vector<ShardedTensor> MultiDeviceExecutor::run(const std::vector<ShardedTensor>& inputs) {
+  try {
+    return runChecked(inputs);
+  } catch (const UserError&) {
+    throw;
+  } catch (const InternalError&) {
+    throw;
+  } catch (const std::exception& e) {  // a raw std:: exception from inside is a bug, said as one
+    throw InternalError(fmt::format("unexpected {} while running: {}", typeid(e).name(), e.what()));
+  }
+}
+
+std::vector<ShardedTensor> MultiDeviceExecutor::runChecked(const std::vector<ShardedTensor>& inputs) {
   Entry& e = entryFor(inputs);
   std::vector<Tensor> locals;
   locals.reserve(inputs.size());

@@ -78,6 +78,17 @@ TEST(CompileErrors, UnknownOverlapAlgorithmAndBadChunks) {
   EXPECT_THAT(compileError(ErrorKind::Value, mlp, o), HasSubstr("overlap chunks must be >= 0"));
 }
 
+TEST(CompileErrors, ASetCannotMakeAPendingSum) {
+  EXPECT_THAT(compileError(ErrorKind::Unsupported, R"(fusion {
+  mesh @m = [0, 1]
+  %x = input f32[4, 8] @m {split(0, 2), parallelize(0, DIDx)}
+  %y = set(%x) : f32[4, 8, r2] @m {parallelize(2, DIDx)}
+  output %y
+})"),
+              HasSubstr("set: %y is pinned Partial() on mesh axis 0 but its input %x is Shard(0); a set cannot make a "
+                        "pending sum"));
+}
+
 TEST(CompileErrors, SetAttributesAreChecked) {
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [] {
                 parseFusion("fusion {\n  %x = input f32[4]\n  %y = set(%x, overlap=\"sometimes\")\n}\n", "bad.mf");
