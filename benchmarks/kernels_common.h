@@ -26,6 +26,25 @@
 
 namespace meshfuse::bench {
 
+// Median wall times of several functions run in turn (a, b, c, a, b, c, ...), so that a busy
+// neighbour or a clock change hits them alike: the machine is shared.
+inline std::vector<double> interleavedMedians(const std::vector<std::function<void()>>& fns, int iters) {
+  for (const auto& fn : fns) fn();  // warm up
+  std::vector<std::vector<double>> t(fns.size());
+  for (int i = 0; i < iters; ++i)
+    for (size_t f = 0; f < fns.size(); ++f) {
+      auto start = std::chrono::steady_clock::now();
+      fns[f]();
+      t[f].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  std::vector<double> out;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    out.push_back(v[v.size() / 2]);
+  }
+  return out;
+}
+
 // Median wall time of `fn` in seconds, after `warmup` untimed calls.
 inline double medianSeconds(const std::function<void()>& fn, int iters, int warmup = 1) {
   for (int i = 0; i < warmup; ++i) fn();
@@ -48,7 +67,8 @@ inline std::string machine() {
       model = line.substr(line.find(':') + 2);
       break;
     }
-  return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores, no GPU used";
+  return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores, no GPU used; OpenBLAS " +
+         openblas_get_corename() + " kernels";
 }
 
 // One thread everywhere: the ratios are single-core.

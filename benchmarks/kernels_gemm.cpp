@@ -43,17 +43,13 @@ Row measure(const std::string& op, int64_t m, int64_t n, int64_t k, int iters) {
                 static_cast<const float*>(buf["a"].data()), k, static_cast<const float*>(buf["b"].data()),
                 linear ? k : n, 0.0f, static_cast<float*>(direct_c.data()), n);
   };
-  // Alternate the two so that clock or cache drift hits both alike.
-  double t_direct = 1e30, t_segment = 1e30;
-  for (int round = 0; round < 3; ++round) {
-    t_direct = std::min(t_direct, bench::medianSeconds(direct, iters));
-    t_segment = std::min(t_segment, bench::medianSeconds([&] { prog.run(*backend, 0, buf); }, iters));
-  }
   std::unique_ptr<Communicator> comm = makeSelfCommunicator();
   MultiDeviceExecutor exec(parseFusion(text, "<benchmark>"), *comm);
   DeviceMesh one({0});
   std::vector<ShardedTensor> in = {{buf["a"], one, {Placement::replicate()}}, {buf["b"], one, {Placement::replicate()}}};
-  const double t_exec = bench::medianSeconds([&] { exec.run(in); }, iters);
+  std::vector<double> t = bench::interleavedMedians({direct, [&] { prog.run(*backend, 0, buf); }, [&] { exec.run(in); }},
+                                                    iters);
+  const double t_direct = t[0], t_segment = t[1], t_exec = t[2];
   return {op, t_direct, t_segment, t_exec};
 }
 
@@ -63,7 +59,7 @@ int main(int argc, char** argv) {
   bench::singleThreaded();
   const int64_t m = argc > 1 ? std::stoll(argv[1]) : 1024, n = argc > 2 ? std::stoll(argv[2]) : 1024,
                 k = argc > 3 ? std::stoll(argv[3]) : 1024;
-  const int iters = argc > 4 ? std::stoi(argv[4]) : 10;
+  const int iters = argc > 4 ? std::stoi(argv[4]) : 30;
   fmt::print("# GEMM [{} x {}] x [{} x {}] through the runtime vs direct cblas_sgemm, f32, 1 thread\n", m, k, k, n);
   fmt::print("# {}\n", bench::machine());
   fmt::print("| op | direct cblas_sgemm | runtime (runSegment) | ratio | runtime (executor) | ratio |\n");

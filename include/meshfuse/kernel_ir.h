@@ -6,14 +6,13 @@
 // A Program is specialized for the LOCAL shapes of one launch (a rank's shard, a stream chunk):
 //
 //   program kernel #3 {
-//     buffer b0 in  %x : f32[128, 64]
-//     buffer b1 in  %b : f32[64]
-//     buffer b2 out %y : bf16[128, 64]
+//     buffer b0 in   %x : f32[128, 64]
+//     buffer b1 in   %b : f32[64]
+//     buffer b2 out  %y : bf16[128, 64]
 //     loops k0 {
 //       for i0 in [0, 128) {
 //         for i1 in [0, 64) {
-//           let v0 = add(load b0[i0 * 64 + i1], load b1[i1])
-//           store b2[i0 * 64 + i1] = v0
+//           store b2[(i0 * 64) + i1] = tanh(add(b0[(i0 * 64) + i1], b1[i1]))     (bN[...]: a load)
 //   ...
 //
 // Values are scalars of four types; loads convert the buffer's storage dtype (bf16/f16 -> f32,
