@@ -7,6 +7,7 @@
 // nests become NVRTC kernels (cuda_emitter.h) and its GEMM calls f32 cuBLASLt calls. Compiled
 // programs are cached per segment structure and local shapes (the CPU backend's key).
 #include <cstring>
+#include <mutex>
 #include <unordered_map>
 
 #include "meshfuse/error.h"
@@ -194,6 +195,7 @@ class CudaBackend final : public Backend {
 
   const Program& program(const Segment& seg, const ShapeFn& shape_of) {
     const cpu::SegmentKey key = cpu::segmentKey(seg, shape_of);
+    std::lock_guard<std::mutex> lk(mu_);  // executors on several threads may share a backend
     auto it = programs_.find(key);
     if (it != programs_.end()) return *it->second;
     const int64_t id = static_cast<int64_t>(programs_.size());
@@ -254,6 +256,7 @@ class CudaBackend final : public Backend {
   // Kernel temporaries, one area per stream that grows to the largest program's need: launches
   // on one stream run in order, so the next one may reuse it without waiting for anything.
   void* scratch(cudaStream_t s, size_t bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
     Tensor& t = scratch_[s];
     if (!t.defined() || t.nbytes() < bytes) t = allocate(DataType::Bool, {static_cast<int64_t>(bytes)});
     return t.data();
@@ -261,6 +264,7 @@ class CudaBackend final : public Backend {
 
   // One cuBLASLt workspace per stream: GEMMs on different streams may run at the same time.
   void* workspace(cudaStream_t s) {
+    std::lock_guard<std::mutex> lk(mu_);
     auto it = workspaces_.find(s);
     if (it == workspaces_.end())
       it = workspaces_
@@ -273,6 +277,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Streams> streams_;
   cuda::KernelCache kernels_;
   cuda::CublasLtGemm gemm_;
+  std::mutex mu_;  // guards the maps below
   std::map<cudaStream_t, Tensor> workspaces_, scratch_;
   std::unordered_map<cpu::SegmentKey, std::unique_ptr<Program>, cpu::SegmentKeyHash> programs_;
 };
