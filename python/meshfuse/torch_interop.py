@@ -14,7 +14,6 @@ import os
 import sys
 
 from . import _C, _world
-from .launch import free_port
 from .mesh import DeviceMesh, Partial, Replicate, Shard
 
 __all__ = ["init_process_group", "is_torch_dtensor", "mesh_from_torch", "placements_from_torch",
@@ -140,6 +139,8 @@ def init_process_group(backend: str = "gloo") -> None:
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = os.environ.get("MASTER_PORT")
     if port is None:
+        from .launch import free_port  # here: importing launch with the package upsets `python -m meshfuse.launch`
+
         if size == 1:
             port = str(free_port())
         else:

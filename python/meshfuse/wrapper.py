@@ -83,12 +83,23 @@ class _Call:
 
 
 class FusionDefinitionWrapper:
-    def __init__(self, define_fusion):
-        """`define_fusion(fd)` defines the single-device program (called once, lazily)."""
+    def __init__(self, define_fusion, *, overlap: str = "none", chunks: int = 0, streams: int = 2,
+                 fsdp: bool = False, trace: bool = False):
+        """`define_fusion(fd)` defines the single-device program (called once, lazily).
+
+        overlap: "collective" or "ring" pipelines every allgather+GEMM, GEMM+reduce-scatter and
+            GEMM+allreduce in `chunks` chunks (0: one per device) so communication overlaps compute;
+            "none" (default) only chunks the GEMMs the definition's schedule splits on a stream axis.
+        fsdp: fully sharded data parallelism: all-gather sharded parameters where they are used
+            (prefetched one layer ahead) instead of moving the activations.
+        trace: record each call's timeline; see last_trace() and write_trace().
+        """
         self._define_fusion = define_fusion
+        self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, trace=trace)
         self._fd = None
         self._executor = None
         self._calls: dict = {}
+        self._last = None  # the call signature used last
 
     @property
     def definition(self) -> FusionDefinition:
@@ -102,7 +113,21 @@ class FusionDefinitionWrapper:
     def __call__(self, inputs) -> list:
         """Runs on this rank's blocks of `inputs` (a list of DTensors); returns the outputs."""
         call, locals_ = self._call_for(inputs)
+        self._last = call
         return _wrap_outputs(call, call.prepared.run(locals_), inputs)
+
+    def last_trace(self) -> list:
+        """This rank's timeline of the last call (needs trace=True): TraceEvents with name, kind
+        (compute, communication, copy), stream, begin_us and end_us."""
+        if not self._options["trace"]:
+            raise _C.ValueError("this FusionDefinitionWrapper does not record timelines: create it with trace=True")
+        return list(self._last.prepared.last_trace) if self._last is not None else []
+
+    def write_trace(self, path: str):
+        """Writes every rank's timeline of the last call to `path` (on rank 0) as Chrome/Perfetto
+        trace JSON. Every rank must call it. Returns, on rank 0, each rank's fraction of
+        communication time hidden behind compute (None on other ranks)."""
+        return _C.write_trace(path, self.last_trace())
 
     def plan(self, inputs) -> Plan:
         """Compiles for `inputs`' signature without running; the returned Plan shows the program."""
@@ -152,7 +177,7 @@ class FusionDefinitionWrapper:
 
     def _compile(self, key, inputs, locals_, torch_meshes) -> _Call:
         if self._executor is None:
-            self._executor = _C.Executor(self.definition._fusion)
+            self._executor = _C.Executor(self.definition._fusion, **self._options)
         layouts = []
         for i, (x, local) in enumerate(zip(inputs, locals_)):
             if type(x) is DTensor:

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <fstream>
 #include <mutex>
 
 #include "bindings.h"
@@ -18,6 +19,7 @@
 #include "meshfuse/ir/printer.h"
 #include "meshfuse/runtime/environment.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
+#include "meshfuse/runtime/streams.h"
 #include "tensor_conversion.h"
 
 namespace meshfuse::python {
@@ -216,18 +218,64 @@ void bindPrograms(py::module_& m) {
       .def("run", &Prepared::run, "locals"_a, "Runs on this rank's local tensors; returns its local outputs.")
       .def("time_run", &Prepared::timeRun, "locals"_a, "iterations"_a)
       .def_property_readonly("program", [](const Prepared& p) { return p.program; })
-      .def_property_readonly("last_collectives", [](const Prepared& p) { return p.owner->exec->lastCollectives(); });
+      .def_property_readonly("last_collectives", [](const Prepared& p) { return p.owner->exec->lastCollectives(); })
+      .def_property_readonly("last_trace", [](const Prepared& p) { return p.owner->exec->lastTrace(); });
+
+  py::class_<TraceEvent>(m, "TraceEvent", "One task of a timeline: what ran, on which stream, when (us).")
+      .def_readonly("name", &TraceEvent::name)
+      .def_property_readonly("kind", [](const TraceEvent& e) { return std::string(taskKindName(e.kind)); })
+      .def_readonly("stream", &TraceEvent::stream)
+      .def_readonly("begin_us", &TraceEvent::begin_us)
+      .def_readonly("end_us", &TraceEvent::end_us)
+      .def("__repr__", [](const TraceEvent& e) {
+        return fmt::format("TraceEvent({} {} on stream {}, {:.1f}-{:.1f} us)", taskKindName(e.kind), e.name, e.stream,
+                           e.begin_us, e.end_us);
+      });
+  m.def(
+      "write_trace",
+      [](const std::string& path, const std::vector<TraceEvent>& mine) {
+        std::vector<std::vector<TraceEvent>> all;
+        {
+          py::gil_scoped_release release;
+          all = gatherTraces(*world(), mine);
+        }
+        if (world()->rank() != 0) return py::object(py::none());
+        std::ofstream out(path);
+        MF_USER_CHECK(out.good(), ErrorKind::Runtime, "cannot write the trace to {}", path);
+        out << chromeTraceJson(all);
+        py::list fractions;
+        for (const auto& events : all) fractions.append(summarizeOverlap(events).hiddenFraction());
+        return py::object(fractions);
+      },
+      "path"_a, "events"_a,
+      "Gathers every rank's timeline on rank 0 and writes it as Chrome/Perfetto trace JSON (every rank must call "
+      "it); returns, on rank 0, each rank's fraction of communication time hidden behind compute.");
+  m.def(
+      "overlap_summary",
+      [](const std::vector<TraceEvent>& events) {
+        OverlapSummary s = summarizeOverlap(events);
+        return py::dict("compute_us"_a = s.compute_us, "communication_us"_a = s.communication_us,
+                        "hidden_us"_a = s.hidden_us, "hidden_fraction"_a = s.hiddenFraction());
+      },
+      "events"_a, "How much of a timeline's communication time ran while compute was running.");
 
   py::class_<PyExecutor, std::shared_ptr<PyExecutor>>(m, "Executor")
-      .def(py::init([](const Fusion& definition, bool keep_stages) {
+      .def(py::init([](const Fusion& definition, bool keep_stages, const std::string& overlap, int64_t chunks,
+                       int64_t streams, bool fsdp, bool trace) {
              auto e = std::make_shared<PyExecutor>();
              e->comm = world();
              ExecutorOptions options;
              options.keep_stages = keep_stages;
+             options.pipeline.overlap = {overlap, chunks, streams};
+             options.pipeline.propagation.gather_parameters = fsdp;
+             options.trace = trace;
              e->exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *e->comm, nullptr, options);
              return e;
            }),
-           "definition"_a, "keep_stages"_a = true)
+           "definition"_a, "keep_stages"_a = true, "overlap"_a = "none", "chunks"_a = 0, "streams"_a = 2,
+           "fsdp"_a = false, "trace"_a = false,
+           "overlap: none | collective | ring (decompose-for-overlap); fsdp: gather parameters where used; trace: "
+           "record each run's timeline")
       .def(
           "prepare",
           [](const std::shared_ptr<PyExecutor>& self, const py::sequence& layouts) {

@@ -1,8 +1,11 @@
 // Timelines: overlap summaries and Chrome/Perfetto trace JSON.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <sstream>
 
+#include "meshfuse/runtime/communicator.h"
 #include "meshfuse/runtime/streams.h"
 
 namespace meshfuse {
@@ -64,6 +67,46 @@ std::string chromeTraceJson(const std::vector<std::vector<TraceEvent>>& per_rank
                         {"args", {{"name", s == 0 ? std::string("main stream") : "stream " + std::to_string(s)}}}});
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1);
+}
+
+// Rank 0 receives every rank's timeline (as text: name, kind, stream, begin, end per line).
+std::vector<std::vector<TraceEvent>> gatherTraces(Communicator& comm, const std::vector<TraceEvent>& mine) {
+  auto encode = [](const std::vector<TraceEvent>& events) {
+    std::string s;
+    for (const TraceEvent& e : events)
+      s += fmt::format("{}\t{}\t{}\t{}\t{}\n", e.name, static_cast<int>(e.kind), e.stream, e.begin_us, e.end_us);
+    return s;
+  };
+  auto decode = [](const std::string& s) {
+    std::vector<TraceEvent> events;
+    std::istringstream in(s);
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream f(line);
+      TraceEvent e;
+      int kind = 0;
+      std::getline(f, e.name, '\t');
+      f >> kind >> e.stream >> e.begin_us >> e.end_us;
+      e.kind = static_cast<TaskKind>(kind);
+      events.push_back(e);
+    }
+    return events;
+  };
+  if (comm.rank() != 0) {
+    std::string text = encode(mine);
+    int64_t size = static_cast<int64_t>(text.size());
+    comm.send(&size, 1, DataType::Int64, 0, /*tag=*/8)->wait();
+    comm.send(text.data(), size, DataType::Bool, 0, /*tag=*/9)->wait();
+    return {};
+  }
+  std::vector<std::vector<TraceEvent>> all = {mine};
+  for (int64_t r = 1; r < comm.size(); ++r) {
+    int64_t size = 0;
+    comm.recv(&size, 1, DataType::Int64, r, /*tag=*/8)->wait();
+    std::string text(static_cast<size_t>(size), '\0');
+    comm.recv(text.data(), size, DataType::Bool, r, /*tag=*/9)->wait();
+    all.push_back(decode(text));
+  }
+  return all;
 }
 
 }  // namespace meshfuse

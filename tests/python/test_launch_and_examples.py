@@ -83,3 +83,4 @@ def test_mpi4py_initializing_mpi_first_is_fine(tmp_path):
     r = run([sys.executable, "-m", "meshfuse.launch", "-n", "2", str(script)])
     assert r.returncode == 0, r.stdout + r.stderr
     assert [(tmp_path / f"out{i}").read_text() for i in range(2)] == ["mpi", "mpi"]
+

@@ -66,4 +66,9 @@ OverlapSummary summarizeOverlap(const std::vector<TraceEvent>& events);
 // Chrome / Perfetto trace JSON ("traceEvents" with complete events; pid = rank, tid = stream).
 std::string chromeTraceJson(const std::vector<std::vector<TraceEvent>>& per_rank);
 
+class Communicator;
+// Every rank's timeline on rank 0 (indexed by rank); other ranks get an empty list. Every rank
+// of `comm` must call it.
+std::vector<std::vector<TraceEvent>> gatherTraces(Communicator& comm, const std::vector<TraceEvent>& mine);
+
 }  // namespace meshfuse
