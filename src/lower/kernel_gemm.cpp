@@ -1,8 +1,10 @@
 // Gemm segments -> GEMM calls plus the small loop nests around them.
 //
-// requires: a Gemm segment whose one expr is a linear, matmul or sdpa.
+// requires: a Gemm segment: a linear, matmul or sdpa, after the permutes of its operands that
+//   segment let in (swaps of the last two dims, read in place as transposed operands).
 // guarantees: GEMMs read their operands in place whatever the layout BLAS can express: a
-//   linear's weight [n, k] is B transposed (no copy), a matmul with a 2-D right operand is one
+//   linear's weight [n, k] is B transposed (no copy), a transposed operand is read with the
+//   opposite transpose flag (no copy), a matmul with a 2-D right operand is one
 //   GEMM over all batch rows, batched matmuls and attention are strided-batch GEMMs.
 //   f32 only: bf16/f16 operands are widened into f32 temporaries and the result rounded back
 //   (BLAS has no 16-bit GEMM). A linear's bias is fused INTO the GEMM: C starts as the bias rows
@@ -150,16 +152,26 @@ class GemmLowering {
 }  // namespace
 
 void lowerGemmSegment(const Segment& seg, const LocalShapeFn& shape_of, Program& p) {
-  MF_CHECK(seg.exprs.size() == 1 && seg.outputs.size() == 1, "a Gemm segment is one GEMM-like op");
-  const meshfuse::Expr* e = seg.exprs[0];
+  MF_CHECK(seg.outputs.size() == 1, "a Gemm segment has one output");
+  const int64_t out = static_cast<int64_t>(seg.inputs.size());  // the output buffer
+  GemmLowering g(p);
+  auto g_f32 = [&](int64_t buffer) { return g.f32(buffer); };
+  const meshfuse::Expr* e = seg.exprs.back();  // after the transposes it reads in place
   auto tv = [&](size_t i) { return static_cast<const TensorView*>(e->input(i)); };
   auto bufferOf = [&](const Val* v) {
     auto it = std::find(seg.inputs.begin(), seg.inputs.end(), v);
     MF_CHECK(it != seg.inputs.end(), "a GEMM operand that is not a segment input");
     return static_cast<int64_t>(it - seg.inputs.begin());
   };
-  const int64_t out = static_cast<int64_t>(seg.inputs.size());  // the output buffer
-  GemmLowering g(p);
+  // Operand i as a GEMM operand: its buffer, read transposed when the segment's permute swapped
+  // its last two dims (the segmenter only lets such permutes in).
+  auto operand = [&](size_t i, int64_t ld, bool trans, int64_t transposed_ld) {
+    const meshfuse::Expr* d = tv(i)->definition();
+    if (d == nullptr || std::find(seg.exprs.begin(), seg.exprs.end(), d) == seg.exprs.end())
+      return Gemm::Operand{g_f32(bufferOf(tv(i))), 0, ld, trans};
+    MF_CHECK(d->kind() == OpKind::Permute, "{} in a Gemm segment", d->name());
+    return Gemm::Operand{g_f32(bufferOf(d->input(size_t{0}))), 0, transposed_ld, !trans};
+  };
   switch (e->kind()) {
     case OpKind::Linear: {
       const std::vector<int64_t> xs = shape_of(tv(0)), ws = shape_of(tv(1));
@@ -172,8 +184,8 @@ void lowerGemmSegment(const Segment& seg, const LocalShapeFn& shape_of, Program&
       if (k > 0) {
         Gemm gm;
         gm.m = m, gm.n = n, gm.k = k;
-        gm.a = {g.f32(bufferOf(tv(0))), 0, k, false};
-        gm.b = {g.f32(bufferOf(tv(1))), 0, k, true};
+        gm.a = operand(0, k, false, m);  // x [m, k], or stored as [k, m]
+        gm.b = operand(1, k, true, n);   // w [n, k] read transposed, or stored as [k, n]
         gm.c = {c, 0, n, false};
         gm.beta = bias != nullptr ? 1 : 0;
         g.gemm(gm);
@@ -193,14 +205,14 @@ void lowerGemmSegment(const Segment& seg, const LocalShapeFn& shape_of, Program&
       }
       Gemm gm;
       gm.k = k, gm.n = n;
-      gm.a = {g.f32(bufferOf(tv(0))), 0, k, false};
-      gm.b = {g.f32(bufferOf(tv(1))), 0, n, false};
+      gm.a = operand(0, k, false, m);  // a [.., m, k], or stored as [.., k, m]
+      gm.b = operand(1, n, false, k);  // b [.., k, n], or stored as [.., n, k]
       gm.c = {c, 0, n, false};
-      if (bs.size() == 2) {
+      if (bs.size() == 2 && !gm.a.trans) {
         gm.m = batches * m;  // the shared right operand: all batch rows in one GEMM
       } else {
         gm.m = m;
-        gm.batch = {{batches, m * k, k * n, m * n}};
+        gm.batch = {{batches, m * k, bs.size() == 2 ? 0 : k * n, m * n}};
       }
       g.gemm(gm);
       break;

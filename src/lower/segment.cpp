@@ -4,9 +4,11 @@
 //   communication on one mesh axis and nothing else).
 // guarantees:
 //   - every resharding `set` is its own Communication segment;
-//   - every linear / matmul / sdpa is its own Gemm segment (a linear's bias is fused into the
-//     GEMM; sdpa is GEMMs around a fused softmax kernel); the pointwise chain after a GEMM (bias
-//     add, activation, residual add) becomes the GEMM's epilogue kernel, a Kernel segment;
+//   - every linear / matmul / sdpa is in a Gemm segment of its own (a linear's bias is fused
+//     into the GEMM; sdpa is GEMMs around a fused softmax kernel), with the transposes of its
+//     operands it can read in place (a lone permute of the last two dims that only it reads);
+//     the pointwise chain after a GEMM (bias add, activation, residual add) becomes the GEMM's
+//     epilogue kernel, a Kernel segment;
 //   - every other op is in a Kernel segment, fused with its producers as long as all of the
 //     segment's values live on one mesh, all or none of them are microbatched (Stream-split
 //     rows, which lower-to-host-ir runs in a loop), and no path leaves the segment and comes
@@ -53,13 +55,16 @@ bool sameMesh(const TensorView* a, const TensorView* b) {
 
 class Segmenter {
  public:
-  explicit Segmenter(const Fusion& f) : f_(f) {}
+  explicit Segmenter(const Fusion& f) : f_(f) {
+    for (size_t i = 0; i < f.exprs().size(); ++i) position_[f.exprs()[i]] = i;
+  }
 
   std::vector<Segment> run() {
     for (const Expr* e : f_.exprs()) {
       const int64_t g = static_cast<int64_t>(groups_.size());
       groups_.push_back({kindOf(e), {e}});
       group_of_[e] = g;
+      if (e->info().category == OpCategory::Gemm) absorbTransposes(g, e);
       if (groups_[g].kind != Segment::Kind::Kernel) continue;
       // Join the first producer kernel it can, then pull the other producer kernels in.
       int64_t home = g;
@@ -77,6 +82,44 @@ class Segmenter {
     std::vector<const Expr*> exprs;  // program order
     bool alive = true;
   };
+
+  // A permute that swaps the last two dims of a GEMM operand, alone in its kernel and read by
+  // nothing else, joins the GEMM's segment: the GEMM reads its operand transposed, no copy.
+  // (Not for GEMMs that overlap lowering chunks: it launches the GEMM segment on row blocks.)
+  void absorbTransposes(int64_t g, const Expr* gemm) {
+    auto overlapped = [](const Expr* e) { return e && e->kind() == OpKind::Set && e->attr<std::string>("overlap") != "none"; };
+    for (const Val* v : gemm->inputs())
+      if (v && overlapped(v->definition())) return;
+    for (const Expr* u : gemm->output()->uses())
+      if (overlapped(u)) return;
+    const bool linear = gemm->kind() == OpKind::Linear;
+    for (size_t i = 0; i < 2; ++i) {
+      const auto* tv = static_cast<const TensorView*>(gemm->input(i));
+      const Expr* p = tv->definition();
+      if (p == nullptr || p->kind() != OpKind::Permute || groups_[group_of_.at(p)].exprs.size() != 1) continue;
+      if (linear && tv->rank() != 2) continue;  // a linear's rows are its input's leading dims, flattened
+      std::vector<int64_t> perm = p->attr<std::vector<int64_t>>("dims");
+      const int64_t r = static_cast<int64_t>(perm.size());
+      for (int64_t& d : perm) d = d < 0 ? d + r : d;
+      bool swap = r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2;
+      for (int64_t d = 0; d + 2 < r; ++d) swap &= perm[d] == d;
+      const auto& uses = tv->uses();
+      const bool only_here = !f_.isOutput(tv) && std::all_of(uses.begin(), uses.end(), [&](const Expr* u) { return u == gemm; }) &&
+                             std::count(gemm->inputs().begin(), gemm->inputs().end(), tv) == 1;
+      if (!swap || !only_here || !sameMesh(tv, gemm->output()) ||
+          streamSplitOf(tv).has_value() != streamSplitOf(gemm->output()).has_value())
+        continue;
+      groups_[g].exprs.insert(groups_[g].exprs.begin(), p);
+      groups_[group_of_.at(p)].alive = false;
+      groups_[group_of_.at(p)].exprs.clear();
+      group_of_[p] = g;
+    }
+    inProgramOrder(groups_[g].exprs);
+  }
+
+  void inProgramOrder(std::vector<const Expr*>& exprs) const {
+    std::sort(exprs.begin(), exprs.end(), [&](const Expr* a, const Expr* b) { return position_.at(a) < position_.at(b); });
+  }
 
   // Kernel groups that define an operand of `e`, in operand order, without repeats.
   std::vector<int64_t> producerGroups(const Expr* e) const {
@@ -135,10 +178,7 @@ class Segmenter {
       g.exprs.push_back(e);
       group_of_[e] = into;
     }
-    const auto& order = f_.exprs();
-    std::map<const Expr*, size_t> pos;
-    for (size_t i = 0; i < order.size(); ++i) pos[order[i]] = i;
-    std::sort(g.exprs.begin(), g.exprs.end(), [&](const Expr* a, const Expr* b) { return pos[a] < pos[b]; });
+    inProgramOrder(g.exprs);
     groups_[from].alive = false;
     groups_[from].exprs.clear();
     return into;
@@ -190,6 +230,7 @@ class Segmenter {
   const Fusion& f_;
   std::vector<Group> groups_;
   std::map<const Expr*, int64_t> group_of_;
+  std::map<const Expr*, size_t> position_;  // in program order
 };
 
 }  // namespace

@@ -197,6 +197,8 @@ std::vector<OpCase> opCases(OpKind k) {
                  f.addOutput(ops::linear(x, w));
                  f.addOutput(ops::linear(x, w, b));
                  f.addOutput(ops::linear(x3, w, b));
+                 // Transposed operands (read in place by the GEMM).
+                 f.addOutput(ops::linear(ops::permute(in.add({10, 6}), {1, 0}), ops::permute(in.add({10, 7}), {1, 0}), b));
                  return in.values;
                }}};
     case OpKind::Matmul:
@@ -209,6 +211,12 @@ std::vector<OpCase> opCases(OpKind k) {
                  f.addOutput(ops::matmul(a, b2));
                  f.addOutput(ops::matmul(a, b3));
                  f.addOutput(ops::matmul(a2, b2));
+                 // Transposed operands (read in place by the GEMM), batched and shared.
+                 TensorView* at = in.add({2, 4, 3});
+                 TensorView* bt3 = in.add({2, 5, 4});
+                 f.addOutput(ops::matmul(ops::permute(at, {0, 2, 1}), ops::permute(bt3, {0, 2, 1})));
+                 f.addOutput(ops::matmul(ops::permute(in.add({2, 4, 3}), {0, 2, 1}), b2));
+                 f.addOutput(ops::matmul(a2, ops::permute(in.add({5, 4}), {1, 0})));
                  return in.values;
                }}};
     case OpKind::BroadcastInDim:

@@ -83,6 +83,19 @@ TEST(KernelLower, Bf16MatmulWidensItsOperandsAndRoundsTheResult) {
   EXPECT_NE(p[0].find("batch [2 (strides 12, 20, 15)]"), std::string::npos) << p[0];
 }
 
+TEST(KernelLower, TransposedOperandsAreReadInPlace) {
+  Fusion f;
+  TensorView* q = f.defineTensor({3, 5, 4}, DataType::Float, "q");
+  TensorView* k = f.defineTensor({3, 6, 4}, DataType::Float, "k");
+  f.addOutput(ops::matmul(q, ops::permute(k, {0, 2, 1})));  // q @ k^T
+  std::vector<std::string> p = lowered(f);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(count(p[0], "loops"), 0) << p[0];  // no copy
+  EXPECT_NE(p[0].find("gemm m=5 n=6 k=4 batch [3 (strides 20, 24, 30)]: b2[+0, ld 6] = 1.0 * b1[+0, ld 4] x b0^T[+0, ld 4]"),
+            std::string::npos)
+      << p[0];
+}
+
 TEST(KernelLower, SdpaIsTwoBatchedGemmsAroundAMaskedSoftmax) {
   Fusion f;
   TensorView* q = f.defineTensor({1, 2, 5, 4}, DataType::Float, "q");

@@ -109,6 +109,26 @@ TEST(Segment, NoFusionThatWouldMakeACycleThroughAGemm) {
   expectWellFormed(f, segs);
 }
 
+TEST(Segment, GemmsReadLoneTransposesInPlace) {
+  Fusion f;
+  TensorView* a = f.defineTensor({2, 3, 4}, DataType::Float, "a");
+  TensorView* bt = f.defineTensor({2, 5, 4}, DataType::Float, "bt");
+  TensorView* x = f.defineTensor({6, 4}, DataType::Float, "x");
+  TensorView* wt = f.defineTensor({4, 7}, DataType::Float, "wt");
+  f.addOutput(ops::matmul(a, ops::permute(bt, {0, 2, 1})));
+  f.addOutput(ops::linear(x, ops::permute(wt, {1, 0})));
+  // Not absorbed: a permute of other dims, and a transpose that something else reads too.
+  TensorView* a3 = f.defineTensor({3, 2, 4}, DataType::Float, "a3");
+  f.addOutput(ops::matmul(ops::permute(a3, {1, 0, 2}), f.defineTensor({4, 5}, DataType::Float, "b2")));
+  TensorView* shared = ops::permute(wt, {1, 0});
+  f.addOutput(ops::linear(x, shared));
+  f.addOutput(shared);
+  std::vector<Segment> segs = segmentFusion(f);
+  EXPECT_EQ(summary(segs), (std::vector<std::string>{"gemm: permute, matmul", "gemm: permute, linear", "kernel: permute",
+                                                     "gemm: matmul", "kernel: permute", "gemm: linear"}));
+  expectWellFormed(f, segs);
+}
+
 TEST(Segment, IndependentProducerChainsMergeIntoTheirConsumer) {
   Fusion f;
   TensorView* x = f.defineTensor({4, 8}, DataType::Float, "x");
