@@ -11,6 +11,13 @@ RuntimeEnvironment readRuntimeEnvironment() {
   RuntimeEnvironment env;
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
     env.launched_by_mpi |= std::getenv(v) != nullptr;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+    const char* value = std::getenv(v);
+    if (value == nullptr || env.local_rank >= 0) continue;
+    char* end = nullptr;
+    long r = std::strtol(value, &end, 10);
+    if (end != value && *end == '\0' && r >= 0) env.local_rank = r;
+  }
   if (const char* t = std::getenv("MESHFUSE_COMM_TIMEOUT")) {
     char* end = nullptr;
     env.comm_timeout_s = std::strtod(t, &end);

@@ -442,9 +442,10 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
   const int64_t tag = n.handle * 1024 + iteration() % 1024;
   Communicator* comm = &comm_;
   const int64_t me = comm_.rank();
+  Backend* backend = &backend_;
   submitCommunication(taskName(n), [=]() mutable {
     if (to == me && from == me) {  // both stages on this rank: a copy
-      std::memcpy(out.data(), in.data(), in.nbytes());
+      backend->copy(out, in);
       return;
     }
     if (from >= 0) h->more.push_back(comm->recv(out.data(), out.numel(), out.dtype(), from, tag));

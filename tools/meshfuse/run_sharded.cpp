@@ -14,6 +14,7 @@
 #include "meshfuse/npy.h"
 #include "meshfuse/reference.h"
 #include "meshfuse/runtime/communicator.h"
+#include "meshfuse/runtime/cuda.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
 namespace meshfuse::cli {
@@ -82,7 +83,10 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
                   "world size {} != mesh size {}: the meshes of {} name ranks 0..{}; launch with mpirun -np {}", world,
                   covered, definition.numMeshes() == 1 ? "the fusion" : "its tensors", covered - 1, covered);
     ExecutorOptions options{.pipeline = o.pipeline, .trace = !o.trace_file.empty()};
-    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm, makeBackend(o.device), options);
+    std::unique_ptr<Backend> backend = makeBackend(o.device);
+    // Device buffers travel by NCCL, or through pinned host memory when ranks share a GPU.
+    if (backend->device() == Device::Cuda) comm = makeCudaCommunicator(std::move(comm));
+    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm, std::move(backend), options);
     exec->plan(inputs);
     sizes = completeBindings(definition, o.sizes, rank == 0);
     full = makeInputs(definition, o.npy_inputs, sizes, o.seed);

@@ -5,6 +5,8 @@
 //                           aborts the job (default 300; 0 disables the watchdog)
 //   MESHFUSE_CACHE_DIR      on-disk cache of compiled kernels (default ~/.cache/meshfuse)
 //   OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK: set by mpirun/srun; tell that MPI launched us
+//   OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID: this rank's index on its node
+//                           (each rank of a multi-GPU node uses GPU local_rank % GPUs)
 #pragma once
 
 #include <string>
@@ -13,6 +15,7 @@ namespace meshfuse {
 
 struct RuntimeEnvironment {
   bool launched_by_mpi = false;
+  int64_t local_rank = -1;  // -1: not known
   double comm_timeout_s = 300;
   std::string cache_dir;
 };

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "meshfuse/error.h"
+#include "meshfuse/runtime/environment.h"
 #include "runtime/cuda/cuda_error.h"
 
 namespace meshfuse::cuda {
@@ -34,7 +35,15 @@ int requireDevice(int requested) {
   int count = 0;
   MF_CUDA_CHECK(cudaGetDeviceCount(&count));
   int device = requested;
-  if (device < 0) MF_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0) {
+    // Each rank of a multi-GPU node its own GPU (NCCL needs it), else the thread's current one.
+    int64_t local_rank = readRuntimeEnvironment().local_rank;
+    if (local_rank >= 0 && count > 0) {
+      device = static_cast<int>(local_rank % count);
+    } else {
+      MF_CUDA_CHECK(cudaGetDevice(&device));
+    }
+  }
   MF_USER_CHECK(device < count, ErrorKind::Value, "CUDA device {} requested but this process sees {} device(s)",
                 device, count);
   return device;
