@@ -77,8 +77,8 @@ inline void singleThreaded() { openblas_set_num_threads(1); }
 // The PyTorch CPU eager baseline of `what` (kernels_torch.py prints "seconds <median>"), or a
 // negative value with `why` set when torch cannot be imported.
 inline double torchSeconds(const std::string& what, std::string* why) {
-  const std::string cmd = std::string(MESHFUSE_VENV_PYTHON) + " " + MESHFUSE_BENCH_DIR + "/kernels_torch.py " + what +
-                          " 2>&1";
+  const std::string cmd =
+      std::string(MESHFUSE_VENV_PYTHON) + " " + MESHFUSE_BENCH_DIR + "/kernels_torch.py " + what + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     *why = "could not start " + std::string(MESHFUSE_VENV_PYTHON);

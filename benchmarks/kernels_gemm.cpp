@@ -23,14 +23,16 @@ Row measure(const std::string& op, int64_t m, int64_t n, int64_t k, int iters) {
   %b = input f32[{1}, {2}] @one {{}}
   %c = linear(%a, %b)
   output %c
-}})", m, n, k)
+}})",
+                                                m, n, k)
                                   : fmt::format(R"(fusion {{
   mesh @one = [0]
   %a = input f32[{0}, {2}] @one {{}}
   %b = input f32[{2}, {1}] @one {{}}
   %c = matmul(%a, %b)
   output %c
-}})", m, n, k);
+}})",
+                                                m, n, k);
   bench::CompiledSegments prog(text, {});
   std::unique_ptr<Backend> backend = makeCpuBackend();
   std::map<std::string, Tensor> buf;
@@ -46,9 +48,10 @@ Row measure(const std::string& op, int64_t m, int64_t n, int64_t k, int iters) {
   std::unique_ptr<Communicator> comm = makeSelfCommunicator();
   MultiDeviceExecutor exec(parseFusion(text, "<benchmark>"), *comm);
   DeviceMesh one({0});
-  std::vector<ShardedTensor> in = {{buf["a"], one, {Placement::replicate()}}, {buf["b"], one, {Placement::replicate()}}};
-  std::vector<double> t = bench::interleavedMedians({direct, [&] { prog.run(*backend, 0, buf); }, [&] { exec.run(in); }},
-                                                    iters);
+  std::vector<ShardedTensor> in = {{buf["a"], one, {Placement::replicate()}},
+                                   {buf["b"], one, {Placement::replicate()}}};
+  std::vector<double> t =
+      bench::interleavedMedians({direct, [&] { prog.run(*backend, 0, buf); }, [&] { exec.run(in); }}, iters);
   const double t_direct = t[0], t_segment = t[1], t_exec = t[2];
   return {op, t_direct, t_segment, t_exec};
 }

@@ -28,14 +28,16 @@ int main(int argc, char** argv) {
   %down = linear(%act, %down_w, bias=%down_b)
   %out = add(%down, %x)
   output %out
-}})", h, 4 * h);
+}})",
+                                         h, 4 * h);
     std::unique_ptr<Communicator> comm = makeSelfCommunicator();
     MultiDeviceExecutor exec(parseFusion(text, "<benchmark>"), *comm);
     DeviceMesh one({0});
     auto in = [&](std::vector<int64_t> s, uint64_t seed) {
       return ShardedTensor{Tensor::random(DataType::Float, s, seed), one, {Placement::replicate()}};
     };
-    std::vector<ShardedTensor> inputs = {in({t, h}, 1), in({4 * h, h}, 2), in({4 * h}, 3), in({h, 4 * h}, 4), in({h}, 5)};
+    std::vector<ShardedTensor> inputs = {in({t, h}, 1), in({4 * h, h}, 2), in({4 * h}, 3), in({h, 4 * h}, 4),
+                                         in({h}, 5)};
     const int n = t * h >= 512 * 768 ? std::max(3, iters / 2) : iters * 20;
     const double ours = bench::medianSeconds([&] { exec.run(inputs); }, n, 3);
     std::string why;

@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
   %g = gelu(%y, approximate="tanh")
   %out = add(%g, %res)
   output %out
-}})", cols);
+}})",
+                                       cols);
   bench::CompiledSegments prog(text, {{"t", rows}});
   MF_CHECK(prog.segments().size() == 1, "the chain should be one kernel");
   std::unique_ptr<Backend> backend = makeCpuBackend();
@@ -67,7 +68,8 @@ int main(int argc, char** argv) {
   fmt::print("# {}\n", bench::machine());
   fmt::print("| measurement | time | bandwidth |\n|---|---|---|\n");
   fmt::print("| memcpy (1 read + 1 write) | {:.2f} ms | {:.2f} GB/s |\n", memcpy_s * 1e3, memcpy_bw / 1e9);
-  fmt::print("| generated kernel via runSegment (2 reads + 1 write) | {:.2f} ms | {:.2f} GB/s |\n", kernel * 1e3, bw / 1e9);
+  fmt::print("| generated kernel via runSegment (2 reads + 1 write) | {:.2f} ms | {:.2f} GB/s |\n", kernel * 1e3,
+             bw / 1e9);
   fmt::print("| generated kernel via MultiDeviceExecutor (allocates the output) | {:.2f} ms | {:.2f} GB/s |\n",
              end_to_end * 1e3, 3 * bytes / end_to_end / 1e9);
   if (torch > 0) fmt::print("| PyTorch eager (3 ops) | {:.2f} ms | |\n", torch * 1e3);

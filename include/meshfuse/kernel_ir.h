@@ -43,6 +43,7 @@ const char* typeName(Type t);
 // The value type a buffer of `dt` loads as.
 Type valueTypeOf(DataType dt);
 
+// clang-format off
 #define MESHFUSE_KIR_OPS(X)                                                                   \
   /* leaves */                                                                                \
   X(Const, "const") X(Var, "var") X(Load, "load")                                             \
@@ -60,6 +61,7 @@ Type valueTypeOf(DataType dt);
   X(Eq, "eq") X(Ne, "ne") X(Lt, "lt") X(Le, "le") X(Gt, "gt") X(Ge, "ge")                     \
   /* select(cond, a, b) */                                                                    \
   X(Select, "select")
+// clang-format on
 
 enum class Op {
 #define MESHFUSE_X(e, s) e,
@@ -74,10 +76,10 @@ using Expr = std::shared_ptr<const Node>;
 struct Node {
   Op op;
   Type type;
-  double value = 0;          // Const
-  int64_t id = -1;           // Var: scalar id; Load: buffer id
+  double value = 0;                     // Const
+  int64_t id = -1;                      // Var: scalar id; Load: buffer id
   DataType round_to = DataType::Float;  // Round
-  std::vector<Expr> args{};  // operands; Load: {index}
+  std::vector<Expr> args{};             // operands; Load: {index}
 };
 
 // ---- expression constructors (fold constants and trivial identities) -----------------------

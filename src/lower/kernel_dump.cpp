@@ -25,8 +25,9 @@ std::string dumpKernels(const CompiledProgram& program, int64_t rank, const Symb
   std::string out;
   for (int64_t i : launched) {
     const Segment& seg = p.segments->at(i);
-    kir::Program k = kir::lowerSegment(*program.fusion, seg, [&](const TensorView* tv) { return localShape(tv, sizes); },
-                                       fmt::format("{} #{}", segmentKindName(seg.kind), i));
+    kir::Program k = kir::lowerSegment(
+        *program.fusion, seg, [&](const TensorView* tv) { return localShape(tv, sizes); },
+        fmt::format("{} #{}", segmentKindName(seg.kind), i));
     out += llvm ? fmt::format("; ----- {}\n{}", k.name, cpuLlvmIr(k)) : printProgram(k);
   }
   return out;

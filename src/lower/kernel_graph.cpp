@@ -196,31 +196,38 @@ class GraphBuilder {
     switch (e->info().category) {
       case OpCategory::Unary: {
         const bool tanh_approx = k == OpKind::Gelu && e->attr<std::string>("approximate") == "tanh";
-        result = map(shape, ot, odt, {operand(e->input(size_t{0}))}, [k, tanh_approx, ot, odt](const auto& a) {
-          return roundTo(unaryFormula(k, tanh_approx, cast(a[0], ot)), odt);
-        }, out);
+        result = map(
+            shape, ot, odt, {operand(e->input(size_t{0}))},
+            [k, tanh_approx, ot, odt](const auto& a) {
+              return roundTo(unaryFormula(k, tanh_approx, cast(a[0], ot)), odt);
+            },
+            out);
         break;
       }
       case OpCategory::Binary:
-        result = map(shape, ot, odt, {operand(e->input(size_t{0})), operand(e->input(size_t{1}))},
-                     [k, ot, odt](const auto& a) { return roundTo(binaryFormula(k, cast(a[0], ot), cast(a[1], ot)), odt); },
-                     out);
+        result = map(
+            shape, ot, odt, {operand(e->input(size_t{0})), operand(e->input(size_t{1}))},
+            [k, ot, odt](const auto& a) { return roundTo(binaryFormula(k, cast(a[0], ot), cast(a[1], ot)), odt); },
+            out);
         break;
       case OpCategory::Compare:  // in f64: exact for every dtype and for any scalar operand
-        result = map(shape, ot, odt, {operand(e->input(size_t{0})), operand(e->input(size_t{1}))},
-                     [k](const auto& a) { return binaryFormula(k, cast(a[0], Type::F64), cast(a[1], Type::F64)); }, out);
+        result = map(
+            shape, ot, odt, {operand(e->input(size_t{0})), operand(e->input(size_t{1}))},
+            [k](const auto& a) { return binaryFormula(k, cast(a[0], Type::F64), cast(a[1], Type::F64)); }, out);
         break;
       case OpCategory::Ternary:
-        result = map(shape, ot, odt,
-                     {operand(e->input(size_t{0})), operand(e->input(size_t{1})), operand(e->input(size_t{2}))},
-                     [ot, odt](const auto& a) {
-                       return roundTo(select(cast(a[0], Type::Bool), cast(a[1], ot), cast(a[2], ot)), odt);
-                     }, out);
+        result = map(
+            shape, ot, odt, {operand(e->input(size_t{0})), operand(e->input(size_t{1})), operand(e->input(size_t{2}))},
+            [ot, odt](const auto& a) {
+              return roundTo(select(cast(a[0], Type::Bool), cast(a[1], ot), cast(a[2], ot)), odt);
+            },
+            out);
         break;
       case OpCategory::Cast:
       case OpCategory::Set:
-        result = map(shape, ot, odt, {operand(e->input(size_t{0}))},
-                     [ot, odt](const auto& a) { return roundTo(cast(a[0], ot), odt); }, out);
+        result = map(
+            shape, ot, odt, {operand(e->input(size_t{0}))},
+            [ot, odt](const auto& a) { return roundTo(cast(a[0], ot), odt); }, out);
         break;
       case OpCategory::Reduction: result = reduction(e, shape); break;
       case OpCategory::BroadcastInDim: result = broadcastInDim(e, shape); break;
@@ -229,11 +236,14 @@ class GraphBuilder {
         ENode* x = operand(e->input(size_t{0}));
         std::vector<int64_t> perm = e->attr<std::vector<int64_t>>("dims");
         for (int64_t& p : perm) p = p < 0 ? p + static_cast<int64_t>(perm.size()) : p;
-        result = indexNode(x, shape, [perm](const std::vector<Expr>& idx) {
-          std::vector<Expr> in(idx.size());
-          for (size_t d = 0; d < perm.size(); ++d) in[perm[d]] = idx[d];
-          return in;
-        }, out);
+        result = indexNode(
+            x, shape,
+            [perm](const std::vector<Expr>& idx) {
+              std::vector<Expr> in(idx.size());
+              for (size_t d = 0; d < perm.size(); ++d) in[perm[d]] = idx[d];
+              return in;
+            },
+            out);
         break;
       }
       case OpCategory::Slice: result = slice(e, shape); break;
@@ -351,7 +361,8 @@ class GraphBuilder {
                     [](const auto& a) { return unary(Op::Exp, binary(Op::Sub, a[0], a[1])); });
     ENode* sum = unreduce(reduce(ex, {dim}, false), shape, {dim});
     const DataType odt = e->output()->dtype();
-    return map(shape, Type::F32, odt, {ex, sum}, [odt](const auto& a) { return roundTo(binary(Op::Div, a[0], a[1]), odt); });
+    return map(shape, Type::F32, odt, {ex, sum},
+               [odt](const auto& a) { return roundTo(binary(Op::Div, a[0], a[1]), odt); });
   }
 
   // layer_norm: (x - mean) / sqrt(var + eps) * w + b; rms_norm: x / sqrt(mean(x^2) + eps) * w.
@@ -369,7 +380,8 @@ class GraphBuilder {
     ENode* centered = x;
     if (layer) {
       ENode* mean = meanOver(x);
-      centered = map(shape, Type::F32, DataType::Float, {x, mean}, [](const auto& a) { return binary(Op::Sub, a[0], a[1]); });
+      centered =
+          map(shape, Type::F32, DataType::Float, {x, mean}, [](const auto& a) { return binary(Op::Sub, a[0], a[1]); });
     }
     ENode* sq = map(shape, Type::F32, DataType::Float, {centered}, [](const auto& a) { return mul(a[0], a[0]); });
     ENode* var = meanOver(sq);

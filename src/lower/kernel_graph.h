@@ -33,11 +33,11 @@ namespace meshfuse::kir {
 struct ENode {
   enum Kind { Input, Map, Index, Reduce, Cat } kind;
   std::vector<int64_t> shape{};
-  Type type = Type::F32;  // value type (F32 for floating dtypes, F64 for i64, Bool)
+  Type type = Type::F32;             // value type (F32 for floating dtypes, F64 for i64, Bool)
   DataType dtype = DataType::Float;  // the dtype a buffer holding it has
   std::vector<ENode*> operands{};
   const TensorView* tv = nullptr;  // the fusion value it is (nullptr: internal to a decomposition)
-  int64_t buffer = -1;   // Input: its buffer
+  int64_t buffer = -1;             // Input: its buffer
   // Map: the formula on operand values (already converted to each operand's value type).
   std::function<Expr(const std::vector<Expr>&)> formula{};
   // Index: operand index from this node's index.
@@ -46,7 +46,7 @@ struct ENode {
   std::vector<int64_t> dims{};
   bool is_max = false;
   int64_t dim = 0;
-  int64_t uses = 0;      // consumers within the graph
+  int64_t uses = 0;  // consumers within the graph
 };
 
 struct ElementGraph {

@@ -1,12 +1,13 @@
 // Kernel IR nodes: constructors (with constant folding of index arithmetic) and the printer of
 // `meshfuse dump --stage=kernels`.
+#include "meshfuse/kernel_ir.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
 
 #include "meshfuse/error.h"
 #include "meshfuse/ir/op_kind.h"
-#include "meshfuse/kernel_ir.h"
 
 namespace meshfuse::kir {
 
@@ -34,8 +35,7 @@ Type valueTypeOf(DataType dt) {
 const char* opName(Op op) {
   switch (op) {
 #define MESHFUSE_X(e, s) \
-  case Op::e:            \
-    return s;
+  case Op::e: return s;
     MESHFUSE_KIR_OPS(MESHFUSE_X)
 #undef MESHFUSE_X
   }
@@ -159,7 +159,8 @@ class Printer {
   // An index at the top of a load or store reads best without its outer parentheses.
   std::string top(const Expr& e) const {
     std::string s = expr(e);
-    return s.size() > 1 && s.front() == '(' && e->type == Type::I64 && e->args.size() == 2 ? s.substr(1, s.size() - 2) : s;
+    return s.size() > 1 && s.front() == '(' && e->type == Type::I64 && e->args.size() == 2 ? s.substr(1, s.size() - 2)
+                                                                                           : s;
   }
 
   std::string expr(const Expr& e) const {
@@ -175,8 +176,12 @@ class Printer {
       default: break;
     }
     if (e->type == Type::I64 && e->args.size() == 2) {  // index arithmetic reads best infix
-      const char* sym = e->op == Op::Add ? "+" : e->op == Op::Sub ? "-" : e->op == Op::Mul ? "*"
-                        : e->op == Op::Div ? "/" : e->op == Op::Rem ? "%" : nullptr;
+      const char* sym = e->op == Op::Add   ? "+"
+                        : e->op == Op::Sub ? "-"
+                        : e->op == Op::Mul ? "*"
+                        : e->op == Op::Div ? "/"
+                        : e->op == Op::Rem ? "%"
+                                           : nullptr;
       if (sym) return fmt::format("({} {} {})", expr(e->args[0]), sym, expr(e->args[1]));
     }
     std::vector<std::string> args;
@@ -193,15 +198,9 @@ class Printer {
           stmts(s.body, indent + 2, out);
           out += pad + "}\n";
           break;
-        case Stmt::Let:
-          out += fmt::format("{}let {} = {}\n", pad, scalar(s.id), expr(s.value));
-          break;
-        case Stmt::Assign:
-          out += fmt::format("{}{} = {}\n", pad, scalar(s.id), expr(s.value));
-          break;
-        case Stmt::Store:
-          out += fmt::format("{}store b{}[{}] = {}\n", pad, s.id, top(s.index), expr(s.value));
-          break;
+        case Stmt::Let: out += fmt::format("{}let {} = {}\n", pad, scalar(s.id), expr(s.value)); break;
+        case Stmt::Assign: out += fmt::format("{}{} = {}\n", pad, scalar(s.id), expr(s.value)); break;
+        case Stmt::Store: out += fmt::format("{}store b{}[{}] = {}\n", pad, s.id, top(s.index), expr(s.value)); break;
       }
     }
   }
@@ -232,8 +231,8 @@ std::string printProgram(const Program& p) {
   for (size_t i = 0; i < p.buffers.size(); ++i) {
     const Buffer& b = p.buffers[i];
     const char* role = b.role == Buffer::Input ? "in  " : b.role == Buffer::Output ? "out " : "temp";
-    out += fmt::format("  buffer b{} {} {}{}[{}]\n", i, role, b.name.empty() ? "" : b.name + " : ",
-                       dtypeName(b.dtype), fmt::join(b.shape, ", "));
+    out += fmt::format("  buffer b{} {} {}{}[{}]\n", i, role, b.name.empty() ? "" : b.name + " : ", dtypeName(b.dtype),
+                       fmt::join(b.shape, ", "));
   }
   for (const Step& s : p.steps) {
     if (s.kind == Step::GemmCall) {

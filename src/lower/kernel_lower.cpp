@@ -20,12 +20,13 @@
 //                                                        for i5 { y[i0, i5] = exp(x - acc1) / acc3 } }
 //
 // k = 0 (no shared loops, full-size temporaries) is always legal and is the fallback.
+#include "lower/kernel_lower.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "lower/kernel_graph.h"
-#include "lower/kernel_lower.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/segment.h"
 
@@ -34,8 +35,8 @@ namespace {
 
 bool sameExpr(const Expr& a, const Expr& b) {
   if (a == b) return true;
-  if (a->op != b->op || a->type != b->type || a->value != b->value || a->id != b->id ||
-      a->round_to != b->round_to || a->args.size() != b->args.size())
+  if (a->op != b->op || a->type != b->type || a->value != b->value || a->id != b->id || a->round_to != b->round_to ||
+      a->args.size() != b->args.size())
     return false;
   for (size_t i = 0; i < a->args.size(); ++i)
     if (!sameExpr(a->args[i], b->args[i])) return false;

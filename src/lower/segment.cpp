@@ -87,7 +87,9 @@ class Segmenter {
   // nothing else, joins the GEMM's segment: the GEMM reads its operand transposed, no copy.
   // (Not for GEMMs that overlap lowering chunks: it launches the GEMM segment on row blocks.)
   void absorbTransposes(int64_t g, const Expr* gemm) {
-    auto overlapped = [](const Expr* e) { return e && e->kind() == OpKind::Set && e->attr<std::string>("overlap") != "none"; };
+    auto overlapped = [](const Expr* e) {
+      return e && e->kind() == OpKind::Set && e->attr<std::string>("overlap") != "none";
+    };
     for (const Val* v : gemm->inputs())
       if (v && overlapped(v->definition())) return;
     for (const Expr* u : gemm->output()->uses())
@@ -104,7 +106,8 @@ class Segmenter {
       bool swap = r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2;
       for (int64_t d = 0; d + 2 < r; ++d) swap &= perm[d] == d;
       const auto& uses = tv->uses();
-      const bool only_here = !f_.isOutput(tv) && std::all_of(uses.begin(), uses.end(), [&](const Expr* u) { return u == gemm; }) &&
+      const bool only_here = !f_.isOutput(tv) &&
+                             std::all_of(uses.begin(), uses.end(), [&](const Expr* u) { return u == gemm; }) &&
                              std::count(gemm->inputs().begin(), gemm->inputs().end(), tv) == 1;
       if (!swap || !only_here || !sameMesh(tv, gemm->output()) ||
           streamSplitOf(tv).has_value() != streamSplitOf(gemm->output()).has_value())
@@ -118,7 +121,8 @@ class Segmenter {
   }
 
   void inProgramOrder(std::vector<const Expr*>& exprs) const {
-    std::sort(exprs.begin(), exprs.end(), [&](const Expr* a, const Expr* b) { return position_.at(a) < position_.at(b); });
+    std::sort(exprs.begin(), exprs.end(),
+              [&](const Expr* a, const Expr* b) { return position_.at(a) < position_.at(b); });
   }
 
   // Kernel groups that define an operand of `e`, in operand order, without repeats.
@@ -215,7 +219,8 @@ class Segmenter {
     auto inside = [&](const Expr* e) { return std::find(g.exprs.begin(), g.exprs.end(), e) != g.exprs.end(); };
     for (const Expr* e : g.exprs) {
       for (const Val* v : e->inputs()) {
-        if (v == nullptr || v->valKind() != ValKind::TensorView || (v->definition() && inside(v->definition()))) continue;
+        if (v == nullptr || v->valKind() != ValKind::TensorView || (v->definition() && inside(v->definition())))
+          continue;
         const auto* tv = static_cast<const TensorView*>(v);
         if (std::find(s.inputs.begin(), s.inputs.end(), tv) == s.inputs.end()) s.inputs.push_back(tv);
       }

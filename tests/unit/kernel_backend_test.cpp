@@ -149,7 +149,8 @@ TEST(KernelMath, SixteenBitStoresRoundLikeMeshfuse) {
     xs.push_back(v);
   for (DataType dt : {DataType::BFloat16, DataType::Half}) {
     std::vector<double> got = kernel([dt](TensorView* x) { return ops::cast(x, dt); }, xs);
-    for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(got[i], roundToDtype(xs[i], dt)) << xs[i] << " to " << dtypeName(dt);
+    for (size_t i = 0; i < xs.size(); ++i)
+      EXPECT_EQ(got[i], roundToDtype(xs[i], dt)) << xs[i] << " to " << dtypeName(dt);
     std::vector<double> nan = kernel([dt](TensorView* x) { return ops::cast(x, dt); }, {NAN});
     EXPECT_TRUE(std::isnan(nan[0]));
   }

@@ -127,13 +127,13 @@ std::vector<OpCase> opCases(OpKind k) {
     case OpKind::Div: return {{n, binary(ops::div, true)}};
     case OpKind::Pow:
       return {{n, binary(ops::pow, true)}, {n + "_exponents", [](Fusion& f, DataType dt) {
-                 Inputs in{f, dt, {}};
-                 TensorView* x = in.add({4, 9});
-                 for (double e : {0.0, 1.0, 2.0, 3.0, -1.0}) f.addOutput(ops::pow(x, e));
-                 TensorView* p = in.add({4, 9}, true);
-                 for (double e : {0.5, -0.5, 1.5}) f.addOutput(ops::pow(p, e));
-                 return in.values;
-               }}};
+                                              Inputs in{f, dt, {}};
+                                              TensorView* x = in.add({4, 9});
+                                              for (double e : {0.0, 1.0, 2.0, 3.0, -1.0}) f.addOutput(ops::pow(x, e));
+                                              TensorView* p = in.add({4, 9}, true);
+                                              for (double e : {0.5, -0.5, 1.5}) f.addOutput(ops::pow(p, e));
+                                              return in.values;
+                                            }}};
     case OpKind::Maximum: return {{n, binary(ops::maximum)}};
     case OpKind::Minimum: return {{n, binary(ops::minimum)}};
     case OpKind::Eq:
@@ -146,8 +146,12 @@ std::vector<OpCase> opCases(OpKind k) {
                  Inputs in{f, dt, {}};
                  TensorView* a = in.add({6, 5});
                  TensorView* b = in.add({1, 5});
-                 auto cmp = k == OpKind::Eq ? ops::eq : k == OpKind::Ne ? ops::ne : k == OpKind::Lt ? ops::lt
-                            : k == OpKind::Le ? ops::le : k == OpKind::Gt ? ops::gt : ops::ge;
+                 auto cmp = k == OpKind::Eq   ? ops::eq
+                            : k == OpKind::Ne ? ops::ne
+                            : k == OpKind::Lt ? ops::lt
+                            : k == OpKind::Le ? ops::le
+                            : k == OpKind::Gt ? ops::gt
+                                              : ops::ge;
                  f.addOutput(cmp(a, b));
                  f.addOutput(cmp(a, a));
                  f.addOutput(cmp(a, 0.25));
@@ -165,15 +169,16 @@ std::vector<OpCase> opCases(OpKind k) {
                  return in.values;
                }}};
     case OpKind::Cast:
-      return {{n, [](Fusion& f, DataType dt) {
-                 Inputs in{f, dt, {}};
-                 TensorView* x = in.add({6, 5});
-                 for (DataType to : {DataType::Float, DataType::BFloat16, DataType::Half, DataType::Int64, DataType::Bool})
-                   f.addOutput(ops::cast(ops::mul(x, 7.0), to));
-                 f.addOutput(ops::cast(in.add({6, 5}, false, DataType::Bool), dt));
-                 f.addOutput(ops::cast(in.add({6, 5}, false, DataType::Int64), dt));
-                 return in.values;
-               }}};
+      return {
+          {n, [](Fusion& f, DataType dt) {
+             Inputs in{f, dt, {}};
+             TensorView* x = in.add({6, 5});
+             for (DataType to : {DataType::Float, DataType::BFloat16, DataType::Half, DataType::Int64, DataType::Bool})
+               f.addOutput(ops::cast(ops::mul(x, 7.0), to));
+             f.addOutput(ops::cast(in.add({6, 5}, false, DataType::Bool), dt));
+             f.addOutput(ops::cast(in.add({6, 5}, false, DataType::Int64), dt));
+             return in.values;
+           }}};
     case OpKind::Set: return {{n, unary(ops::set)}};
     case OpKind::Sum:
     case OpKind::Max:
@@ -182,25 +187,27 @@ std::vector<OpCase> opCases(OpKind k) {
                  Inputs in{f, dt, {}};
                  TensorView* x = in.add({3, 4, 17});
                  auto red = k == OpKind::Sum ? ops::sum : k == OpKind::Max ? ops::max : ops::mean;
-                 for (std::vector<int64_t> dims : std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {-1}, {0, 2}, {0, 1}, {0, 1, 2}})
+                 for (std::vector<int64_t> dims :
+                      std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {-1}, {0, 2}, {0, 1}, {0, 1, 2}})
                    f.addOutput(red(x, dims, false));
                  f.addOutput(red(x, {1}, true));
                  return in.values;
                }}};
     case OpKind::Linear:
-      return {{n, [](Fusion& f, DataType dt) {
-                 Inputs in{f, dt, {}};
-                 TensorView* x = in.add({6, 10});
-                 TensorView* w = in.add({7, 10});
-                 TensorView* b = in.add({7});
-                 TensorView* x3 = in.add({2, 3, 10});
-                 f.addOutput(ops::linear(x, w));
-                 f.addOutput(ops::linear(x, w, b));
-                 f.addOutput(ops::linear(x3, w, b));
-                 // Transposed operands (read in place by the GEMM).
-                 f.addOutput(ops::linear(ops::permute(in.add({10, 6}), {1, 0}), ops::permute(in.add({10, 7}), {1, 0}), b));
-                 return in.values;
-               }}};
+      return {
+          {n, [](Fusion& f, DataType dt) {
+             Inputs in{f, dt, {}};
+             TensorView* x = in.add({6, 10});
+             TensorView* w = in.add({7, 10});
+             TensorView* b = in.add({7});
+             TensorView* x3 = in.add({2, 3, 10});
+             f.addOutput(ops::linear(x, w));
+             f.addOutput(ops::linear(x, w, b));
+             f.addOutput(ops::linear(x3, w, b));
+             // Transposed operands (read in place by the GEMM).
+             f.addOutput(ops::linear(ops::permute(in.add({10, 6}), {1, 0}), ops::permute(in.add({10, 7}), {1, 0}), b));
+             return in.values;
+           }}};
     case OpKind::Matmul:
       return {{n, [](Fusion& f, DataType dt) {
                  Inputs in{f, dt, {}};

@@ -35,9 +35,9 @@ TEST(KernelLower, RowSoftmaxIsOnePassPerRowWithItsStatisticsInRegisters) {
   f.addOutput(ops::softmax(f.defineTensor({6, 10}, DataType::Float, "x"), 1));
   std::vector<std::string> p = lowered(f);
   ASSERT_EQ(p.size(), 1u);
-  EXPECT_EQ(count(p[0], "buffer"), 2) << p[0];      // x and the output: no temporaries
+  EXPECT_EQ(count(p[0], "buffer"), 2) << p[0];            // x and the output: no temporaries
   EXPECT_EQ(count(p[0], "for i0 in [0, 6)"), 1) << p[0];  // the shared row loop
-  EXPECT_EQ(count(p[0], "in [0, 10)"), 3) << p[0];  // max, sum of exp, normalize
+  EXPECT_EQ(count(p[0], "in [0, 10)"), 3) << p[0];        // max, sum of exp, normalize
   EXPECT_NE(p[0].find("acc"), std::string::npos) << p[0];
 }
 
@@ -56,8 +56,8 @@ TEST(KernelLower, LayerNormOfBf16AccumulatesInF32) {
   f.addOutput(ops::layerNorm(x, f.defineTensor({32}, DataType::BFloat16, "w")));
   std::vector<std::string> p = lowered(f);
   ASSERT_EQ(p.size(), 1u);
-  EXPECT_EQ(count(p[0], "temp"), 0) << p[0];            // the row statistics are f32 accumulators
-  EXPECT_EQ(count(p[0], "round_bf16"), 0) << p[0];      // rounded once, by the bf16 store
+  EXPECT_EQ(count(p[0], "temp"), 0) << p[0];        // the row statistics are f32 accumulators
+  EXPECT_EQ(count(p[0], "round_bf16"), 0) << p[0];  // rounded once, by the bf16 store
   EXPECT_NE(p[0].find("acc"), std::string::npos) << p[0];
 }
 
@@ -91,8 +91,9 @@ TEST(KernelLower, TransposedOperandsAreReadInPlace) {
   std::vector<std::string> p = lowered(f);
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(count(p[0], "loops"), 0) << p[0];  // no copy
-  EXPECT_NE(p[0].find("gemm m=5 n=6 k=4 batch [3 (strides 20, 24, 30)]: b2[+0, ld 6] = 1.0 * b1[+0, ld 4] x b0^T[+0, ld 4]"),
-            std::string::npos)
+  EXPECT_NE(
+      p[0].find("gemm m=5 n=6 k=4 batch [3 (strides 20, 24, 30)]: b2[+0, ld 6] = 1.0 * b1[+0, ld 4] x b0^T[+0, ld 4]"),
+      std::string::npos)
       << p[0];
 }
 
@@ -107,7 +108,7 @@ TEST(KernelLower, SdpaIsTwoBatchedGemmsAroundAMaskedSoftmax) {
   EXPECT_EQ(count(p[0], "gemm m=5"), 2) << p[0];
   EXPECT_NE(p[0].find("b1^T"), std::string::npos) << p[0];  // K read transposed in place
   EXPECT_NE(p[0].find("loops k1_softmax"), std::string::npos) << p[0];
-  EXPECT_NE(p[0].find("gt("), std::string::npos) << p[0];   // the causal mask
+  EXPECT_NE(p[0].find("gt("), std::string::npos) << p[0];  // the causal mask
 }
 
 TEST(KernelLower, CpuLoopsVectorize) {

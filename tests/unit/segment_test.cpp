@@ -1,4 +1,6 @@
 // segment: which ops share a segment, the order of segments, and their exact inputs/outputs.
+#include "meshfuse/segment.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -9,7 +11,6 @@
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/pipeline.h"
-#include "meshfuse/segment.h"
 
 namespace meshfuse {
 namespace {
@@ -42,7 +43,8 @@ void expectWellFormed(const Fusion& f, const std::vector<Segment>& segs) {
     }
     EXPECT_EQ(std::set<const TensorView*>(s.inputs.begin(), s.inputs.end()), read);
     EXPECT_EQ(s.inputs.size(), read.size()) << "an input listed twice";
-    for (const TensorView* in : s.inputs) EXPECT_TRUE(available.count(in)) << f.displayName(in) << " is read before it is made";
+    for (const TensorView* in : s.inputs)
+      EXPECT_TRUE(available.count(in)) << f.displayName(in) << " is read before it is made";
     std::set<const TensorView*> outs;
     for (const TensorView* o : produced) {
       bool outside = f.isOutput(o) || o->uses().empty();
@@ -124,8 +126,9 @@ TEST(Segment, GemmsReadLoneTransposesInPlace) {
   f.addOutput(ops::linear(x, shared));
   f.addOutput(shared);
   std::vector<Segment> segs = segmentFusion(f);
-  EXPECT_EQ(summary(segs), (std::vector<std::string>{"gemm: permute, matmul", "gemm: permute, linear", "kernel: permute",
-                                                     "gemm: matmul", "kernel: permute", "gemm: linear"}));
+  EXPECT_EQ(summary(segs),
+            (std::vector<std::string>{"gemm: permute, matmul", "gemm: permute, linear", "kernel: permute",
+                                      "gemm: matmul", "kernel: permute", "gemm: linear"}));
   expectWellFormed(f, segs);
 }
 
@@ -149,7 +152,8 @@ TEST(Segment, OpsOnDifferentMeshesStayApart) {
   %y = exp(%x) : f32[4, 8] @a {}
   %z = tanh(%y) : f32[4, 8] @b {}
   output %z
-})", "<test>");
+})",
+                                          "<test>");
   std::vector<Segment> segs = segmentFusion(*f);
   EXPECT_EQ(summary(segs), (std::vector<std::string>{"kernel: exp", "kernel: tanh"}));
   expectWellFormed(*f, segs);
@@ -168,7 +172,8 @@ TEST(Segment, TensorParallelMlpKeepsCollectivesApartAndFusesTheBiasAfterTheAllre
   %down = linear(%act, %down_w, bias=%down_b)
   %out = add(%down, %inp)
   output %out
-})", "<test>"));
+})",
+                                          "<test>"));
   const std::vector<Segment>& segs = *p.host.segments;
   EXPECT_EQ(summary(segs), (std::vector<std::string>{"gemm: linear", "kernel: gelu", "gemm: linear", "comm: set",
                                                      "kernel: broadcast_in_dim, add, add"}));
@@ -177,19 +182,19 @@ TEST(Segment, TensorParallelMlpKeepsCollectivesApartAndFusesTheBiasAfterTheAllre
 
 TEST(Segment, TensorParallelDecoderLayer) {
   // examples/decoder_layer.mf: Megatron tensor parallelism on 4 ranks.
-  std::string path = std::string(__FILE__).substr(0, std::string(__FILE__).rfind("tests/unit")) + "examples/decoder_layer.mf";
+  std::string path =
+      std::string(__FILE__).substr(0, std::string(__FILE__).rfind("tests/unit")) + "examples/decoder_layer.mf";
   std::ifstream in(path);
   ASSERT_TRUE(in) << path;
   std::stringstream text;
   text << in.rdbuf();
   CompiledProgram p = compile(parseFusion(text.str(), path));
   const std::vector<Segment>& segs = *p.host.segments;
-  EXPECT_EQ(summary(segs),
-            (std::vector<std::string>{"kernel: layer_norm", "gemm: linear", "kernel: reshape, permute", "gemm: linear",
-                                      "kernel: reshape, permute", "gemm: linear", "kernel: reshape, permute",
-                                      "gemm: sdpa", "kernel: permute, reshape", "gemm: linear", "comm: set",
-                                      "kernel: add, layer_norm", "gemm: linear", "kernel: gelu", "gemm: linear",
-                                      "comm: set", "kernel: add"}));
+  EXPECT_EQ(summary(segs), (std::vector<std::string>{
+                               "kernel: layer_norm", "gemm: linear", "kernel: reshape, permute", "gemm: linear",
+                               "kernel: reshape, permute", "gemm: linear", "kernel: reshape, permute", "gemm: sdpa",
+                               "kernel: permute, reshape", "gemm: linear", "comm: set", "kernel: add, layer_norm",
+                               "gemm: linear", "kernel: gelu", "gemm: linear", "comm: set", "kernel: add"}));
   expectWellFormed(*p.fusion, segs);
 }
 

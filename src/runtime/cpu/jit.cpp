@@ -52,9 +52,9 @@ Jit::Jit() {
   tm_ = unwrap(b.createTargetMachine(), "creating the host TargetMachine");
   jit_ = unwrap(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(b).create(), "creating the JIT");
   // Kernels may call libm (pow): resolve symbols from this process.
-  jit_->getMainJITDylib().addGenerator(unwrap(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
-                                                  jit_->getDataLayout().getGlobalPrefix()),
-                                              "opening this process's symbols"));
+  jit_->getMainJITDylib().addGenerator(
+      unwrap(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(jit_->getDataLayout().getGlobalPrefix()),
+             "opening this process's symbols"));
 }
 
 Jit::~Jit() = default;
@@ -109,8 +109,6 @@ std::string Jit::optimizedIr(EmittedModule em) {
   return os.str();
 }
 
-std::string Jit::describeTarget() const {
-  return tm_->getTargetTriple().str() + ", cpu " + tm_->getTargetCPU().str();
-}
+std::string Jit::describeTarget() const { return tm_->getTargetTriple().str() + ", cpu " + tm_->getTargetCPU().str(); }
 
 }  // namespace meshfuse::cpu

@@ -217,7 +217,8 @@ class FunctionEmitter {
 
   llvm::Value* loadElement(const Expr& e) {
     const DataType dt = p_.buffers.at(e->id).dtype;
-    llvm::Value* v = b_.CreateLoad(storageOf(dt), b_.CreateInBoundsGEP(storageOf(dt), buffers_.at(e->id), expr(e->args[0])));
+    llvm::Value* v =
+        b_.CreateLoad(storageOf(dt), b_.CreateInBoundsGEP(storageOf(dt), buffers_.at(e->id), expr(e->args[0])));
     switch (dt) {
       case DataType::BFloat16: return emitBf16ToF32(b_, v);
       case DataType::Half: return emitHalfToF32(b_, v);
@@ -229,8 +230,9 @@ class FunctionEmitter {
   llvm::Value* convert(llvm::Value* v, Type from, Type to) {
     const bool ff = from == Type::F32 || from == Type::F64, tf = to == Type::F32 || to == Type::F64;
     if (from == to) return v;
-    if (to == Type::Bool) return ff ? b_.CreateFCmpUNE(v, llvm::ConstantFP::get(v->getType(), 0.0))
-                                    : b_.CreateICmpNE(v, llvm::ConstantInt::get(v->getType(), 0));
+    if (to == Type::Bool)
+      return ff ? b_.CreateFCmpUNE(v, llvm::ConstantFP::get(v->getType(), 0.0))
+                : b_.CreateICmpNE(v, llvm::ConstantInt::get(v->getType(), 0));
     if (ff && tf) return from == Type::F32 ? b_.CreateFPExt(v, typeOf(to)) : b_.CreateFPTrunc(v, typeOf(to));
     if (tf) return from == Type::Bool ? b_.CreateUIToFP(v, typeOf(to)) : b_.CreateSIToFP(v, typeOf(to));
     if (from == Type::Bool) return b_.CreateZExt(v, typeOf(to));
@@ -257,8 +259,10 @@ class FunctionEmitter {
         // The polynomials are f32; an f64 operand (never produced by lowering today) goes
         // through them in f32.
         llvm::Value* xf = t == Type::F32 ? x : b_.CreateFPTrunc(x, b_.getFloatTy());
-        llvm::Value* r = op == Op::Exp ? emitExp(b_, xf) : op == Op::Log ? emitLog(b_, xf)
-                         : op == Op::Tanh ? emitTanh(b_, xf) : emitErf(b_, xf);
+        llvm::Value* r = op == Op::Exp    ? emitExp(b_, xf)
+                         : op == Op::Log  ? emitLog(b_, xf)
+                         : op == Op::Tanh ? emitTanh(b_, xf)
+                                          : emitErf(b_, xf);
         return t == Type::F32 ? r : b_.CreateFPExt(r, x->getType());
       }
       default: break;
@@ -299,7 +303,7 @@ class FunctionEmitter {
   std::vector<llvm::Value*> buffers_;
   std::unordered_map<int64_t, llvm::Value*> scalars_;       // loop variables and lets
   std::unordered_map<int64_t, llvm::Value*> accumulators_;  // their allocas
-  std::set<int64_t> never_nan_;                              // accumulators findNeverNan cleared
+  std::set<int64_t> never_nan_;                             // accumulators findNeverNan cleared
   std::vector<std::unordered_map<const kir::Node*, llvm::Value*>> scopes_;
 };
 
