@@ -44,14 +44,17 @@ struct ExecutorOptions {
   PipelineOptions pipeline;
   bool keep_stages = false;  // keep each stage's IR text in CompiledProgram::stages (for plan())
   bool trace = false;        // record each run's timeline (lastTrace())
+  // A failure while a multi-rank program runs aborts the job (HostIrEvaluator::setAbortOnFailure):
+  // turn off only where the caller can bring every rank down itself.
+  bool abort_on_failure = true;
 };
 
 class MultiDeviceExecutor {
  public:
   // `definition` is the single-device fusion; its inputs' placements come with each run. Any
   // TensorView pinned with the schedule API keeps its pin. `backend` defaults to the CPU one.
-  MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Communicator& comm, std::unique_ptr<Backend> backend = nullptr,
-                      ExecutorOptions options = {});
+  MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Communicator& comm,
+                      std::unique_ptr<Backend> backend = nullptr, ExecutorOptions options = {});
   ~MultiDeviceExecutor();
 
   // Runs this rank's program on its local blocks; returns this rank's output blocks with their

@@ -30,6 +30,12 @@ bool contiguousBlocks(const std::vector<int64_t>& shape, int64_t d) {
 
 int64_t positiveMod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
 
+bool hasCommunication(const std::vector<HostNode>& nodes) {
+  return std::any_of(nodes.begin(), nodes.end(), [](const HostNode& n) {
+    return n.kind == HostNodeKind::Communication || hasCommunication(n.body);
+  });
+}
+
 }  // namespace
 
 // Collectives on one communicator must be issued in the same order on every rank. Tasks on
@@ -75,14 +81,18 @@ class HostIrEvaluator::IssueGate {
 struct HostIrEvaluator::Handle {
   std::unique_ptr<Work> work;
   std::vector<std::unique_ptr<Work>> more;  // a send/recv pair
-  std::function<void()> finish;              // unpacks staging buffers (all-to-all)
-  std::vector<Tensor> buffers;               // kept alive until the operation completed
+  std::function<void()> finish;             // unpacks staging buffers (all-to-all)
+  std::vector<Tensor> buffers;              // kept alive until the operation completed
 };
 
 HostIrEvaluator::HostIrEvaluator(const HostProgram& program, Backend& backend, Communicator& comm)
-    : program_(program), backend_(backend), comm_(comm), streams_(backend.streams()),
+    : program_(program),
+      backend_(backend),
+      comm_(comm),
+      streams_(backend.streams()),
       gate_(std::make_shared<IssueGate>()) {
   MF_CHECK(program.rank == comm.rank(), "program for rank {} run on rank {}", program.rank, comm.rank());
+  communicates_ = hasCommunication(program.nodes);
 }
 
 HostIrEvaluator::~HostIrEvaluator() = default;
@@ -160,8 +170,11 @@ CollectiveInfo HostIrEvaluator::collectiveInfo(const HostNode& n, CommKind kind,
   auto it = info_.find(&n);
   if (it == info_.end()) {
     const Fusion& f = *program_.fusion;
-    it = info_.emplace(&n, CollectiveInfo{kind, n.mesh_axis, {}, 0, f.displayName(n.out.tv), f.displayName(n.in.tv),
-                                          n.out.tv->provenance()})
+    it = info_
+             .emplace(
+                 &n,
+                 CollectiveInfo{
+                     kind, n.mesh_axis, {}, 0, f.displayName(n.out.tv), f.displayName(n.in.tv), n.out.tv->provenance()})
              .first;
   }
   CollectiveInfo c = it->second;
@@ -191,11 +204,14 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
   try {
     execute(program_.nodes);
     streams_.synchronize();
-  } catch (...) {
+  } catch (const std::exception& e) {
     try {
       streams_.synchronize();  // let in-flight tasks finish before the buffers go away
     } catch (...) {
     }
+    // The other ranks may be waiting in a collective this rank will not join: end the job with
+    // this rank's message rather than leave them hanging until the watchdog fires.
+    if (abort_on_failure_ && communicates_ && comm_.size() > 1) comm_.abort(e.what());
     throw;
   }
   if (tracing_) trace_ = streams_.takeTrace();
@@ -224,9 +240,7 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         values_.erase({n.tv, n.slot});  // tasks already submitted keep the memory alive until they ran
         break;
       case HostNodeKind::LaunchKernel:
-      case HostNodeKind::Gemm:
-        launch(n);
-        break;
+      case HostNodeKind::Gemm: launch(n); break;
       case HostNodeKind::Communication:
         if (n.comm == CommKind::SendRecv) {
           sendRecv(n);
@@ -253,9 +267,8 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         std::vector<int64_t> off = zeros(out.shape().size());
         off[n.out_dim] = n.out.tv->mesh()->indexAlong(comm_.rank(), n.mesh_axis) * out.shape()[n.out_dim];
         Backend* backend = &backend_;
-        submit(TaskKind::Copy, "slice", [backend, in, out, off]() mutable {
-          backend->copyBlock(in, off, out, zeros(off.size()), out.shape());
-        });
+        submit(TaskKind::Copy, "slice",
+               [backend, in, out, off]() mutable { backend->copyBlock(in, off, out, zeros(off.size()), out.shape()); });
         break;
       }
       case HostNodeKind::Copy: {
@@ -282,9 +295,7 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
       case HostNodeKind::SetCurrentStream:
         stream_ = n.stream + (n.stream_pool > 0 && !loops_.empty() ? loops_.back().i % n.stream_pool : 0);
         break;
-      case HostNodeKind::RecordEvent:
-        events_[{n.event, eventInstance(n)}] = streams_.record(stream_);
-        break;
+      case HostNodeKind::RecordEvent: events_[{n.event, eventInstance(n)}] = streams_.record(stream_); break;
       case HostNodeKind::WaitEvent: {
         int64_t instance = eventInstance(n);
         if (instance < 0) break;  // before the first instance: nothing to wait for
@@ -352,7 +363,9 @@ void HostIrEvaluator::communicate(const HostNode& n) {
   std::function<void()> issue;
   switch (n.comm) {
     case CommKind::Allreduce:
-      issue = [=]() mutable { h->work = comm->allreduce(in.data(), out.data(), in.numel(), dt, ReduceOp::Sum, n.team); };
+      issue = [=]() mutable {
+        h->work = comm->allreduce(in.data(), out.data(), in.numel(), dt, ReduceOp::Sum, n.team);
+      };
       break;
     case CommKind::Allgather:
       // layout-for-communication made the gathered dim outermost: rank j's block is the j-th
@@ -395,8 +408,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
       };
       break;
     }
-    default:
-      userError(ErrorKind::Unsupported, "{} communications are not lowered yet", commKindName(n.comm));
+    default: userError(ErrorKind::Unsupported, "{} communications are not lowered yet", commKindName(n.comm));
   }
   submitCommunication(taskName(n), std::move(issue));
 }
@@ -404,9 +416,8 @@ void HostIrEvaluator::communicate(const HostNode& n) {
 void HostIrEvaluator::submitCommunication(const std::string& name, std::function<void()> issue) {
   std::shared_ptr<IssueGate> gate = gate_;
   int64_t ticket = gate->take();
-  streams_.submit(stream_, TaskKind::Communication, name, [gate, ticket, issue = std::move(issue)] {
-    gate->issue(ticket, issue);
-  });
+  streams_.submit(stream_, TaskKind::Communication, name,
+                  [gate, ticket, issue = std::move(issue)] { gate->issue(ticket, issue); });
 }
 
 // Submits work that, when it fails, makes waiting communications fail too (no hang).

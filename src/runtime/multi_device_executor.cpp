@@ -97,6 +97,7 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
   e->program = programForRank(e->compiled, comm_.rank());
   e->evaluator = std::make_unique<HostIrEvaluator>(e->program, *backend_, comm_);
   e->evaluator->setTracing(options_.trace);
+  e->evaluator->setAbortOnFailure(options_.abort_on_failure);
   for (const ShardedTensor& in : inputs) e->layouts.push_back({Tensor(), in.mesh, in.placements});
   return *(last_ = cache_.emplace(key, std::move(e)).first->second.get());
 }

@@ -39,6 +39,12 @@ class HostIrEvaluator {
   void setTracing(bool on);
   std::vector<TraceEvent> takeTrace();
 
+  // With several ranks, a failure once the program runs may leave peers waiting in a collective
+  // this rank will never join. When on (the default) and this rank's program communicates, such
+  // a failure aborts the job through the communicator (every rank exits with this rank's
+  // message) instead of being thrown. Failures while checking the inputs are always thrown.
+  void setAbortOnFailure(bool on) { abort_on_failure_ = on; }
+
  private:
   struct Handle;
   class IssueGate;
@@ -62,20 +68,22 @@ class HostIrEvaluator {
   Communicator& comm_;
   Streams& streams_;
   SymbolBindings bindings_;
-  std::map<std::pair<const TensorView*, int64_t>, Tensor> values_;  // (tensor, slot)
+  std::map<std::pair<const TensorView*, int64_t>, Tensor> values_;      // (tensor, slot)
   std::unordered_map<const TensorView*, std::vector<int64_t>> shapes_;  // local shapes, per run
   struct Loop {
     int64_t i, trips;
   };
-  std::vector<Loop> loops_;  // enclosing loops, innermost last
+  std::vector<Loop> loops_;   // enclosing loops, innermost last
   int64_t iteration() const;  // the enclosing loops' iterations counted together (row-major)
   int64_t stream_ = 0;
-  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Handle>> handles_;         // (handle, iteration)
-  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Event>> events_;           // (event, iteration)
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Handle>> handles_;  // (handle, iteration)
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Event>> events_;    // (event, iteration)
   std::vector<CollectiveInfo> executed_;
   std::unordered_map<const HostNode*, CollectiveInfo> info_;
   std::shared_ptr<IssueGate> gate_;
   bool tracing_ = false;
+  bool abort_on_failure_ = true;
+  bool communicates_ = false;  // the program holds a communication (set at construction)
   std::vector<TraceEvent> trace_;
 };
 
