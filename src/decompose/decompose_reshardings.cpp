@@ -3,9 +3,9 @@
 
 #include <map>
 
+#include "decompose/resharding_steps.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ops.h"
-#include "decompose/resharding_steps.h"
 #include "propagation/required_sharding.h"
 #include "propagation/sharding.h"
 
@@ -31,12 +31,28 @@ OutputChoice outputChoice(const Expr* e, const ShardingRule& rule, int64_t a) {
   if (c.contraction_dim >= 0) return c;
   for (size_t i = 0; i < e->inputs().size(); ++i) {
     TensorView* in = tensorAt(e, i);
-    if (in != nullptr && i < rule.linear_in.size() && rule.linear_in[i] && placementsOf(in)[a].kind == Placement::Partial) {
+    if (in != nullptr && i < rule.linear_in.size() && rule.linear_in[i] &&
+        placementsOf(in)[a].kind == Placement::Partial) {
       c.source_operand = static_cast<int64_t>(i);
       break;
     }
   }
   return c;
+}
+
+// Why `e` cannot give the pending sum `c` (only a user's pin asks for one that propagation did
+// not choose), for the error message.
+std::string whyNoPendingSum(const Fusion& f, const Expr* e, const ShardingRule& rule, const OutputChoice& c) {
+  switch (rule.partial_mode) {
+    case ShardingRule::PartialMode::None:
+      return fmt::format("{} is not linear, so a pending sum must be reduced before it", e->name());
+    case ShardingRule::PartialMode::All: return "a scalar would be added once per shard";
+    case ShardingRule::PartialMode::AnyOne:
+      if (c.source_operand < 0) return fmt::format("none of the operands {} is linear in is a pending sum", e->name());
+      return fmt::format("{} reads {} in another operand too, so it is not linear in it", e->name(),
+                         f.displayName(e->inputs()[c.source_operand]));
+  }
+  return "";
 }
 
 // Inserts `set`s before `e` that take `from` to `target` one mesh axis at a time, in the order
@@ -65,8 +81,8 @@ TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target
   // Last, the move to the consumer's pipeline stage (the same sharding on another mesh).
   if (s.mesh != target.mesh) {
     const Fusion& cf = f;
-    std::string step = fmt::format("moved from stage {} to stage {}", cf.mesh(s.mesh).toString(),
-                                   cf.mesh(target.mesh).toString());
+    std::string step =
+        fmt::format("moved from stage {} to stage {}", cf.mesh(s.mesh).toString(), cf.mesh(target.mesh).toString());
     s.mesh = target.mesh;
     TensorView* next = ops::set(cur);
     writeSharding(next, s);
@@ -109,8 +125,7 @@ void decomposeReshardings(Fusion& f) {
                       ErrorKind::Unsupported,
                       "set: {} is pinned {} on mesh axis {} but its input {} is {}; a set cannot make a pending sum "
                       "(Partial) of a value that has none",
-                      f.displayName(e->output()), to.axes[a].toString(), a, f.displayName(in),
-                      from.axes[a].toString());
+                      f.displayName(e->output()), to.axes[a].toString(), a, f.displayName(in), from.axes[a].toString());
       // A set that changes several axes (or axes and the stage) becomes a chain of sets that
       // change one each (in reshardingSteps' order): the axes first, on the source stage; the
       // move to the stage last. The set itself keeps the last step.
@@ -133,22 +148,25 @@ void decomposeReshardings(Fusion& f) {
     std::vector<OutputChoice> choices;
     for (int64_t a = 0; a < axes; ++a) choices.push_back(outputChoice(e, rule, a));
     for (size_t i = 0; i < e->inputs().size(); ++i) {
+      if (e->inputs()[i] == nullptr) continue;
+      // Scalars too: a pinned Partial output of add(%q, 1.0) has no operands that give it.
+      for (int64_t a = 0; a < axes; ++a)
+        MF_USER_CHECK(requiredOperandState(e, rule, choices[a], i).has_value(), ErrorKind::Unsupported,
+                      "{}: its output {} is {} on mesh axis {}, which no sharding of operand {} can give: {}",
+                      e->name(), f.displayName(out), choices[a].state.toString(), a, f.displayName(e->inputs()[i]),
+                      whyNoPendingSum(f, e, rule, choices[a]));
       TensorView* in = tensorAt(e, i);
       if (in == nullptr) continue;
       Sharding actual = readSharding(in);
       MF_CHECK(actual.decided(), "{} has no mesh", f.displayName(in));
       Sharding need = actual;
       need.mesh = out->meshIndex();  // operands come to the op's pipeline stage
-      for (int64_t a = 0; a < axes; ++a) {
-        std::optional<AxisState> req = requiredOperandState(e, rule, choices[a], i);
-        MF_USER_CHECK(req.has_value(), ErrorKind::Unsupported,
-                      "{}: its output {} is {} on mesh axis {}, which no sharding of operand {} can give", e->name(),
-                      f.displayName(out), choices[a].state.toString(), a, f.displayName(in));
-        need.axes[a] = *req;
-      }
+      for (int64_t a = 0; a < axes; ++a) need.axes[a] = *requiredOperandState(e, rule, choices[a], i);
       if (need == actual) continue;
       TensorView* fixed = cache.get(f, e, in, need, fmt::format("{} needs {{}} as {}", e->name(), toString(need)));
-      f.replaceOperand(e, in, fixed);
+      // Only this operand slot: a value read twice may be needed in two shardings
+      // (matmul(%a, %a) reads %a sharded on rows and whole).
+      f.replaceOperandAt(e, i, fixed);
     }
   }
 }

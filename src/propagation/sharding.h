@@ -17,8 +17,8 @@ class DeviceMesh;
 using AxisState = Placement;
 
 struct Sharding {
-  int64_t mesh = -1;             // index in the Fusion's mesh table; -1: undecided
-  std::vector<AxisState> axes;   // one per mesh axis
+  int64_t mesh = -1;            // index in the Fusion's mesh table; -1: undecided
+  std::vector<AxisState> axes;  // one per mesh axis
   bool decided() const { return mesh >= 0; }
   bool operator==(const Sharding&) const = default;
 };
