@@ -67,6 +67,9 @@ class Propagator {
   void pin(TensorView* tv) {
     TvState s = fresh(tv->meshIndex());
     s.sharding = readSharding(tv);
+    // Not printed with the IR (a pin is the user's own text), but reported as the reason for a
+    // collective that produces it (a redistributing set).
+    tv->setProvenance(pinnedProvenance(tv));
     for (int64_t a = 0; a < mesh_.rank(); ++a) {
       // A pinned op output that is Partial keeps its contraction dim.
       if (s.sharding.axes[a].kind == Placement::Partial) {

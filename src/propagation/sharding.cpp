@@ -50,4 +50,15 @@ std::string toString(const Sharding& s) {
   return placementsToString(s.axes);
 }
 
+Provenance pinnedProvenance(const TensorView* tv) {
+  const Fusion& f = *tv->fusion();
+  std::string placed = toString(readSharding(tv));
+  // With several meshes (pipeline stages) the mesh is part of what the user asked for.
+  if (f.numMeshes() > 1 && tv->mesh() != nullptr) placed += " on mesh " + tv->mesh()->toString();
+  const Expr* def = tv->definition();
+  if (def == nullptr) return {fmt::format("pinned by the user: input {{}} placed {}", placed), {tv}};
+  if (def->kind() == OpKind::Set) return {fmt::format("pinned by the user: {{}} set to {}", placed), {tv}};
+  return {fmt::format("pinned by the user: {{}} = {} placed {}", def->name(), placed), {tv}};
+}
+
 }  // namespace meshfuse

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "meshfuse/ir/placement.h"
+#include "meshfuse/ir/val.h"
 
 namespace meshfuse {
 
@@ -30,5 +31,9 @@ Sharding readSharding(const TensorView* tv);
 void writeSharding(TensorView* tv, const Sharding& s, const std::vector<int64_t>& partial_dims = {});
 
 std::string toString(const Sharding& s);  // "[Shard(0), Partial()]"
+
+// The provenance of a tensor the user pinned, e.g. "pinned by the user: %a set to [Shard(1)]"
+// (the reason a collective that produces it exists).
+Provenance pinnedProvenance(const TensorView* tv);
 
 }  // namespace meshfuse
