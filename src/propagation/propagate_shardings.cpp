@@ -206,9 +206,18 @@ class Propagator {
       const OutputChoice* best = nullptr;
       for (const OutputChoice& c : cands) {
         int64_t cost = candidateCost(e, rule, c, a);
-        if (cost < best_cost) best_cost = cost, best = &c;
+        // On a tie, a settled value beats a pending sum, which costs a reduction later (mul(%q,
+        // %r) reads the %q another consumer already reduced rather than staying Partial).
+        bool settles = best != nullptr && best->state.kind == Placement::Partial && c.state.kind != Placement::Partial;
+        if (cost < best_cost || (cost == best_cost && settles)) best_cost = cost, best = &c;
       }
       MF_CHECK(best != nullptr, "no feasible sharding for {} on mesh axis {}", e->name(), a);
+      for (size_t i = 0; i < e->inputs().size(); ++i) {
+        const TensorView* in = tensorAt(e, i);
+        if (in == nullptr || !decided(in)) continue;
+        AxisState req = *requiredOperandState(e, rule, *best, i);
+        if (req != states_.at(in).sharding.axes[a] && !planned(in, a, req)) planned_.push_back({in, a, req});
+      }
       s.sharding.axes[a] = best->state;
       s.partial_dims[a] = best->contraction_dim;
       s.why[a] = best->why;
@@ -224,9 +233,15 @@ class Propagator {
     return !id->isBroadcast() && id->extent().divisible(mesh_.size(a));
   }
 
+  // Whether an earlier decision already moves `tv` to `state` on axis `a`.
+  bool planned(const TensorView* tv, int64_t a, const AxisState& state) const {
+    return std::find(planned_.begin(), planned_.end(), Move{tv, a, state}) != planned_.end();
+  }
+
   // The communication that giving every operand what candidate `c` needs on axis `a` costs;
   // kInfinite when some operand cannot give it (a scalar added to a pending sum, a dim that does
-  // not divide). A value read by several operands that need the same state is moved once.
+  // not divide). A value read by several operands that need the same state is moved once, and a
+  // move an earlier decision already makes is free (decomposition shares it between consumers).
   int64_t candidateCost(const Expr* e, const ShardingRule& rule, const OutputChoice& c, int64_t a) const {
     int64_t cost = 0;
     std::vector<std::pair<const Val*, AxisState>> moved;
@@ -244,7 +259,7 @@ class Propagator {
         continue;
       }
       std::pair<const Val*, AxisState> move(in, *req);
-      if (std::find(moved.begin(), moved.end(), move) != moved.end()) continue;
+      if (std::find(moved.begin(), moved.end(), move) != moved.end() || planned(in, a, *req)) continue;
       moved.push_back(move);
       int64_t c1 = conversionCost(states_.at(in).sharding.axes[a], req);
       // Moving what should stay costs kWeightFactor times more: parameters, or with
@@ -443,6 +458,14 @@ class Propagator {
   const DeviceMesh& mesh_;
   PropagationOptions options_;
   std::map<const TensorView*, TvState> states_;
+  // Moves that decided ops need of their operands (tensor, mesh axis, state).
+  struct Move {
+    const TensorView* tv;
+    int64_t axis;
+    AxisState state;
+    bool operator==(const Move&) const = default;
+  };
+  std::vector<Move> planned_;
 };
 
 }  // namespace
