@@ -85,13 +85,7 @@ void rewrite(Fusion& f, Expr* e, int64_t d) {
     f.rename(restored, name);
   }
   if (pinned) restored->setPinned(true);
-  // Reasons that named the replaced set's output now name the value that took its place.
-  for (TensorView* tv : f.tensorViews()) {
-    Provenance p = tv->provenanceNote();
-    if (std::find(p.refs.begin(), p.refs.end(), out) == p.refs.end()) continue;
-    std::replace(p.refs.begin(), p.refs.end(), static_cast<const Val*>(out), static_cast<const Val*>(restored));
-    tv->setProvenance(p);
-  }
+  redirectProvenance(f, out, restored);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ops.h"
@@ -35,10 +36,11 @@ class Propagator {
     for (TensorView* tv : f_.tensorViews())
       if (tv->pinned()) pin(tv);
     // Forward and backward sweeps to a fixed point. When they stall on an op that waits for an
-    // input the user left open (add(%a Shard(0), %b) with %b unplaced), the first such op decides
-    // from its placed operands (an open input costs nothing to place) and the backward sweep then
-    // gives the input what that op needs: open inputs follow their consumers instead of staying
-    // Replicate and being resharded.
+    // input the user left open (add(%a Shard(0), %b) with %b unplaced), or for a value computed
+    // only from such inputs, the first such op decides from its placed operands (an open value
+    // costs nothing to place) and the backward sweep then gives the open value, and the open
+    // inputs it is computed from, what that op needs: they follow their consumers instead of
+    // staying Replicate and being resharded.
     for (bool changed = true; changed;) {
       changed = forward(/*with_open_inputs=*/false);
       changed |= backward();
@@ -82,15 +84,16 @@ class Propagator {
   }
 
   // Decides the outputs of ops whose tensor operands are decided; with `with_open_inputs`, only
-  // the first op whose undecided operands are all open fusion inputs (and that has a decided one).
+  // the first op whose undecided operands are all open (and that has a decided one).
   bool forward(bool with_open_inputs) {
     bool changed = false;
+    const std::set<const TensorView*> open = with_open_inputs ? openTensors() : std::set<const TensorView*>{};
     // decide() may rewrite the program (splitBias), so index instead of iterating.
     for (size_t i = 0; i < f_.exprs().size(); ++i) {
       Expr* e = f_.exprs()[i];
       if (decided(e->output())) continue;
       if (with_open_inputs) {
-        if (!decidableWithOpenInputs(e)) continue;
+        if (!decidableWithOpen(e, open)) continue;
         return decide(e);
       }
       if (operandsDecided(e)) changed |= decide(e);
@@ -98,22 +101,28 @@ class Propagator {
     return changed;
   }
 
-  // Inputs the user left open take what their (last, in program order) decided consumer needs.
+  // Open values take what their (last, in program order) decided consumer needs; the values and
+  // inputs they are computed from follow in the same sweep (it runs consumers first).
   bool backward() {
     bool changed = false;
+    const std::set<const TensorView*> open = openTensors();
     for (auto it = f_.exprs().rbegin(); it != f_.exprs().rend(); ++it) {
       Expr* e = *it;
       if (!decided(e->output())) continue;
       ShardingRule rule = shardingRuleOf(e);
       for (size_t i = 0; i < e->inputs().size(); ++i) {
         TensorView* in = tensorAt(e, i);
-        if (in == nullptr || decided(in) || !f_.isInput(in)) continue;
+        if (in == nullptr || decided(in) || open.count(in) == 0) continue;
         TvState s = fresh(states_.at(e->output()).sharding.mesh);
         for (int64_t a = 0; a < mesh_.rank(); ++a) {
-          std::optional<AxisState> req = requiredOperandState(e, rule, outputChoice(e, a), i);
-          s.sharding.axes[a] = req.value_or(Placement::replicate());
-          s.why[a] = Provenance::literal(
-              fmt::format("{}: an open input, placed as {} needs it", s.sharding.axes[a].toString(), e->name()));
+          AxisState req = requiredOperandState(e, rule, outputChoice(e, a), i).value_or(Placement::replicate());
+          // A computed value is placed only as its own op can give it locally (no pending sum, no
+          // dim its operands do not have).
+          if (const Expr* def = in->definition(); def != nullptr && !producible(def, req)) req = Placement::replicate();
+          s.sharding.axes[a] = req;
+          s.why[a] = Provenance::literal(fmt::format("{}: {}, placed as {} needs it", req.toString(),
+                                                     f_.isInput(in) ? "an open input" : "computed from open inputs",
+                                                     e->name()));
         }
         states_[in] = s;
         changed = true;
@@ -123,18 +132,43 @@ class Propagator {
   }
 
   bool decided(const TensorView* tv) const { return states_.count(tv) > 0; }
-  bool open(const TensorView* tv) const { return !decided(tv) && f_.isInput(tv) && !tv->pinned(); }
-  bool decidableWithOpenInputs(const Expr* e) const {
+  // Undecided inputs the user left open, and the undecided values computed only from them: they
+  // can take whatever their consumers need.
+  std::set<const TensorView*> openTensors() const {
+    std::set<const TensorView*> open;
+    for (const TensorView* in : f_.inputs())
+      if (!decided(in) && !in->pinned()) open.insert(in);
+    for (const Expr* e : f_.exprs()) {
+      if (decided(e->output())) continue;
+      bool any = false, all = true;
+      for (size_t i = 0; i < e->inputs().size(); ++i)
+        if (const TensorView* t = tensorAt(e, i)) any = true, all &= open.count(t) > 0;
+      if (any && all) open.insert(e->output());
+    }
+    return open;
+  }
+  bool decidableWithOpen(const Expr* e, const std::set<const TensorView*>& open) const {
     bool any_decided = false;
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       const TensorView* t = tensorAt(e, i);
       if (t == nullptr) continue;
       if (decided(t))
         any_decided = true;
-      else if (!open(t))
+      else if (open.count(t) == 0)
         return false;
     }
     return any_decided;
+  }
+  // Whether `def` can give its output `state` on one mesh axis from operands that are placed to
+  // fit: Replicate always; Shard only along a dim some operand dim becomes.
+  bool producible(const Expr* def, const AxisState& state) const {
+    if (state.kind == Placement::Replicate) return true;
+    if (state.kind == Placement::Partial) return false;
+    const TensorView* o = def->output();
+    const int64_t ol = logicalIndexOfDim(o, state.dim);
+    for (const std::vector<int64_t>& m : shardingRuleOf(def).operand_maps)
+      if (std::find(m.begin(), m.end(), ol) != m.end()) return true;
+    return false;
   }
   static TensorView* tensorAt(const Expr* e, size_t i) {
     Val* v = e->inputs()[i];

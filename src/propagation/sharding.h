@@ -12,6 +12,7 @@ namespace meshfuse {
 
 class TensorView;
 class DeviceMesh;
+class Fusion;
 
 // State of one mesh axis: Replicate, Shard(dim) with dim indexing tv->dims() (the
 // non-reduction logical dims), or Partial (a pending sum over that axis).
@@ -35,5 +36,9 @@ std::string toString(const Sharding& s);  // "[Shard(0), Partial()]"
 // The provenance of a tensor the user pinned, e.g. "pinned by the user: %a set to [Shard(1)]"
 // (the reason a collective that produces it exists).
 Provenance pinnedProvenance(const TensorView* tv);
+
+// After a pass gives `to` the place (and name) of `from`: every provenance that named `from`
+// names `to` instead (a reason is about the user's value, not the object that held it).
+void redirectProvenance(Fusion& f, const TensorView* from, const TensorView* to);
 
 }  // namespace meshfuse

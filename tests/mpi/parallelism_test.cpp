@@ -313,6 +313,36 @@ TEST(Parallelism, OpenInputFollowsItsShardedConsumer) {
   EXPECT_EQ(run.local_outputs[0].placements, Ps{S(0)});
 }
 
+// ... and so do the values computed only from such inputs: %t = tanh(%b + %c) is computed on
+// the rows %a has, from rows of %b and %c.
+TEST(Parallelism, ValuesComputedFromOpenInputsFollowTheirConsumer) {
+  Fusion f;
+  TensorView* a = f.defineTensor({8, 16}, DataType::Float, "a");
+  TensorView* b = f.defineTensor({8, 16}, DataType::Float, "b");
+  TensorView* c = f.defineTensor({8, 16}, DataType::Float, "c");
+  f.addOutput(ops::mul(a, ops::tanh(ops::add(b, c))));
+  std::vector<std::pair<DeviceMesh, Ps>> placed = {{worldMesh(), {S(0)}}, {DeviceMesh(), {}}, {DeviceMesh(), {}}};
+  ShardedRun run = runSharded(f, placed);
+  expectMatchesReference(run);
+  EXPECT_THAT(run.collectives, IsEmpty());
+  EXPECT_EQ(placementsOf(run.compiled->inputs()[1]), Ps{S(0)});
+  EXPECT_EQ(placementsOf(run.compiled->inputs()[2]), Ps{S(0)});
+}
+
+// An op output the user pins sharded along a dim the op cannot split (softmax's normalized dim)
+// is computed whole and sliced: the gather its operand needs, then no more communication.
+TEST(Parallelism, PinnedOutputTheOpCannotSplitIsComputedWholeThenSliced) {
+  Fusion f;
+  TensorView* x = f.defineTensor({8, 12}, DataType::Float, "x");
+  TensorView* y = ops::softmax(x, 1);
+  applyPlacements(y, worldMesh(), {S(1)});
+  f.addOutput(ops::exp(y));
+  ShardedRun run = runSharded(f, layouts({{S(1)}}));
+  expectMatchesReference(run);
+  EXPECT_EQ(kinds(run.collectives), expect({"allgather"}));
+  EXPECT_EQ(run.local_outputs[0].placements, Ps{S(1)});
+}
+
 // Attention with `heads` heads: x [2, 8, 32], QKV projections, sdpa, out-projection.
 void buildAttention(Fusion& f, int64_t heads) {
   TensorView* x = f.defineTensor({2, 8, 32}, DataType::Float, "x");
