@@ -152,10 +152,8 @@ Expr* computeWholeThenSlice(Fusion& f, Expr* e, const ShardingRule& rule) {
     }
     if (p.kind != Placement::Shard) continue;
     const IterDomain* id = out->dims()[p.dim];
-    const int64_t ol = std::find(out->logical().begin(), out->logical().end(), id) - out->logical().begin();
-    bool mapped = false;
-    for (const std::vector<int64_t>& m : rule.operand_maps) mapped |= std::find(m.begin(), m.end(), ol) != m.end();
-    if (mapped) continue;
+    if (rule.fromOperands(std::find(out->logical().begin(), out->logical().end(), id) - out->logical().begin()))
+      continue;
     computed.axes[a] = Placement::replicate();
     whole.push_back(static_cast<int64_t>(a));
   }

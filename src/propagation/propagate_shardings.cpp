@@ -164,11 +164,7 @@ class Propagator {
   bool producible(const Expr* def, const AxisState& state) const {
     if (state.kind == Placement::Replicate) return true;
     if (state.kind == Placement::Partial) return false;
-    const TensorView* o = def->output();
-    const int64_t ol = logicalIndexOfDim(o, state.dim);
-    for (const std::vector<int64_t>& m : shardingRuleOf(def).operand_maps)
-      if (std::find(m.begin(), m.end(), ol) != m.end()) return true;
-    return false;
+    return shardingRuleOf(def).fromOperands(logicalIndexOfDim(def->output(), state.dim));
   }
   static TensorView* tensorAt(const Expr* e, size_t i) {
     Val* v = e->inputs()[i];
@@ -287,8 +283,8 @@ class Propagator {
       if (in == nullptr) continue;  // a scalar is the same value on every device
       if (req->kind == Placement::Shard && !shardable(in, req->dim, a)) return kInfinite;
       if (!decided(in)) {
-        // An open input is placed as this op needs it, for free, but never as a pending sum
-        // (its value is whole on the devices that hold it).
+        // An open value is placed as this op needs it, for free, but never as a pending sum
+        // (an open input's value is whole on the devices that hold it).
         if (req->kind == Placement::Partial) return kInfinite;
         continue;
       }

@@ -1,6 +1,7 @@
 // Sharding rules of every op category.
 #include "propagation/sharding_rule.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "meshfuse/ir/fusion.h"
@@ -55,6 +56,12 @@ std::vector<int64_t> reshapeMap(const TensorView* in, const TensorView* out) {
 }
 
 }  // namespace
+
+bool ShardingRule::fromOperands(int64_t out_logical) const {
+  for (const std::vector<int64_t>& m : operand_maps)
+    if (std::find(m.begin(), m.end(), out_logical) != m.end()) return true;
+  return false;
+}
 
 ShardingRule shardingRuleOf(const Expr* e) {
   ShardingRule r;
