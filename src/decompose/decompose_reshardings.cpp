@@ -26,18 +26,20 @@ OutputChoice outputChoice(const Expr* e, const ShardingRule& rule, int64_t a) {
   if (c.state.kind != Placement::Partial) return c;
   int64_t loop_axis = out->loopAxisOf(out->mesh()->parallelTypeOfAxis(a));
   int64_t logical = out->logicalAxisOf(loop_axis);
-  for (const std::vector<int64_t>& m : rule.operand_maps)
-    for (int64_t o : m)
-      if (o == logical) c.contraction_dim = logical;
-  if (c.contraction_dim >= 0) return c;
+  if (rule.fromOperands(logical)) {  // a sharded contracted dim
+    c.contraction_dim = logical;
+    return c;
+  }
   for (size_t i = 0; i < e->inputs().size(); ++i) {
     TensorView* in = tensorAt(e, i);
     if (in != nullptr && i < rule.linear_in.size() && rule.linear_in[i] &&
         placementsOf(in)[a].kind == Placement::Partial) {
       c.source_operand = static_cast<int64_t>(i);
-      break;
+      return c;
     }
   }
+  // A Partial pinned on the output with no pending operand: the op's contraction.
+  c.contraction_dim = rule.contracted_dim;
   return c;
 }
 

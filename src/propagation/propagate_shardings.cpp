@@ -73,11 +73,12 @@ class Propagator {
     // collective that produces it (a redistributing set).
     tv->setProvenance(pinnedProvenance(tv));
     for (int64_t a = 0; a < mesh_.rank(); ++a) {
-      // A pinned op output that is Partial keeps its contraction dim.
-      if (s.sharding.axes[a].kind == Placement::Partial) {
-        int64_t loop_axis = tv->loopAxisOf(mesh_.parallelTypeOfAxis(a));
-        int64_t logical = tv->logicalAxisOf(loop_axis);
-        if (tv->definition() != nullptr) s.partial_dims[a] = logical;
+      // A pinned op output that is Partial keeps its contraction dim; one pinned on a dim of its
+      // own (applyPlacements) means the op's contraction.
+      if (s.sharding.axes[a].kind == Placement::Partial && tv->definition() != nullptr) {
+        int64_t logical = tv->logicalAxisOf(tv->loopAxisOf(mesh_.parallelTypeOfAxis(a)));
+        ShardingRule rule = shardingRuleOf(tv->definition());
+        s.partial_dims[a] = rule.fromOperands(logical) ? logical : rule.contracted_dim;
       }
     }
     states_[tv] = s;

@@ -202,6 +202,12 @@ ShardingRule shardingRuleOf(const Expr* e) {
       mapAll([](size_t, const TensorView*) { return std::vector<int64_t>{0, 1, -1, -1}; });
       break;
   }
+  for (size_t l = 0; r.contraction_ok && l + out->numPartialDims() < out->logical().size(); ++l) {
+    if (out->logical()[l]->isReduction() && r.fromOperands(static_cast<int64_t>(l))) {
+      r.contracted_dim = static_cast<int64_t>(l);
+      break;
+    }
+  }
   return r;
 }
 

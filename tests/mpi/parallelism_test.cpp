@@ -149,6 +149,21 @@ TEST(Parallelism, PartialOutputPinnedPartialNeedsNoCollective) {
   EXPECT_EQ(run.local_outputs[0].placements, Ps{P});
 }
 
+// A matmul pinned Partial whose operands are whole: its contraction is split locally (each rank
+// slices its block of k), no communication.
+TEST(Parallelism, MatmulPinnedPartialSplitsItsContraction) {
+  Fusion f;
+  TensorView* a = f.defineTensor({8, 16}, DataType::Float, "a");
+  TensorView* b = f.defineTensor({16, 12}, DataType::Float, "b");
+  TensorView* y = ops::matmul(a, b);
+  applyPlacements(y, worldMesh(), {P});
+  f.addOutput(y);
+  ShardedRun run = runSharded(f, layouts({{R}, {R}}));
+  expectMatchesReference(run);  // assembleGlobal sums the Partial blocks
+  EXPECT_THAT(run.collectives, IsEmpty());
+  EXPECT_EQ(run.local_outputs[0].placements, Ps{P});
+}
+
 TEST(Parallelism, NonLinearConsumerForcesOneAllreduceBeforeIt) {
   Fusion f;
   f.addOutput(ops::relu(contractedMatmul(f)));
