@@ -9,7 +9,10 @@
 //     Shard(a) -> Shard(b): all-to-all      Partial -> Replicate: allreduce
 //     Partial -> Shard(d): reduce-scatter
 //   and a set that only changes the mesh (a pipeline stage boundary) is a send/recv between the
-//   devices at the same coordinates of the two meshes.
+//   devices at the same coordinates of the two meshes. An output pinned sharded along a dim no
+//   operand dim becomes (softmax's normalized dim) is computed whole on that mesh axis and
+//   sliced to the pin by a set after the op. A pinned Partial that no operand can give (a scalar
+//   added, a non-linear op) is a user error saying why.
 //
 //   before: %out = linear(%inp, %up_w) : @m {Shard(1)}     with %inp Shard(0)
 //   after:  %0 = set(%inp) : @m {}                          (allgather of %inp)

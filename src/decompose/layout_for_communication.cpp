@@ -39,8 +39,7 @@ bool outermost(const TensorView* tv, int64_t d) {
 // `sharding` with each Shard dim renumbered through `perm` (out dim j = in dim perm[j]).
 Sharding permuted(Sharding s, const std::vector<int64_t>& perm) {
   for (Placement& p : s.axes)
-    if (p.kind == Placement::Shard)
-      p.dim = std::find(perm.begin(), perm.end(), p.dim) - perm.begin();
+    if (p.kind == Placement::Shard) p.dim = std::find(perm.begin(), perm.end(), p.dim) - perm.begin();
   return s;
 }
 
@@ -62,22 +61,20 @@ void rewrite(Fusion& f, Expr* e, int64_t d) {
     if (i != d) to_front.push_back(i);
   for (int64_t j = 0; j < rank; ++j) back[to_front[j]] = j;
   Sharding from = readSharding(in), to = readSharding(out);
-  auto why = [&](const TensorView* of) {
-    return Provenance{fmt::format("layout-for-communication: dim {} of {{}} moved outermost so the collective's "
-                                  "blocks are contiguous",
-                                  d),
-                      {of}};
-  };
   f.setInsertionPoint(e);
-  TensorView* front = permuteWith(in, to_front, permuted(from, to_front), why(in));
+  TensorView* front = permuteWith(
+      in, to_front, permuted(from, to_front),
+      {fmt::format("layout-for-communication: dim {} of {{}} moved outermost so the collective's blocks are contiguous",
+                   d),
+       {in}});
   TensorView* moved = ops::set(front);
   writeSharding(moved, permuted(to, to_front));
   moved->setPinned(false);
-  TensorView* restored = permuteWith(moved, back, to, {});
-  restored->setProvenance(why(restored));
-  // The collective keeps the reason of the set it replaces.
-  moved->setProvenance(out->pinned() ? Provenance{fmt::format("{{}} is pinned {} by the user", toString(to)), {restored}}
-                                     : out->provenanceNote());
+  TensorView* restored = permuteWith(
+      moved, back, to,
+      {fmt::format("layout-for-communication: dim 0 of {{}} moved back to dim {} after the collective", d), {moved}});
+  // The collective keeps the reason of the set it replaces (a pinned set's: the user's pin).
+  moved->setProvenance(out->pinned() ? pinnedProvenance(out) : out->provenanceNote());
   f.setInsertionPoint(nullptr);
   std::string name = out->name();
   bool pinned = out->pinned();
@@ -88,6 +85,7 @@ void rewrite(Fusion& f, Expr* e, int64_t d) {
     f.rename(restored, name);
   }
   if (pinned) restored->setPinned(true);
+  redirectProvenance(f, out, restored);
 }
 
 }  // namespace

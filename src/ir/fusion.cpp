@@ -143,6 +143,15 @@ void Fusion::replaceOperand(Expr* e, Val* old, Val* replacement) {
     replacement->uses_.push_back(e);
 }
 
+void Fusion::replaceOperandAt(Expr* e, size_t index, Val* replacement) {
+  MF_CHECK(index < e->inputs_.size() && e->inputs_[index] != nullptr, "{} has no operand {}", e->name(), index);
+  Val* old = e->inputs_[index];
+  e->inputs_[index] = replacement;
+  if (std::find(e->inputs_.begin(), e->inputs_.end(), old) == e->inputs_.end()) std::erase(old->uses_, e);
+  if (std::find(replacement->uses_.begin(), replacement->uses_.end(), e) == replacement->uses_.end())
+    replacement->uses_.push_back(e);
+}
+
 void Fusion::replaceAllUses(TensorView* old, TensorView* replacement) {
   std::vector<Expr*> uses = old->uses();
   for (Expr* e : uses)

@@ -3,8 +3,9 @@
 //
 // requires: lower-to-host-ir.   guarantees: every node's TensorViews live on a mesh containing
 //   `rank` (a stage-boundary SendRecv is kept by both its sender and its receiver, with the side
-//   this rank does not take part in cleared); every Communication has its team (the mesh slice
-//   along its axis through `rank`); loops whose bodies hold no work of this rank are dropped.
+//   this rank does not take part in cleared, and its team the ranks it exchanges with); every
+//   other Communication has its team (the mesh slice along its axis through `rank`); loops whose
+//   bodies hold no work of this rank are dropped.
 #include <algorithm>
 
 #include "meshfuse/host_ir.h"
@@ -63,6 +64,10 @@ bool specialize(const HostProgram& p, const std::vector<HostNode>& in, int64_t r
           s.recv_from = receives ? src.devices()[std::find(dst.devices().begin(), dst.devices().end(), rank) -
                                                  dst.devices().begin()]
                                  : -1;
+          // The team is the ranks this rank exchanges with (and itself), so reports name them.
+          for (int64_t r : {s.recv_from, rank, s.send_to})
+            if (r >= 0 && std::find(s.team.begin(), s.team.end(), r) == s.team.end()) s.team.push_back(r);
+          std::sort(s.team.begin(), s.team.end());
           out.push_back(s);
           handles.push_back(n.handle);
           work = true;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ops.h"
@@ -34,33 +35,16 @@ class Propagator {
   void run() {
     for (TensorView* tv : f_.tensorViews())
       if (tv->pinned()) pin(tv);
+    // Forward and backward sweeps to a fixed point. When they stall on an op that waits for an
+    // input the user left open (add(%a Shard(0), %b) with %b unplaced), or for a value computed
+    // only from such inputs, the first such op decides from its placed operands (an open value
+    // costs nothing to place) and the backward sweep then gives the open value, and the open
+    // inputs it is computed from, what that op needs: they follow their consumers instead of
+    // staying Replicate and being resharded.
     for (bool changed = true; changed;) {
-      changed = false;
-      // Forward: decide outputs from decided operands. Rewrites may change the expr list.
-      for (size_t i = 0; i < f_.exprs().size(); ++i) {
-        Expr* e = f_.exprs()[i];
-        if (decided(e->output()) || !operandsDecided(e)) continue;
-        changed |= decide(e);
-      }
-      // Backward: inputs the user left open follow their first decided consumer.
-      for (auto it = f_.exprs().rbegin(); it != f_.exprs().rend(); ++it) {
-        Expr* e = *it;
-        if (!decided(e->output())) continue;
-        ShardingRule rule = shardingRuleOf(e);
-        for (size_t i = 0; i < e->inputs().size(); ++i) {
-          TensorView* in = tensorAt(e, i);
-          if (in == nullptr || decided(in) || !f_.isInput(in)) continue;
-          TvState s = fresh(states_.at(e->output()).sharding.mesh);
-          for (int64_t a = 0; a < mesh_.rank(); ++a) {
-            std::optional<AxisState> req = requiredOperandState(e, rule, outputChoice(e, a), i);
-            s.sharding.axes[a] = req.value_or(Placement::replicate());
-            s.why[a] = Provenance::literal(
-                fmt::format("{} as {}'s operand needs", s.sharding.axes[a].toString(), e->name()));
-          }
-          states_[in] = s;
-          changed = true;
-        }
-      }
+      changed = forward(/*with_open_inputs=*/false);
+      changed |= backward();
+      if (!changed) changed = forward(/*with_open_inputs=*/true);
     }
     for (TensorView* tv : f_.tensorViews()) {
       if (decided(tv)) continue;
@@ -85,18 +69,104 @@ class Propagator {
   void pin(TensorView* tv) {
     TvState s = fresh(tv->meshIndex());
     s.sharding = readSharding(tv);
+    // Not printed with the IR (a pin is the user's own text), but reported as the reason for a
+    // collective that produces it (a redistributing set).
+    tv->setProvenance(pinnedProvenance(tv));
     for (int64_t a = 0; a < mesh_.rank(); ++a) {
-      // A pinned op output that is Partial keeps its contraction dim.
-      if (s.sharding.axes[a].kind == Placement::Partial) {
-        int64_t loop_axis = tv->loopAxisOf(mesh_.parallelTypeOfAxis(a));
-        int64_t logical = tv->logicalAxisOf(loop_axis);
-        if (tv->definition() != nullptr) s.partial_dims[a] = logical;
+      // A pinned op output that is Partial keeps its contraction dim; one pinned on a dim of its
+      // own (applyPlacements) means the op's contraction.
+      if (s.sharding.axes[a].kind == Placement::Partial && tv->definition() != nullptr) {
+        int64_t logical = tv->logicalAxisOf(tv->loopAxisOf(mesh_.parallelTypeOfAxis(a)));
+        ShardingRule rule = shardingRuleOf(tv->definition());
+        s.partial_dims[a] = rule.fromOperands(logical) ? logical : rule.contracted_dim;
       }
     }
     states_[tv] = s;
   }
 
+  // Decides the outputs of ops whose tensor operands are decided; with `with_open_inputs`, only
+  // the first op whose undecided operands are all open (and that has a decided one).
+  bool forward(bool with_open_inputs) {
+    bool changed = false;
+    const std::set<const TensorView*> open = with_open_inputs ? openTensors() : std::set<const TensorView*>{};
+    // decide() may rewrite the program (splitBias), so index instead of iterating.
+    for (size_t i = 0; i < f_.exprs().size(); ++i) {
+      Expr* e = f_.exprs()[i];
+      if (decided(e->output())) continue;
+      if (with_open_inputs) {
+        if (!decidableWithOpen(e, open)) continue;
+        return decide(e);
+      }
+      if (operandsDecided(e)) changed |= decide(e);
+    }
+    return changed;
+  }
+
+  // Open values take what their (last, in program order) decided consumer needs; the values and
+  // inputs they are computed from follow in the same sweep (it runs consumers first).
+  bool backward() {
+    bool changed = false;
+    const std::set<const TensorView*> open = openTensors();
+    for (auto it = f_.exprs().rbegin(); it != f_.exprs().rend(); ++it) {
+      Expr* e = *it;
+      if (!decided(e->output())) continue;
+      ShardingRule rule = shardingRuleOf(e);
+      for (size_t i = 0; i < e->inputs().size(); ++i) {
+        TensorView* in = tensorAt(e, i);
+        if (in == nullptr || decided(in) || open.count(in) == 0) continue;
+        TvState s = fresh(states_.at(e->output()).sharding.mesh);
+        for (int64_t a = 0; a < mesh_.rank(); ++a) {
+          AxisState req = requiredOperandState(e, rule, outputChoice(e, a), i).value_or(Placement::replicate());
+          // A computed value is placed only as its own op can give it locally (no pending sum, no
+          // dim its operands do not have).
+          if (const Expr* def = in->definition(); def != nullptr && !producible(def, req)) req = Placement::replicate();
+          s.sharding.axes[a] = req;
+          s.why[a] = Provenance::literal(fmt::format("{}: {}, placed as {} needs it", req.toString(),
+                                                     f_.isInput(in) ? "an open input" : "computed from open inputs",
+                                                     e->name()));
+        }
+        states_[in] = s;
+        changed = true;
+      }
+    }
+    return changed;
+  }
+
   bool decided(const TensorView* tv) const { return states_.count(tv) > 0; }
+  // Undecided inputs the user left open, and the undecided values computed only from them: they
+  // can take whatever their consumers need.
+  std::set<const TensorView*> openTensors() const {
+    std::set<const TensorView*> open;
+    for (const TensorView* in : f_.inputs())
+      if (!decided(in) && !in->pinned()) open.insert(in);
+    for (const Expr* e : f_.exprs()) {
+      if (decided(e->output())) continue;
+      bool any = false, all = true;
+      for (size_t i = 0; i < e->inputs().size(); ++i)
+        if (const TensorView* t = tensorAt(e, i)) any = true, all &= open.count(t) > 0;
+      if (any && all) open.insert(e->output());
+    }
+    return open;
+  }
+  bool decidableWithOpen(const Expr* e, const std::set<const TensorView*>& open) const {
+    bool any_decided = false;
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      const TensorView* t = tensorAt(e, i);
+      if (t == nullptr) continue;
+      if (decided(t))
+        any_decided = true;
+      else if (open.count(t) == 0)
+        return false;
+    }
+    return any_decided;
+  }
+  // Whether `def` can give its output `state` on one mesh axis from operands that are placed to
+  // fit: Replicate always; Shard only along a dim some operand dim becomes.
+  bool producible(const Expr* def, const AxisState& state) const {
+    if (state.kind == Placement::Replicate) return true;
+    if (state.kind == Placement::Partial) return false;
+    return shardingRuleOf(def).fromOperands(logicalIndexOfDim(def->output(), state.dim));
+  }
   static TensorView* tensorAt(const Expr* e, size_t i) {
     Val* v = e->inputs()[i];
     return v != nullptr && v->valKind() == ValKind::TensorView ? static_cast<TensorView*>(v) : nullptr;
@@ -144,7 +214,7 @@ class Propagator {
     int64_t mesh = -1, latest = -2;
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       TensorView* in = tensorAt(e, i);
-      if (in == nullptr) continue;
+      if (in == nullptr || !decided(in)) continue;
       const Expr* def = in->definition();
       int64_t pos = def == nullptr ? -1 : std::find(f_.exprs().begin(), f_.exprs().end(), def) - f_.exprs().begin();
       if (pos > latest) latest = pos, mesh = states_.at(in).sharding.mesh;
@@ -166,20 +236,19 @@ class Propagator {
       int64_t best_cost = kInfinite;
       const OutputChoice* best = nullptr;
       for (const OutputChoice& c : cands) {
-        int64_t cost = 0;
-        for (size_t i = 0; i < e->inputs().size(); ++i) {
-          TensorView* in = tensorAt(e, i);
-          if (in == nullptr) continue;
-          int64_t c1 = conversionCost(states_.at(in).sharding.axes[a], requiredOperandState(e, rule, c, i));
-          // Moving what should stay costs kWeightFactor times more: parameters, or with
-          // gather_parameters (FSDP) the activations.
-          bool parameter = static_cast<int64_t>(i) == rule.weight_operand && f_.isInput(in);
-          if (c1 > 0 && parameter != options_.gather_parameters) c1 *= kWeightFactor;
-          cost = std::min(kInfinite, cost + c1);
-        }
-        if (cost < best_cost) best_cost = cost, best = &c;
+        int64_t cost = candidateCost(e, rule, c, a);
+        // On a tie, a settled value beats a pending sum, which costs a reduction later (mul(%q,
+        // %r) reads the %q another consumer already reduced rather than staying Partial).
+        bool settles = best != nullptr && best->state.kind == Placement::Partial && c.state.kind != Placement::Partial;
+        if (cost < best_cost || (cost == best_cost && settles)) best_cost = cost, best = &c;
       }
       MF_CHECK(best != nullptr, "no feasible sharding for {} on mesh axis {}", e->name(), a);
+      for (size_t i = 0; i < e->inputs().size(); ++i) {
+        const TensorView* in = tensorAt(e, i);
+        if (in == nullptr || !decided(in)) continue;
+        AxisState req = *requiredOperandState(e, rule, *best, i);
+        if (req != states_.at(in).sharding.axes[a] && !planned(in, a, req)) planned_.push_back({in, a, req});
+      }
       s.sharding.axes[a] = best->state;
       s.partial_dims[a] = best->contraction_dim;
       s.why[a] = best->why;
@@ -187,6 +256,50 @@ class Propagator {
     }
     states_[out] = s;
     return true;
+  }
+
+  // Whether dim `dim` (a dims() index) of `tv` splits evenly over mesh axis `a`.
+  bool shardable(const TensorView* tv, int64_t dim, int64_t a) const {
+    const IterDomain* id = tv->dims().at(dim);
+    return !id->isBroadcast() && id->extent().divisible(mesh_.size(a));
+  }
+
+  // Whether an earlier decision already moves `tv` to `state` on axis `a`.
+  bool planned(const TensorView* tv, int64_t a, const AxisState& state) const {
+    return std::find(planned_.begin(), planned_.end(), Move{tv, a, state}) != planned_.end();
+  }
+
+  // The communication that giving every operand what candidate `c` needs on axis `a` costs;
+  // kInfinite when some operand cannot give it (a scalar added to a pending sum, a dim that does
+  // not divide). A value read by several operands that need the same state is moved once, and a
+  // move an earlier decision already makes is free (decomposition shares it between consumers).
+  int64_t candidateCost(const Expr* e, const ShardingRule& rule, const OutputChoice& c, int64_t a) const {
+    int64_t cost = 0;
+    std::vector<std::pair<const Val*, AxisState>> moved;
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      if (e->inputs()[i] == nullptr) continue;
+      std::optional<AxisState> req = requiredOperandState(e, rule, c, i);
+      if (!req.has_value()) return kInfinite;
+      TensorView* in = tensorAt(e, i);
+      if (in == nullptr) continue;  // a scalar is the same value on every device
+      if (req->kind == Placement::Shard && !shardable(in, req->dim, a)) return kInfinite;
+      if (!decided(in)) {
+        // An open value is placed as this op needs it, for free, but never as a pending sum
+        // (an open input's value is whole on the devices that hold it).
+        if (req->kind == Placement::Partial) return kInfinite;
+        continue;
+      }
+      std::pair<const Val*, AxisState> move(in, *req);
+      if (std::find(moved.begin(), moved.end(), move) != moved.end() || planned(in, a, *req)) continue;
+      moved.push_back(move);
+      int64_t c1 = conversionCost(states_.at(in).sharding.axes[a], req);
+      // Moving what should stay costs kWeightFactor times more: parameters, or with
+      // gather_parameters (FSDP) the activations.
+      bool parameter = static_cast<int64_t>(i) == rule.weight_operand && f_.isInput(in);
+      if (c1 > 0 && parameter != options_.gather_parameters) c1 *= kWeightFactor;
+      cost = std::min(kInfinite, cost + c1);
+    }
+    return cost;
   }
 
   std::vector<OutputChoice> candidates(const Expr* e, const ShardingRule& rule, int64_t a) const {
@@ -198,9 +311,12 @@ class Propagator {
         if (x.state == c.state && x.contraction_dim == c.contraction_dim) return;
       out.push_back(std::move(c));
     };
+    // Operand i's dim d, sharded on this axis (or upstream), carried to the output. Both the
+    // operand's dim and the output dim it becomes must split evenly: a reshape that merges
+    // [2, 16] into [32] cannot carry a 4-way split of the 32 back to the 2.
     auto fromDim = [&](size_t i, int64_t d, const char* how) {
       int64_t ol = rule.operand_maps[i][d];
-      if (ol < 0) return;
+      if (ol < 0 || !shardable(tensorAt(e, i), d, a)) return;
       const IterDomain* id = o->logical()[ol];
       if (!id->extent().divisible(n) || id->isBroadcast()) return;
       OutputChoice c;
@@ -219,10 +335,15 @@ class Propagator {
     };
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       const TensorView* in = tensorAt(e, i);
-      if (in == nullptr) continue;
+      if (in == nullptr || !decided(in)) continue;
       const AxisState& st = states_.at(in).sharding.axes[a];
-      if (st.kind == Placement::Shard) fromDim(i, st.dim, static_cast<int64_t>(i) == rule.weight_operand ? "weight" : "sharded");
-      if (st.kind == Placement::Partial && rule.partial_mode != ShardingRule::PartialMode::None) {
+      if (st.kind == Placement::Shard)
+        fromDim(i, st.dim, static_cast<int64_t>(i) == rule.weight_operand ? "weight" : "sharded");
+      // A pending sum passes through an op linear in this operand (requiredOperandState says
+      // what the other operands must be; a scalar added to it makes the candidate infeasible).
+      bool passes = rule.partial_mode == ShardingRule::PartialMode::All ||
+                    (rule.partial_mode == ShardingRule::PartialMode::AnyOne && rule.linear_in[i]);
+      if (st.kind == Placement::Partial && passes) {
         OutputChoice c;
         c.state = Placement::partial();
         c.source_operand = static_cast<int64_t>(i);
@@ -233,7 +354,7 @@ class Propagator {
     // Dims sharded upstream (hints) are candidates too: the place a pending sum is scattered to.
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       const TensorView* in = tensorAt(e, i);
-      if (in == nullptr) continue;
+      if (in == nullptr || !decided(in)) continue;
       if (std::optional<int64_t> h = states_.at(in).hints[a]; h && *h < in->rank()) fromDim(i, *h, "sharded upstream");
     }
     OutputChoice rep;
@@ -248,7 +369,7 @@ class Propagator {
     const TensorView* o = e->output();
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       const TensorView* in = tensorAt(e, i);
-      if (in == nullptr) continue;
+      if (in == nullptr || !decided(in)) continue;
       const TvState& s = states_.at(in);
       std::vector<int64_t> upstream;
       if (s.sharding.axes[a].kind == Placement::Shard) upstream.push_back(s.sharding.axes[a].dim);
@@ -256,22 +377,30 @@ class Propagator {
       for (int64_t d : upstream) {
         if (d >= static_cast<int64_t>(rule.operand_maps[i].size())) continue;
         int64_t ol = rule.operand_maps[i][d];
-        if (ol < 0 || o->logical()[ol]->isReduction() || o->logical()[ol]->isBroadcast()) continue;
+        if (ol < 0 || o->logical()[ol]->isReduction() || !shardable(in, d, a)) continue;
         int64_t dim = dimIndexOfLogical(o, ol);
+        // Only a dim that can be sharded is worth remembering (a head count the mesh does not
+        // divide is not).
+        if (!shardable(o, dim, a)) continue;
         if (chosen.kind != Placement::Shard || chosen.dim != dim) return dim;
       }
     }
     return std::nullopt;
   }
 
+  // Whether x or weight is a pending sum or sharded along the contracted dim on some axis.
   bool wouldBePartial(const Expr* e) const {
     ShardingRule rule = shardingRuleOf(e);
+    const TensorView* out = e->output();
     for (int64_t a = 0; a < mesh_.rank(); ++a)
       for (size_t i = 0; i < 2; ++i) {
-        const AxisState& st = states_.at(tensorAt(e, i)).sharding.axes[a];
+        const TensorView* in = tensorAt(e, i);
+        if (!decided(in)) continue;
+        const AxisState& st = states_.at(in).sharding.axes[a];
         if (st.kind == Placement::Partial) return true;
-        if (st.kind == Placement::Shard && rule.operand_maps[i][st.dim] == static_cast<int64_t>(e->output()->logical().size()) - 1)
-          return true;
+        if (st.kind != Placement::Shard) continue;
+        int64_t ol = rule.operand_maps[i][st.dim];
+        if (ol >= 0 && out->logical()[ol]->isReduction()) return true;
       }
     return false;
   }
@@ -337,7 +466,8 @@ class Propagator {
                           *h, a, *h)));
         } else {
           target.axes[a] = Placement::replicate();
-          why.push_back(Provenance::literal(fmt::format("output materialized: Partial() all-reduced to Replicate() on mesh axis {}", a)));
+          why.push_back(Provenance::literal(
+              fmt::format("output materialized: Partial() all-reduced to Replicate() on mesh axis {}", a)));
         }
       }
       if (!partial) continue;
@@ -359,6 +489,14 @@ class Propagator {
   const DeviceMesh& mesh_;
   PropagationOptions options_;
   std::map<const TensorView*, TvState> states_;
+  // Moves that decided ops need of their operands (tensor, mesh axis, state).
+  struct Move {
+    const TensorView* tv;
+    int64_t axis;
+    AxisState state;
+    bool operator==(const Move&) const = default;
+  };
+  std::vector<Move> planned_;
 };
 
 }  // namespace

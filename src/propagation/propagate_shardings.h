@@ -1,8 +1,12 @@
 // propagate-shardings: gives every TensorView a mesh and DID axes.
 //
 // requires: the user's pins (input placements, schedule-API meshes), on meshes of one shape.
-// guarantees: every TensorView has a mesh; each unpinned one records its provenance (which
-//   operand and rule decided it); every fusion output is materialized: an unpinned output that
+// guarantees: every TensorView has a mesh and records its provenance (which operand and rule
+//   decided it; for a pinned one, the user's pin); no op is given an output a Partial operand
+//   cannot pass to (requiredOperandState: a pending sum is never added to a scalar or passed
+//   through an operand the op is not linear in); no Shard splits a dim the mesh axis does not
+//   divide, in the output or in the operand it comes from; every fusion output is
+//   materialized: an unpinned output that
 //   would be Partial gets a `set` that reduce-scatters it along a dim that was sharded on that
 //   mesh axis in the inputs it derives from (sequence parallelism keeps `t` sharded), or
 //   all-reduces it to Replicate otherwise.
@@ -10,11 +14,14 @@
 // Each op's rule (sharding_rule.h) proposes candidate output shardings per mesh axis; the
 // cheapest in communication wins, where moving a parameter (an op's weight operand that is a
 // fusion input) costs 1000x: priority user pins > weights never move > fewer collectives
-// (with gather_parameters, the FSDP strategy, moving an activation costs 1000x instead).
-// Tensors on different meshes are pipeline stages: an op's output goes to its parameter's mesh,
-// else to the mesh of its latest-computed operand; decomposition moves data between stages.
-// Forward and backward sweeps repeat until nothing changes (backward decides inputs the user
-// left open from their consumers); anything left is replicated.
+// (with gather_parameters, the FSDP strategy, moving an activation costs 1000x instead). A
+// move an earlier decision already makes is free (decomposition makes it once for every
+// consumer), and on equal cost a settled output beats a Partial one (which costs a reduction
+// later). Tensors on different meshes are pipeline stages: an op's output goes to its
+// parameter's mesh, else to the mesh of its latest-computed operand; decomposition moves data
+// between stages. Forward and backward sweeps repeat until nothing changes; when they stall on
+// an op waiting for an input the user left open, that op decides from its placed operands and
+// the backward sweep gives the open input what the op needs. Anything left is replicated.
 //
 // A linear with a bias whose output would be Partial is rewritten as linear + add(bias) so the
 // pending sum is reduced before the bias is added once.

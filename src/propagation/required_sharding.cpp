@@ -21,8 +21,7 @@ std::optional<AxisState> requiredOperandState(const Expr* e, const ShardingRule&
     return Placement::replicate();
   };
   switch (out.state.kind) {
-    case Placement::Replicate:
-      return Placement::replicate();
+    case Placement::Replicate: return Placement::replicate();
     case Placement::Shard: {
       int64_t ol = out.out_logical;
       if (ol < 0) {  // derive from the output's dims index
@@ -35,11 +34,21 @@ std::optional<AxisState> requiredOperandState(const Expr* e, const ShardingRule&
     case Placement::Partial:
       if (out.contraction_dim >= 0) return shardOf(out.contraction_dim);
       if (rule.partial_mode == ShardingRule::PartialMode::All) {
-        if (v->valKind() == ValKind::Scalar) return std::nullopt;  // would be added once per shard
+        // add/sub/cat of pending sums: a scalar (or any non-Partial value) would be added once
+        // per shard.
+        if (v->valKind() == ValKind::Scalar) return std::nullopt;
         return Placement::partial();
       }
       if (rule.partial_mode == ShardingRule::PartialMode::AnyOne) {
-        if (static_cast<int64_t>(operand) == out.source_operand) return Placement::partial();
+        const int64_t src = out.source_operand;
+        // The pending sum passes only through an operand the op is linear in (not div's
+        // denominator), and only when that value fills no other operand: mul(%q, %q) is
+        // quadratic in %q.
+        if (src < 0 || static_cast<size_t>(src) >= rule.linear_in.size() || !rule.linear_in[src]) return std::nullopt;
+        const Val* source = e->inputs()[src];
+        for (size_t i = 0; i < e->inputs().size(); ++i)
+          if (static_cast<int64_t>(i) != src && e->inputs()[i] == source) return std::nullopt;
+        if (static_cast<int64_t>(operand) == src) return Placement::partial();
         return Placement::replicate();
       }
       return std::nullopt;

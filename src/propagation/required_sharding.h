@@ -22,7 +22,9 @@ struct OutputChoice {
   Provenance why;
 };
 
-// nullopt when no operand state can give that output (e.g. a scalar added to a Partial).
+// nullopt when no operand state can give that output: a scalar added to a Partial, a Partial
+// through an operand the op is not linear in (div's denominator, relu), or through a value that
+// fills two operands (mul(%q, %q) is not linear in %q).
 std::optional<AxisState> requiredOperandState(const Expr* e, const ShardingRule& rule, const OutputChoice& out,
                                               size_t operand);
 

@@ -1,6 +1,8 @@
 // Reading and writing shardings from/to the IR's DID splits.
 #include "propagation/sharding.h"
 
+#include <algorithm>
+
 #include "meshfuse/ir/fusion.h"
 
 namespace meshfuse {
@@ -48,6 +50,26 @@ void writeSharding(TensorView* tv, const Sharding& s, const std::vector<int64_t>
 std::string toString(const Sharding& s) {
   if (!s.decided()) return "undecided";
   return placementsToString(s.axes);
+}
+
+Provenance pinnedProvenance(const TensorView* tv) {
+  const Fusion& f = *tv->fusion();
+  std::string placed = toString(readSharding(tv));
+  // With several meshes (pipeline stages) the mesh is part of what the user asked for.
+  if (f.numMeshes() > 1 && tv->mesh() != nullptr) placed += " on mesh " + tv->mesh()->toString();
+  const Expr* def = tv->definition();
+  if (def == nullptr) return {fmt::format("pinned by the user: input {{}} placed {}", placed), {tv}};
+  if (def->kind() == OpKind::Set) return {fmt::format("pinned by the user: {{}} set to {}", placed), {tv}};
+  return {fmt::format("pinned by the user: {{}} = {} placed {}", def->name(), placed), {tv}};
+}
+
+void redirectProvenance(Fusion& f, const TensorView* from, const TensorView* to) {
+  for (TensorView* tv : f.tensorViews()) {
+    Provenance p = tv->provenanceNote();
+    if (std::find(p.refs.begin(), p.refs.end(), from) == p.refs.end()) continue;
+    std::replace(p.refs.begin(), p.refs.end(), static_cast<const Val*>(from), static_cast<const Val*>(to));
+    tv->setProvenance(p);
+  }
 }
 
 }  // namespace meshfuse

@@ -1,6 +1,7 @@
 // Sharding rules of every op category.
 #include "propagation/sharding_rule.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "meshfuse/ir/fusion.h"
@@ -21,7 +22,9 @@ std::vector<int64_t> identity(int64_t rank) {
 
 // Reshape: input and output dims in groups of equal element count. A group's outermost input
 // dim maps to its outermost output dim (sharding it keeps each shard contiguous); the other
-// dims of a group that really splits or merges cannot be sharded.
+// dims of a group that really splits or merges cannot be sharded. The mapped pair holds for an
+// n-way split only when n divides both dims ([2, 16] -> [32] carries a 2-way split, not a 4-way
+// one); propagation checks that per mesh axis, as the map does not know the mesh.
 std::vector<int64_t> reshapeMap(const TensorView* in, const TensorView* out) {
   std::vector<Extent> a = in->shape(), b = out->shape();
   std::vector<int64_t> m(a.size(), -1);
@@ -53,6 +56,12 @@ std::vector<int64_t> reshapeMap(const TensorView* in, const TensorView* out) {
 }
 
 }  // namespace
+
+bool ShardingRule::fromOperands(int64_t out_logical) const {
+  for (const std::vector<int64_t>& m : operand_maps)
+    if (std::find(m.begin(), m.end(), out_logical) != m.end()) return true;
+  return false;
+}
 
 ShardingRule shardingRuleOf(const Expr* e) {
   ShardingRule r;
@@ -104,7 +113,9 @@ ShardingRule shardingRuleOf(const Expr* e) {
     case OpCategory::Gemm: {
       const TensorView* a = tensorOperand(e, 0);
       const TensorView* b = tensorOperand(e, 1);
-      const int64_t k_pos = static_cast<int64_t>(out->logical().size()) - 1;
+      // The contracted dim: the last logical dim before any Partial dims a pending sum passing
+      // through (linear(x Partial, w)) added.
+      const int64_t k_pos = static_cast<int64_t>(out->logical().size()) - 1 - out->numPartialDims();
       const int64_t batch = out->rank() - (e->kind() == OpKind::Linear ? 1 : 2);  // output dims before n (and m)
       r.partial_mode = ShardingRule::PartialMode::AnyOne;
       r.linear_in[0] = r.linear_in[1] = true;
@@ -144,7 +155,8 @@ ShardingRule shardingRuleOf(const Expr* e) {
       const auto& perm = e->attr<std::vector<int64_t>>("dims");
       const TensorView* x = tensorOperand(e, 0);
       r.operand_maps[0].assign(x->rank(), -1);
-      for (size_t j = 0; j < perm.size(); ++j) r.operand_maps[0][(perm[j] + x->rank()) % x->rank()] = static_cast<int64_t>(j);
+      for (size_t j = 0; j < perm.size(); ++j)
+        r.operand_maps[0][(perm[j] + x->rank()) % x->rank()] = static_cast<int64_t>(j);
       r.partial_mode = ShardingRule::PartialMode::AnyOne;
       r.linear_in[0] = true;
       break;
@@ -189,6 +201,12 @@ ShardingRule shardingRuleOf(const Expr* e) {
       // parallelism is a later decomposition).
       mapAll([](size_t, const TensorView*) { return std::vector<int64_t>{0, 1, -1, -1}; });
       break;
+  }
+  for (size_t l = 0; r.contraction_ok && l + out->numPartialDims() < out->logical().size(); ++l) {
+    if (out->logical()[l]->isReduction() && r.fromOperands(static_cast<int64_t>(l))) {
+      r.contracted_dim = static_cast<int64_t>(l);
+      break;
+    }
   }
   return r;
 }

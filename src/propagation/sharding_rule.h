@@ -30,6 +30,15 @@ struct ShardingRule {
   bool contraction_ok = true;
   // The operand whose sharding wins a conflict (a parameter: never moved), or -1.
   int64_t weight_operand = -1;
+  // The output's first reduction dim that operand dims map to (linear's k, sum's reduced dim)
+  // when contraction_ok, else -1: what a Partial the user pins on the output means when no
+  // operand is a pending sum (applyPlacements gives such a pin a dim of its own).
+  int64_t contracted_dim = -1;
+
+  // Whether some operand dim becomes output logical dim `out_logical`: only then can the op
+  // give that dim sharded from sharded operands, computing locally (softmax's normalized dim,
+  // a slice's cut dim cannot).
+  bool fromOperands(int64_t out_logical) const;
 };
 
 ShardingRule shardingRuleOf(const Expr* e);

@@ -40,6 +40,9 @@ class Fusion {
   Expr* insertionPoint() const { return insertion_point_; }
   // Makes `e` read `replacement` wherever it read `old`.
   void replaceOperand(Expr* e, Val* old, Val* replacement);
+  // Makes operand slot `index` of `e` read `replacement` (other slots reading the same value
+  // keep it: mul(%q, %q) may need %q in two different shardings).
+  void replaceOperandAt(Expr* e, size_t index, Val* replacement);
   // Makes the fusion output `old` be `replacement` instead.
   void replaceOutput(TensorView* old, TensorView* replacement);
   // Makes every reader of `old` (and the output list) read `replacement` instead.
