@@ -205,7 +205,9 @@ TensorView* pendingSum(Fusion& f) {
 // The one allreduce reduces %q itself (every consumer shares it), not a later value.
 void expectOneAllreduceOfQ(const ShardedRun& run) {
   EXPECT_EQ(kinds(run.collectives), expect({"allreduce"}));
-  if (worldSize() > 1) EXPECT_EQ(run.collectives[0].source, "%q");
+  if (worldSize() > 1) {
+    EXPECT_EQ(run.collectives[0].source, "%q");
+  }
   expectWorldTeams(run);
 }
 
@@ -243,7 +245,9 @@ TEST(Parallelism, PendingSumPassesThroughLinearOpsAndIsReducedOnceAtTheEnd) {
   expectMatchesReference(run);
   EXPECT_EQ(kinds(run.collectives), expect({"allreduce"}));
   // The sum of 8 rows is reduced, not the [8, 12] matmul.
-  if (worldSize() > 1) EXPECT_EQ(run.collectives[0].bytes, 8 * 4);
+  if (worldSize() > 1) {
+    EXPECT_EQ(run.collectives[0].bytes, 8 * 4);
+  }
 }
 
 // linear(x Shard(1), w Shard(1)): a row-parallel linear, Partial.
@@ -309,7 +313,9 @@ TEST(Parallelism, LinearOfAPendingSumHasOneAllreduce) {
   ShardedRun col = runSharded(f, layouts({{P}, {S(0)}}));
   expectMatchesReference(col);
   EXPECT_EQ(kinds(col.collectives), expect({"allreduce"}));
-  if (worldSize() > 1) EXPECT_EQ(col.collectives[0].source, "%x");
+  if (worldSize() > 1) {
+    EXPECT_EQ(col.collectives[0].source, "%x");
+  }
   EXPECT_EQ(col.local_outputs[0].placements, Ps{S(1)});
 }
 
