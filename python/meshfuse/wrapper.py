@@ -20,7 +20,7 @@ released, and wraps the outputs.
 from __future__ import annotations
 
 from . import _C, _world
-from ._locals import converter_like, empty_like_kind, to_cpp
+from ._locals import converter_like, empty_like_kind, require_bfloat16_support, to_cpp
 from .dtensor import DTensor, _placements_key
 from .fusion_definition import FusionDefinition
 from .mesh import check_in_world, from_cpp, local_shape, mesh_from_cpp
@@ -65,7 +65,7 @@ class Plan:
 class _Call:
     """One cached call signature: the prepared C++ program and how to wrap its outputs."""
 
-    __slots__ = ("prepared", "plan", "outputs", "torch_out")
+    __slots__ = ("prepared", "plan", "outputs", "torch_out", "bfloat16_outputs")
 
     def __init__(self, prepared: _C.Prepared, torch_meshes: list | None):
         self.prepared = prepared
@@ -73,6 +73,7 @@ class _Call:
         self.torch_out = torch_meshes is not None
         self.outputs = []  # per output: mesh, placements, global shape, dtype, DTensor key, torch layout
         p = self.plan
+        self.bfloat16_outputs = [i for i, dtype in enumerate(p.output_dtypes) if dtype == _C.DataType.BFloat16]
         for mesh, ps, shape, dtype in zip(p.output_meshes, p.output_placements, p.output_shapes, p.output_dtypes):
             torch_layout = None
             if self.torch_out:
@@ -146,6 +147,9 @@ class FusionDefinitionWrapper:
         call = self._calls.get(key)
         if call is None:
             call = self._compile(key, inputs, locals_, torch_meshes)
+        if call.bfloat16_outputs:  # numpy has no bfloat16: these outputs need torch (before running)
+            i = call.bfloat16_outputs[0]
+            require_bfloat16_support(f"output {i} ({self.definition.outputs[i].name})")
         return call, locals_
 
     def _signature(self, inputs):
