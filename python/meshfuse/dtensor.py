@@ -15,7 +15,8 @@ from __future__ import annotations
 from . import _C, _world
 from ._locals import converter_like, empty_like_kind, to_cpp, to_numpy
 from .fusion_definition import FusionDefinition
-from .mesh import DeviceMesh, Replicate, check_in_world, global_shape, mesh_from_cpp, normalize_placements
+from .mesh import (DeviceMesh, Replicate, check_even, check_in_world, global_shape, mesh_from_cpp,
+                   normalize_placements)
 
 __all__ = ["DTensor", "distribute_tensor"]
 
@@ -40,6 +41,7 @@ class DTensor:
             if shape is None:
                 raise _C.ValueError("DTensor: a rank outside the mesh (or without a local tensor) must give shape=")
             placements = normalize_placements(placements, mesh, len(shape), "DTensor")
+            check_even(shape, mesh, placements, "DTensor", "the tensor")  # as on the ranks inside
             cpp = None
             local_shape = ()
         else:
@@ -47,11 +49,12 @@ class DTensor:
             placements = normalize_placements(placements, mesh, len(cpp.shape), "DTensor")
             local_shape = cpp.shape
             full = global_shape(local_shape, mesh, placements)
-            if shape is not None and tuple(shape) != full:
-                raise _C.UnsupportedError(
-                    f"DTensor: global shape {tuple(shape)} with local shape {local_shape} and placements "
-                    f"{list(placements)} on mesh {mesh} is an uneven sharding (it would be {full}); uneven "
-                    "sharding is not supported")
+            if shape is not None:
+                check_even(shape, mesh, placements, "DTensor", "the tensor")
+                if tuple(shape) != full:
+                    raise _C.ShapeError(
+                        f"DTensor: local shape {local_shape} with placements {list(placements)} on mesh {mesh} "
+                        f"makes global shape {full}, not the shape={tuple(shape)} given")
             shape = full
         self._init(local, cpp, mesh, placements, tuple(shape),
                    (local_shape, cpp.dtype if cpp is not None else None, mesh._key, _placements_key(placements)))

@@ -23,7 +23,7 @@ from . import _C, _world
 from ._locals import converter_like, empty_like_kind, require_bfloat16_support, to_cpp
 from .dtensor import DTensor, _placements_key
 from .fusion_definition import FusionDefinition
-from .mesh import check_in_world, from_cpp, local_shape, mesh_from_cpp
+from .mesh import check_even, check_in_world, from_cpp, local_shape, mesh_from_cpp
 from . import torch_interop
 
 __all__ = ["FusionDefinitionWrapper", "Plan"]
@@ -164,7 +164,9 @@ class FusionDefinitionWrapper:
             elif torch_interop.is_torch_dtensor(x):
                 spec = x._spec
                 local = x._local_tensor
-                keys.append((tuple(local.shape), local.dtype, spec.mesh, spec.placements))
+                # The global shape too: torch's shards may be uneven, so a local shape alone does not
+                # tell 8 rows (4 + 4) from 7 (4 + 3), and ranks must not disagree on a cache hit.
+                keys.append((tuple(local.shape), local.dtype, spec.mesh, spec.placements, spec.shape))
                 try:
                     locals_.append(to_cpp(local))
                 except _C.Error as e:
@@ -193,7 +195,11 @@ class FusionDefinitionWrapper:
             # A rank outside the input's mesh holds no local: any dtype keys the executor's cache.
             dtype = local.dtype if local is not None else _C.DataType.Float
             layouts.append((mesh, list(ps), list(shape), dtype))
-        call = _Call(self._executor.prepare(layouts), torch_meshes)
+        prepared = self._executor.prepare(layouts)  # checks the number of inputs, static sizes
+        # torch allows uneven shards; the compiler checks static sizes only, global -1 sizes here.
+        for i, (tv, (mesh, ps, shape, _)) in enumerate(zip(self.definition.inputs, layouts)):
+            check_even(shape, mesh, ps, f"input {i}", tv.name)
+        call = _Call(prepared, torch_meshes)
         self._calls[key] = call
         return call
 

@@ -147,6 +147,20 @@ def test_uneven_shards_are_unsupported(world_mesh):
     n = meshfuse.world_size()
     with pytest.raises(meshfuse.UnsupportedError, match="uneven sharding not supported"):
         distribute_tensor(np.zeros((n + 1, 4), dtype=np.float32), world_mesh, [S(0)])
+    # A global shape= that the mesh does not divide: the same error with a local and without one
+    # (as on a rank outside the mesh).
+    uneven = rf"^DTensor: uneven sharding not supported: the tensor dim 0 has size {n + 1} which mesh axis 0 does " \
+             rf"not divide into {n} equal shards \(Shard\(0\)\)$"
+    for local in [np.zeros((1, 4), dtype=np.float32), None]:
+        with pytest.raises(meshfuse.UnsupportedError, match=uneven):
+            DTensor(local, world_mesh, [S(0)], shape=(n + 1, 4))
+
+
+def test_a_shape_that_the_local_shape_contradicts_is_a_shape_error(world_mesh):
+    n = meshfuse.world_size()
+    with pytest.raises(meshfuse.ShapeError, match=rf"^DTensor: local shape \(1, 4\) with placements \[Shard\(dim=0\)\] "
+                                                  rf"on mesh .* makes global shape \({n}, 4\), not the shape=\(8, 8\) given$"):
+        DTensor(np.zeros((1, 4), dtype=np.float32), world_mesh, [S(0)], shape=(8, 8))
 
 
 def test_a_mesh_larger_than_the_world_is_a_mesh_error():
