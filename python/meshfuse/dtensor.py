@@ -13,6 +13,7 @@ shape. Shards are even (uneven shards are rejected, as by meshfuse's compiler).
 from __future__ import annotations
 
 from . import _C, _world
+from ._agreement import check_same
 from ._locals import converter_like, empty_like_kind, to_cpp, to_numpy
 from .fusion_definition import FusionDefinition
 from .mesh import (DeviceMesh, Replicate, check_even, check_in_world, global_shape, mesh_from_cpp,
@@ -60,8 +61,28 @@ class DTensor:
                    (local_shape, cpp.dtype if cpp is not None else None, mesh._key, _placements_key(placements)))
 
     @classmethod
-    def from_local(cls, local, device_mesh, placements, *, shape=None) -> "DTensor":
-        return cls(local, device_mesh, placements, shape=shape)
+    def from_local(cls, local, device_mesh, placements, *, shape=None, run_check: bool = False) -> "DTensor":
+        """A DTensor of this rank's block `local` (zero-copy).
+
+        run_check: as torch's, the ranks of the mesh first agree on the local shape, dtype and
+        placements (one small allgather over the mesh; every rank of the mesh must call it), so
+        that a rank given another block raises the same meshfuse.ValueError on every rank instead
+        of leaving its peers waiting in a later collective. Values are not compared.
+        """
+        if not run_check or _world.world_size() == 1:
+            return cls(local, device_mesh, placements, shape=shape)
+        mesh = as_mesh(device_mesh, "DTensor.from_local")
+        if _world.rank() not in mesh:  # not part of the check, as in torch
+            return cls(local, mesh, placements, shape=shape)
+        team = list(mesh.devices)
+        try:
+            d = cls(local, mesh, placements, shape=shape)
+        except Exception as e:  # the other ranks are in the check: fail them too, with this error
+            check_same("DTensor.from_local", [("error", f"{type(e).__name__}: {e}")], team)
+            raise
+        check_same("DTensor.from_local", [("local shape", list(d._cpp.shape)), ("dtype", d.dtype.short_name),
+                                          ("placements", list(d.placements)), ("mesh", mesh)], team)
+        return d
 
     @classmethod
     def _make(cls, local, cpp, mesh, placements, shape, key) -> "DTensor":

@@ -20,10 +20,11 @@ released, and wraps the outputs.
 from __future__ import annotations
 
 from . import _C, _world
+from ._agreement import check_same
 from ._locals import converter_like, empty_like_kind, require_bfloat16_support, to_cpp
 from .dtensor import DTensor, _placements_key
 from .fusion_definition import FusionDefinition
-from .mesh import check_even, check_in_world, from_cpp, local_shape, mesh_from_cpp
+from .mesh import check_even, check_in_world, from_cpp, global_shape, local_shape, mesh_from_cpp
 from . import torch_interop
 
 __all__ = ["FusionDefinitionWrapper", "Plan"]
@@ -65,12 +66,13 @@ class Plan:
 class _Call:
     """One cached call signature: the prepared C++ program and how to wrap its outputs."""
 
-    __slots__ = ("prepared", "plan", "outputs", "torch_out", "bfloat16_outputs")
+    __slots__ = ("prepared", "plan", "outputs", "torch_out", "bfloat16_outputs", "checked")
 
     def __init__(self, prepared: _C.Prepared, torch_meshes: list | None):
         self.prepared = prepared
         self.plan = Plan(prepared.program)
         self.torch_out = torch_meshes is not None
+        self.checked = False  # whether the ranks agreed on this signature (check_inputs="first")
         self.outputs = []  # per output: mesh, placements, global shape, dtype, DTensor key, torch layout
         p = self.plan
         self.bfloat16_outputs = [i for i, dtype in enumerate(p.output_dtypes) if dtype == _C.DataType.BFloat16]
@@ -83,9 +85,12 @@ class _Call:
                                  torch_layout))
 
 
+CHECK_INPUTS = ("first", "always", "never")
+
+
 class FusionDefinitionWrapper:
     def __init__(self, define_fusion, *, overlap: str = "none", chunks: int = 0, streams: int = 2,
-                 fsdp: bool = False, trace: bool = False):
+                 fsdp: bool = False, trace: bool = False, check_inputs: str = "first"):
         """`define_fusion(fd)` defines the single-device program (called once, lazily).
 
         overlap: "collective" or "ring" pipelines every allgather+GEMM, GEMM+reduce-scatter and
@@ -94,7 +99,15 @@ class FusionDefinitionWrapper:
         fsdp: fully sharded data parallelism: all-gather sharded parameters where they are used
             (prefetched one layer ahead) instead of moving the activations.
         trace: record each call's timeline; see last_trace() and write_trace().
+        check_inputs: whether the ranks first agree that they were given the same inputs (shapes,
+            dtypes, placements, meshes; not values), so that a rank given other inputs makes every
+            rank raise the same meshfuse.ValueError instead of leaving the others waiting in a
+            collective: "first" (default) on the first call of each signature, "always" on every
+            call (one allgather of 16 bytes per rank), "never". Only in multi-rank worlds.
         """
+        if check_inputs not in CHECK_INPUTS:
+            raise _C.ValueError(f"check_inputs must be one of {', '.join(map(repr, CHECK_INPUTS))}, got {check_inputs!r}")
+        self._check_inputs = check_inputs
         self._define_fusion = define_fusion
         self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, trace=trace)
         self._fd = None
@@ -113,7 +126,7 @@ class FusionDefinitionWrapper:
 
     def __call__(self, inputs) -> list:
         """Runs on this rank's blocks of `inputs` (a list of DTensors); returns the outputs."""
-        call, locals_ = self._call_for(inputs)
+        call, locals_ = self._call_for(inputs, self._check_inputs if _world.world_size() > 1 else "never")
         self._last = call
         return _wrap_outputs(call, call.prepared.run(locals_), inputs)
 
@@ -141,12 +154,29 @@ class FusionDefinitionWrapper:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _call_for(self, inputs):
-        """(the cached call of `inputs`' signature, compiled if new; their local tensors)."""
-        key, locals_, torch_meshes = self._signature(inputs)
-        call = self._calls.get(key)
+    def _call_for(self, inputs, check: str = "never"):
+        """(the cached call of `inputs`' signature, compiled if new; their local tensors). With
+        `check` "first"/"always", the ranks agree on the inputs first (see check_inputs)."""
+        if check == "never":
+            key, locals_, torch_meshes = self._signature(inputs)
+            call = self._calls.get(key)
+        else:
+            try:
+                key, locals_, torch_meshes = self._signature(inputs)
+                call = self._calls.get(key)
+                fields = None
+                if check == "always" or call is None or not call.checked:
+                    fields = self._describe(inputs, locals_)
+            except Exception as e:  # the other ranks are in the check: fail them too, with this error
+                check_same("FusionDefinitionWrapper", [("error", f"{type(e).__name__}: {e}")])
+                raise
+            if fields is not None:
+                check_same("FusionDefinitionWrapper", fields)
+                if call is not None:
+                    call.checked = True
         if call is None:
             call = self._compile(key, inputs, locals_, torch_meshes)
+            call.checked = check != "never"
         if call.bfloat16_outputs:  # numpy has no bfloat16: these outputs need torch (before running)
             i = call.bfloat16_outputs[0]
             require_bfloat16_support(f"output {i} ({self.definition.outputs[i].name})")
@@ -180,6 +210,30 @@ class FusionDefinitionWrapper:
                     f"input {i}: expected a meshfuse.DTensor or a torch.distributed.tensor.DTensor, "
                     f"got {type(x).__name__}")
         return tuple(keys), locals_, torch_meshes
+
+    def _describe(self, inputs, locals_) -> list:
+        """What this rank was given, as (label, value) strings that equal those of every other rank
+        when the call is consistent: a rank outside an input's mesh (no local) states the dtype the
+        definition expects; a local shape is stated only where it contradicts the global shape."""
+        defined = self.definition.inputs
+        fields = [("number of inputs", str(len(inputs)))]
+        for i, (x, local) in enumerate(zip(inputs, locals_)):
+            if type(x) is DTensor:
+                mesh, ps, shape = x.device_mesh, x.placements, x.shape
+            else:
+                mesh = torch_interop.mesh_from_torch(x.device_mesh)
+                ps, shape = torch_interop.placements_from_torch(x.placements), tuple(x.shape)
+            tv = defined[i] if i < len(defined) else None
+            label = f"input {i}" + (f" ({tv.name})" if tv is not None else "")
+            inside = local is not None and _world.rank() in mesh
+            dtype = local.dtype if inside else (tv.dtype if tv is not None else None)
+            value = f"{dtype.short_name if dtype is not None else '?'}{list(shape)} {list(ps)} on mesh {mesh}"
+            if inside:
+                want = local_shape(shape, mesh, ps)
+                if tuple(local.shape) != want and global_shape(want, mesh, ps) == tuple(shape):
+                    value += f" with local shape {list(local.shape)} (not {list(want)})"
+            fields.append((label, value))
+        return fields
 
     def _compile(self, key, inputs, locals_, torch_meshes) -> _Call:
         if self._executor is None:

@@ -8,6 +8,7 @@
 // with the GIL released.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <mutex>
@@ -45,8 +46,9 @@ SymbolBindings bindGlobalShapes(const Fusion& f, const std::vector<std::vector<i
   SymbolBindings b;
   for (size_t i = 0; i < shapes.size(); ++i) {
     std::vector<Extent> shape = f.inputs()[i]->shape();
-    MF_USER_CHECK(shape.size() == shapes[i].size(), ErrorKind::Shape, "input {} ({}): expected rank {} but got shape [{}]",
-                  i, f.displayName(f.inputs()[i]), shape.size(), fmt::join(shapes[i], ", "));
+    MF_USER_CHECK(shape.size() == shapes[i].size(), ErrorKind::Shape,
+                  "input {} ({}): expected rank {} but got shape [{}]", i, f.displayName(f.inputs()[i]), shape.size(),
+                  fmt::join(shapes[i], ", "));
     for (size_t d = 0; d < shape.size(); ++d)
       if (!shape[d].isStatic()) b.emplace(shape[d].symbol(), shapes[i][d]);
   }
@@ -133,10 +135,12 @@ py::object layoutOf(const TensorView* tv) {
 }
 
 void bindCommunicator(py::module_& m) {
-  m.def("init", [] { return world()->name(); }, "Creates the process's communicator (idempotent); returns its name.");
+  m.def(
+      "init", [] { return world()->name(); }, "Creates the process's communicator (idempotent); returns its name.");
   m.def("is_initialized", [] { return worldSlot() != nullptr; });
-  m.def("launched_by_mpi", [] { return readRuntimeEnvironment().launched_by_mpi; },
-        "Whether mpirun/srun started this process (the variables runtime/environment.h reads).");
+  m.def(
+      "launched_by_mpi", [] { return readRuntimeEnvironment().launched_by_mpi; },
+      "Whether mpirun/srun started this process (the variables runtime/environment.h reads).");
   m.def("rank", [] { return world()->rank(); });
   m.def("world_size", [] { return world()->size(); });
   m.def("communicator_name", [] { return world()->name(); });
@@ -145,6 +149,28 @@ void bindCommunicator(py::module_& m) {
     world()->barrier();
   });
   m.def(
+      "allgather_int64",
+      [](const std::vector<int64_t>& mine, std::optional<Team> team) {
+        Communicator& comm = *world();
+        Team t = team.value_or(Team{});
+        if (!team)
+          for (int64_t r = 0; r < comm.size(); ++r) t.push_back(r);
+        MF_USER_CHECK(std::find(t.begin(), t.end(), comm.rank()) != t.end(), ErrorKind::Value,
+                      "allgather_int64: rank {} is not in the team [{}]", comm.rank(), fmt::join(t, ", "));
+        auto count = static_cast<int64_t>(mine.size());
+        std::vector<int64_t> all(mine.size() * t.size());
+        {
+          py::gil_scoped_release release;
+          comm.allgather(mine.data(), all.data(), count, DataType::Int64, t)->wait();
+        }
+        std::vector<std::vector<int64_t>> out;
+        for (size_t i = 0; i < t.size(); ++i) out.emplace_back(all.begin() + i * count, all.begin() + (i + 1) * count);
+        return out;
+      },
+      "values"_a, "team"_a = py::none(),
+      "Every rank of `team` (default: the world) passes the same number of int64s; each gets every member's, in "
+      "team order (collective; for small control messages such as the input-signature check).");
+  m.def(
       "abort", [](const std::string& why) { world()->abort(why); }, "reason"_a,
       "Makes every rank fail now (MPI_Abort under mpirun) instead of leaving peers waiting.");
   m.def(
@@ -152,7 +178,8 @@ void bindCommunicator(py::module_& m) {
       [](const Tensor& full, const DeviceMesh& mesh, const std::vector<Placement>& placements,
          int64_t rank) -> std::optional<Tensor> {
         Fusion f;
-        TensorView* tv = f.defineTensor(std::vector<Extent>(full.shape().begin(), full.shape().end()), full.dtype(), "x");
+        TensorView* tv =
+            f.defineTensor(std::vector<Extent>(full.shape().begin(), full.shape().end()), full.dtype(), "x");
         applyPlacements(tv, mesh, placements);
         if (!mesh.contains(rank)) return std::nullopt;  // holds nothing, as torch gives it an empty shard
         return shardForRank(tv, full, rank);
@@ -176,33 +203,44 @@ void bindPrograms(py::module_& m) {
       });
 
   py::class_<PyProgram>(m, "CompiledProgram", "What meshfuse compiled for one input signature.")
-      .def("host_ir", [](const PyProgram& p, std::optional<int64_t> rank) {
-             return programForRank(*p.compiled, p.rankOrThis(rank)).toString();
-           }, "rank"_a = py::none())
-      .def("collectives", [](const PyProgram& p, std::optional<int64_t> rank) {
-             HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
-             return collectives(h, bindGlobalShapes(p.fusion(), p.input_shapes));
-           }, "rank"_a = py::none())
-      .def("stage", [](const PyProgram& p, const std::string& name) {
-             auto it = p.compiled->stages.find(name);
-             MF_USER_CHECK(!p.compiled->stages.empty(), ErrorKind::Value,
-                           "this program was compiled without keeping its stages (Executor(keep_stages=False))");
-             MF_USER_CHECK(it != p.compiled->stages.end(), ErrorKind::Value, "unknown stage '{}'; the stages are: {}",
-                           name, fmt::join(pipelineStages(), ", "));
-             return it->second;
-           }, "name"_a)
+      .def(
+          "host_ir",
+          [](const PyProgram& p, std::optional<int64_t> rank) {
+            return programForRank(*p.compiled, p.rankOrThis(rank)).toString();
+          },
+          "rank"_a = py::none())
+      .def(
+          "collectives",
+          [](const PyProgram& p, std::optional<int64_t> rank) {
+            HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
+            return collectives(h, bindGlobalShapes(p.fusion(), p.input_shapes));
+          },
+          "rank"_a = py::none())
+      .def(
+          "stage",
+          [](const PyProgram& p, const std::string& name) {
+            auto it = p.compiled->stages.find(name);
+            MF_USER_CHECK(!p.compiled->stages.empty(), ErrorKind::Value,
+                          "this program was compiled without keeping its stages (Executor(keep_stages=False))");
+            MF_USER_CHECK(it != p.compiled->stages.end(), ErrorKind::Value, "unknown stage '{}'; the stages are: {}",
+                          name, fmt::join(pipelineStages(), ", "));
+            return it->second;
+          },
+          "name"_a)
       .def_property_readonly_static("stage_names", [](py::object) { return pipelineStages(); })
       .def_property_readonly("fusion_text", [](const PyProgram& p) { return printFusion(p.fusion()); })
-      .def_property_readonly("output_layouts", [](const PyProgram& p) {
-        py::list out;
-        for (const TensorView* tv : p.fusion().outputs()) out.append(layoutOf(tv));
-        return out;
-      })
-      .def_property_readonly("output_dtypes", [](const PyProgram& p) {
-        std::vector<DataType> out;
-        for (const TensorView* tv : p.fusion().outputs()) out.push_back(tv->dtype());
-        return out;
-      })
+      .def_property_readonly("output_layouts",
+                             [](const PyProgram& p) {
+                               py::list out;
+                               for (const TensorView* tv : p.fusion().outputs()) out.append(layoutOf(tv));
+                               return out;
+                             })
+      .def_property_readonly("output_dtypes",
+                             [](const PyProgram& p) {
+                               std::vector<DataType> out;
+                               for (const TensorView* tv : p.fusion().outputs()) out.push_back(tv->dtype());
+                               return out;
+                             })
       .def_property_readonly("output_shapes", [](const PyProgram& p) {
         SymbolBindings b = bindGlobalShapes(p.fusion(), p.input_shapes);
         std::vector<std::vector<int64_t>> out;
@@ -288,7 +326,8 @@ void bindPrograms(py::module_& m) {
             p.program.compiled = &self->exec->plan(p.inputs);
             return p;
           },
-          "layouts"_a, "Compiles (or finds) the program for inputs laid out as (mesh, placements, global shape, dtype).")
+          "layouts"_a,
+          "Compiles (or finds) the program for inputs laid out as (mesh, placements, global shape, dtype).")
       .def_property_readonly("cache_size", [](const PyExecutor& e) { return e.exec->cacheSize(); });
 }
 
