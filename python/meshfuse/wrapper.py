@@ -19,6 +19,8 @@ released, and wraps the outputs.
 
 from __future__ import annotations
 
+import threading
+
 from . import _C, _world
 from ._agreement import check_same
 from ._locals import converter_like, empty_like_kind, require_bfloat16_support, to_cpp
@@ -114,14 +116,19 @@ class FusionDefinitionWrapper:
         self._executor = None
         self._calls: dict = {}
         self._last = None  # the call signature used last
+        # Cached calls take no lock (Prepared.run is thread-safe); defining and compiling do, so
+        # that threads calling one wrapper build one definition, one executor, one program each.
+        self._compiling = threading.RLock()
 
     @property
     def definition(self) -> FusionDefinition:
         if self._fd is None:
-            fd = FusionDefinition()
-            with fd:
-                self._define_fusion(fd)
-            self._fd = fd
+            with self._compiling:
+                if self._fd is None:
+                    fd = FusionDefinition()
+                    with fd:
+                        self._define_fusion(fd)
+                    self._fd = fd
         return self._fd
 
     def __call__(self, inputs) -> list:
@@ -236,6 +243,11 @@ class FusionDefinitionWrapper:
         return fields
 
     def _compile(self, key, inputs, locals_, torch_meshes) -> _Call:
+        with self._compiling:
+            call = self._calls.get(key)  # compiled by another thread meanwhile?
+            return call if call is not None else self._compile_locked(key, inputs, locals_, torch_meshes)
+
+    def _compile_locked(self, key, inputs, locals_, torch_meshes) -> _Call:
         if self._executor is None:
             self._executor = _C.Executor(self.definition._fusion, **self._options)
         layouts = []

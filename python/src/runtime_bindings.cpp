@@ -90,19 +90,27 @@ struct PyProgram {
   }
 };
 
-// One call signature of an executor, ready to run with fresh local tensors.
+// One call signature of an executor, ready to run with fresh local tensors. Python threads may
+// call one Prepared at once: each call fills its own copy of the layouts with its tensors (with
+// the GIL held), then runs under the executor's mutex with the GIL released.
 struct Prepared {
   std::shared_ptr<PyExecutor> owner;
-  std::vector<ShardedTensor> inputs;
+  std::vector<ShardedTensor> layouts;  // no local tensors: shared by concurrent calls, never written
   PyProgram program;
 
-  py::list run(const py::sequence& locals) {
-    MF_USER_CHECK(static_cast<size_t>(py::len(locals)) == inputs.size(), ErrorKind::Value,
-                  "the fusion takes {} inputs but {} were given", inputs.size(), py::len(locals));
+  std::vector<ShardedTensor> withLocals(const py::sequence& locals) const {
+    MF_USER_CHECK(static_cast<size_t>(py::len(locals)) == layouts.size(), ErrorKind::Value,
+                  "the fusion takes {} inputs but {} were given", layouts.size(), py::len(locals));
+    std::vector<ShardedTensor> inputs = layouts;
     for (size_t i = 0; i < inputs.size(); ++i) {
       py::handle l = locals[i];
       inputs[i].local = l.is_none() ? Tensor() : tensorFromPython(l);
     }
+    return inputs;
+  }
+
+  py::list run(const py::sequence& locals) const {
+    std::vector<ShardedTensor> inputs = withLocals(locals);
     std::vector<ShardedTensor> outs;
     {
       py::gil_scoped_release release;
@@ -111,21 +119,31 @@ struct Prepared {
     }
     py::list result;
     for (ShardedTensor& o : outs) result.append(o.local.defined() ? py::cast(std::move(o.local)) : py::none());
-    for (ShardedTensor& in : inputs) in.local = Tensor();  // do not keep the caller's memory alive
-    return result;
+    return result;  // `inputs` (the caller's memory) is released here, with the GIL held
   }
 
   // Seconds per run() of the executor itself, over `iterations` runs: the C++ baseline that the
   // Python overhead benchmark subtracts.
-  double timeRun(const py::sequence& locals, int64_t iterations) {
-    for (size_t i = 0; i < inputs.size(); ++i) inputs[i].local = tensorFromPython(locals[i]);
+  double timeRun(const py::sequence& locals, int64_t iterations) const {
+    std::vector<ShardedTensor> inputs = withLocals(locals);
+    double s = 0;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(owner->mu);
+      auto start = std::chrono::steady_clock::now();
+      for (int64_t k = 0; k < iterations; ++k) owner->exec->run(inputs);
+      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    return s / static_cast<double>(iterations);
+  }
+
+  // A copy of what the executor recorded about its last run, taken under its mutex (another
+  // thread may be running it).
+  template <typename T>
+  T lastOf(T (*get)(const MultiDeviceExecutor&)) const {
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(owner->mu);
-    auto start = std::chrono::steady_clock::now();
-    for (int64_t k = 0; k < iterations; ++k) owner->exec->run(inputs);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    for (ShardedTensor& in : inputs) in.local = Tensor();
-    return s / static_cast<double>(iterations);
+    return get(*owner->exec);
   }
 };
 
@@ -256,8 +274,14 @@ void bindPrograms(py::module_& m) {
       .def("run", &Prepared::run, "locals"_a, "Runs on this rank's local tensors; returns its local outputs.")
       .def("time_run", &Prepared::timeRun, "locals"_a, "iterations"_a)
       .def_property_readonly("program", [](const Prepared& p) { return p.program; })
-      .def_property_readonly("last_collectives", [](const Prepared& p) { return p.owner->exec->lastCollectives(); })
-      .def_property_readonly("last_trace", [](const Prepared& p) { return p.owner->exec->lastTrace(); });
+      .def_property_readonly("last_collectives",
+                             [](const Prepared& p) {
+                               return p.lastOf<std::vector<CollectiveInfo>>(
+                                   [](const MultiDeviceExecutor& e) { return e.lastCollectives(); });
+                             })
+      .def_property_readonly("last_trace", [](const Prepared& p) {
+        return p.lastOf<std::vector<TraceEvent>>([](const MultiDeviceExecutor& e) { return e.lastTrace(); });
+      });
 
   py::class_<TraceEvent>(m, "TraceEvent", "One task of a timeline: what ran, on which stream, when (us).")
       .def_readonly("name", &TraceEvent::name)
@@ -319,11 +343,11 @@ void bindPrograms(py::module_& m) {
           [](const std::shared_ptr<PyExecutor>& self, const py::sequence& layouts) {
             Prepared p{self, {}, {self, nullptr, {}}};
             for (py::handle l : layouts) {
-              p.inputs.push_back(toLayout(l));
-              p.program.input_shapes.push_back(p.inputs.back().global_shape);
+              p.layouts.push_back(toLayout(l));
+              p.program.input_shapes.push_back(p.layouts.back().global_shape);
             }
             std::lock_guard<std::mutex> lock(self->mu);  // a run in another thread may be using the cache
-            p.program.compiled = &self->exec->plan(p.inputs);
+            p.program.compiled = &self->exec->plan(p.layouts);
             return p;
           },
           "layouts"_a,
