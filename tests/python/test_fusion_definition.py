@@ -94,7 +94,7 @@ def test_schedule_api_pins_a_tensor():
         assert axis.extent == 1
         axis.parallelize(ParallelType.mesh_x)
         assert w.axis(0).parallel_type == ParallelType.mesh_x
-        assert w.placements == [meshfuse.Shard(0)]
+        assert w.placements == (meshfuse.Shard(0),) and w.mesh == mesh
         fd.add_output(fd.ops.relu(w))
     assert "%w = input f32[8, 4] @m0 {split(0, 1), parallelize(0, DIDx)}" in str(fd)
 
@@ -108,7 +108,7 @@ def test_axis_keeps_naming_its_iter_domain_after_other_splits():
         t.split(0, 1)  # [1, 8, 1, 6]: outer is loop axis 2 now
         outer.parallelize(ParallelType.mesh_x)
         assert t.axis(2).parallel_type == ParallelType.mesh_x
-        assert t.placements == [meshfuse.Shard(1)]
+        assert t.placements == (meshfuse.Shard(1),)
         fd.add_output(t)
 
 
@@ -155,3 +155,18 @@ def test_error_classes_are_generated_from_the_cpp_list():
                  "UnsupportedError", "ValueError", "RuntimeError"]:
         cls = getattr(meshfuse, name)
         assert issubclass(cls, meshfuse.Error) and cls.__module__ == "meshfuse"
+
+
+def test_mesh_and_placements_of_a_tensor_view():
+    """None until the schedule gives a mesh; then meshfuse's own classes, printed as the user wrote them."""
+    mesh = DeviceMesh([0])
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([4, 6], name="t")
+        assert t.mesh is None and t.placements is None
+        t.set_device_mesh(mesh)
+        assert t.placements == (meshfuse.Replicate(),) and repr(t.placements) == "(Replicate(),)"
+        t.split(1, 1)
+        t.axis(1).parallelize(ParallelType.mesh_x)
+        assert isinstance(t.mesh, DeviceMesh) and t.mesh == mesh and repr(t.mesh) == "DeviceMesh([0])"
+        assert repr(t.placements) == "(Shard(dim=1),)" and isinstance(t.placements[0], meshfuse.Shard)
+        fd.add_output(t)

@@ -227,3 +227,44 @@ def test_outputs_of_earlier_calls_stay_intact(mlp_inputs, world_mesh):
     (y2,) = fdw([meshfuse.distribute_tensor(x2, world_mesh, [R]), *weights])
     H.assert_close(y1.to_local(), H.mlp(x1, *mlp_inputs[1:]))
     H.assert_close(y2.to_local(), H.mlp(x2, *mlp_inputs[1:]))
+
+
+@pytest.mark.parametrize("pinned,given", [
+    ("Shard(0)", "Replicate()"),   # the DTensor's layout used to win silently
+    ("Replicate()", "Shard(0)"),
+    ("Shard(0)", "Shard(0) on the reversed mesh"),
+])
+def test_an_input_pinned_otherwise_than_its_dtensor_is_a_placement_error(pinned, given, rng, world_mesh):
+    n = meshfuse.world_size()
+    reversed_mesh = DeviceMesh(list(reversed(range(n))))
+    x = H.randn(rng, 4 * n, 8)
+
+    def define(fd):
+        a = fd.define_tensor([-1, 8], name="a")
+        pin(a, S(0) if pinned == "Shard(0)" else R, world_mesh)
+        fd.add_output(fd.ops.relu(a))
+
+    mesh = reversed_mesh if "reversed" in given else world_mesh
+    dt = meshfuse.distribute_tensor(x, mesh, [S(0) if given.startswith("Shard") else R])
+    want_pinned = "[Shard(0)]" if pinned == "Shard(0)" else "[Replicate()]"
+    want_given = "[Shard(0)]" if given.startswith("Shard") else "[Replicate()]"
+    if mesh == world_mesh and want_given == want_pinned:
+        pytest.skip("on one rank the reversed mesh is the mesh")
+    with pytest.raises(meshfuse.PlacementError) as e:
+        FusionDefinitionWrapper(define)([dt])
+    assert str(e.value) == (f"input 0 (%a): pinned by the schedule API to {want_pinned} on mesh {world_mesh} but "
+                            f"given a tensor laid out as {want_given} on mesh {mesh}: pass it laid out as pinned "
+                            "(redistribute it) or remove the pin")
+
+
+def test_an_input_given_as_pinned_runs(rng, world_mesh):
+    x = H.randn(rng, 4 * meshfuse.world_size(), 8)
+
+    def define(fd):
+        a = fd.define_tensor([-1, 8], name="a")
+        pin(a, S(0), world_mesh)
+        fd.add_output(fd.ops.relu(a))
+
+    (out,), plan, outs = H.run(define, [x], [[S(-2)]])  # a negative dim names the same layout
+    H.assert_close(out, np.maximum(x, 0))
+    assert H.kinds(plan) == [] and outs[0].placements == (S(0),)
