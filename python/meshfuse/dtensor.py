@@ -121,13 +121,25 @@ class DTensor:
         return self._cpp.dtype if self._cpp is not None else None
 
     def full_tensor(self):
-        """The global value as a numpy array, on every rank of the mesh (collective)."""
+        """The global value as a numpy array, on every rank of the mesh (collective). A rank
+        outside the mesh gets an empty array (shape (0,) * ndim), whatever the placements, as
+        torch gives such a rank an empty local tensor and skips the communication."""
+        if self._cpp is None:
+            return to_numpy(self._outside_local())
         if all(p.is_replicate() for p in self._placements):
             return to_numpy(self._local)
         return to_numpy(self.redistribute([Replicate()] * self._mesh.ndim).to_local())
 
+    def _outside_local(self):
+        """What this rank (outside the mesh) holds: the empty local it was given, else one."""
+        if self._local is not None:
+            return self._local
+        return empty_like_kind(None, _C.DataType.Float, self.ndim)
+
     def redistribute(self, placements) -> "DTensor":
-        """The same global value with other placements (collective: every rank of the mesh calls it)."""
+        """The same global value with other placements (collective: every rank of the mesh calls
+        it; on a rank outside the mesh it returns at once, with the new placements and an empty
+        local tensor)."""
         placements = normalize_placements(placements, self._mesh, self.ndim, "redistribute")
         if placements == self._placements:
             return self
@@ -137,7 +149,8 @@ class DTensor:
                     f"redistribute: {a!r} -> {b!r} on mesh axis {axis} is not supported (a value becomes Partial "
                     "only as the result of a contraction)")
         if self._cpp is None:
-            raise _C.MeshError(f"redistribute: rank {_world.rank()} is not in the mesh {self._mesh}")
+            return DTensor._make(self._outside_local(), None, self._mesh, placements, self._shape,
+                                 ((), None, self._mesh._key, _placements_key(placements)))
         [cpp] = _redistribution(self._mesh, self._placements, placements, self._shape, self._cpp.dtype).run(
             [self._cpp])
         return DTensor._make(converter_like(self._local)(cpp), cpp, self._mesh, placements, self._shape,

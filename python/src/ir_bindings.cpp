@@ -145,6 +145,16 @@ TensorView* binary(OpKind k, py::handle a, py::handle b) {
   return f.apply(k, {toVal(f, a, opInfo(k).name), toVal(f, b, opInfo(k).name)});
 }
 
+// A comparison operator: the op for TensorViews and numbers; NotImplemented for anything else,
+// so that `tv == None` falls back to Python's identity comparison (False) as for other objects.
+py::object compare(OpKind k, py::handle a, py::handle b) {
+  auto operand = [](py::handle h) {
+    return py::isinstance<TensorView>(h) || py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h);
+  };
+  if (!operand(a) || !operand(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+  return py::cast(binary(k, a, b), py::return_value_policy::reference);
+}
+
 std::vector<int64_t> shapeOf(const TensorView* tv) {
   std::vector<int64_t> out;
   for (const Extent& e : tv->shape()) out.push_back(e.isStatic() ? e.value() : -1);
@@ -296,7 +306,27 @@ void bindFusion(py::module_& m) {
           "__rtruediv__", [](py::object a, py::object b) { return binary(OpKind::Div, b, a); }, py::is_operator())
       .def(
           "__pow__", [](py::object a, py::object b) { return binary(OpKind::Pow, a, b); }, py::is_operator())
-      .def("__neg__", [](TensorView* x) { return ops::neg(x); });
+      .def(
+          "__rpow__", [](py::object a, py::object b) { return binary(OpKind::Pow, b, a); }, py::is_operator())
+      .def("__neg__", [](TensorView* x) { return ops::neg(x); })
+      .def("__abs__", [](TensorView* x) { return ops::abs(x); })
+      // Comparisons build ops, as in torch and nvFuser: `x > 0` is a bool TensorView, and so is
+      // `x == y` (not a Python bool). TensorViews still hash by identity, so they can key dicts
+      // and sets (a lookup finds the same object first and never calls __eq__); bool(tv) is an
+      // error, so that `if x == y:` or `tv in some_list` cannot silently mean something else.
+      .def("__eq__", [](py::object a, py::object b) { return compare(OpKind::Eq, a, b); })
+      .def("__ne__", [](py::object a, py::object b) { return compare(OpKind::Ne, a, b); })
+      .def("__lt__", [](py::object a, py::object b) { return compare(OpKind::Lt, a, b); })
+      .def("__le__", [](py::object a, py::object b) { return compare(OpKind::Le, a, b); })
+      .def("__gt__", [](py::object a, py::object b) { return compare(OpKind::Gt, a, b); })
+      .def("__ge__", [](py::object a, py::object b) { return compare(OpKind::Ge, a, b); })
+      .def("__hash__", [](const TensorView* tv) { return std::hash<const void*>{}(tv); })
+      .def("__bool__", [](const TensorView* tv) -> bool {
+        userError(ErrorKind::Value,
+                  "the truth value of TensorView {} is not known while the fusion is defined: use fd.ops.where(cond, "
+                  "a, b) to choose between values, and `is` to compare TensorViews by identity",
+                  tv->fusion()->displayName(tv));
+      });
 
   py::class_<AxisRef>(m, "IterDomain", "One loop axis of a TensorView (tv.axis(i)).")
       .def(

@@ -199,3 +199,22 @@ def test_any_dlpack_producer_can_back_a_dtensor(rng, world_mesh):
     H.assert_close(d.full_tensor(), full)
     (y,) = meshfuse.FusionDefinitionWrapper(lambda fd: fd.add_output(fd.ops.neg(fd.define_tensor([-1, 3]))))([d])
     H.assert_close(y.full_tensor(), -full)  # outputs of unknown kinds come back as numpy
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("placement", [R, S(0)], ids=["replicated", "sharded"])
+def test_full_tensor_and_redistribute_outside_the_mesh(placement, rng):
+    """A rank outside the mesh gets an empty array from full_tensor(), whatever the placements
+    (as torch gives it an empty local and no communication); the ranks inside get the value."""
+    x = H.randn(rng, 4, 2)
+    last = meshfuse.world_size() - 1
+    d = distribute_tensor(x, DeviceMesh([last]), [placement])
+    r = d.redistribute([S(1) if placement.is_replicate() else R])
+    if meshfuse.rank() == last:
+        np.testing.assert_array_equal(d.full_tensor(), x)
+        np.testing.assert_array_equal(r.full_tensor(), x)
+    else:
+        full = d.full_tensor()
+        assert isinstance(full, np.ndarray) and full.shape == (0, 0) and full.dtype == np.float32
+        assert r.to_local().shape == (0, 0) and r.full_tensor().shape == (0, 0)
+    assert r.placements == (S(1) if placement.is_replicate() else R,) and r.shape == (4, 2)
