@@ -68,7 +68,7 @@ def describe(per_rank: dict) -> str:
         return "; ".join(failed)
     diffs = []
     for key, ranks in groups.items():
-        if key is reference:
+        if key == reference:
             continue
         fields = dict(key)
         for label in dict.fromkeys([*ref, *fields]):

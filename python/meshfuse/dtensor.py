@@ -77,11 +77,13 @@ class DTensor:
         team = list(mesh.devices)
         try:
             d = cls(local, mesh, placements, shape=shape)
+            local_shape = list(d._cpp.shape) if d._cpp is not None else "none"
+            fields = [("local shape", local_shape), ("dtype", d.dtype.short_name if d.dtype is not None else "none"),
+                      ("placements", list(d.placements)), ("mesh", mesh)]
         except Exception as e:  # the other ranks are in the check: fail them too, with this error
             check_same("DTensor.from_local", [("error", f"{type(e).__name__}: {e}")], team)
             raise
-        check_same("DTensor.from_local", [("local shape", list(d._cpp.shape)), ("dtype", d.dtype.short_name),
-                                          ("placements", list(d.placements)), ("mesh", mesh)], team)
+        check_same("DTensor.from_local", fields, team)
         return d
 
     @classmethod

@@ -225,11 +225,7 @@ class FusionDefinitionWrapper:
         defined = self.definition.inputs
         fields = [("number of inputs", str(len(inputs)))]
         for i, (x, local) in enumerate(zip(inputs, locals_)):
-            if type(x) is DTensor:
-                mesh, ps, shape = x.device_mesh, x.placements, x.shape
-            else:
-                mesh = torch_interop.mesh_from_torch(x.device_mesh)
-                ps, shape = torch_interop.placements_from_torch(x.placements), tuple(x.shape)
+            mesh, ps, shape = _layout(x)
             tv = defined[i] if i < len(defined) else None
             label = f"input {i}" + (f" ({tv.name})" if tv is not None else "")
             inside = local is not None and _world.rank() in mesh
@@ -252,11 +248,7 @@ class FusionDefinitionWrapper:
             self._executor = _C.Executor(self.definition._fusion, **self._options)
         layouts = []
         for i, (x, local) in enumerate(zip(inputs, locals_)):
-            if type(x) is DTensor:
-                mesh, ps, shape = x.device_mesh, x.placements, x.shape
-            else:
-                mesh = torch_interop.mesh_from_torch(x.device_mesh)
-                ps, shape = torch_interop.placements_from_torch(x.placements), tuple(x.shape)
+            mesh, ps, shape = _layout(x)
             check_in_world(mesh, _world.world_size(), f"input {i}")
             # A rank outside the input's mesh holds no local: any dtype keys the executor's cache.
             dtype = local.dtype if local is not None else _C.DataType.Float
@@ -268,6 +260,14 @@ class FusionDefinitionWrapper:
         call = _Call(prepared, torch_meshes)
         self._calls[key] = call
         return call
+
+
+def _layout(x) -> tuple:
+    """(meshfuse DeviceMesh, placements, global shape) of a meshfuse or torch DTensor."""
+    if type(x) is DTensor:
+        return x.device_mesh, x.placements, x.shape
+    return (torch_interop.mesh_from_torch(x.device_mesh), torch_interop.placements_from_torch(x.placements),
+            tuple(x.shape))
 
 
 def _wrap_outputs(call: _Call, outs: list, inputs) -> list:
