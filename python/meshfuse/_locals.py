@@ -72,23 +72,17 @@ def require_bfloat16_support(what: str) -> None:
             "torch")
 
 
-def _numpy_or_torch(t: _C.Tensor):
-    """numpy's view of `t`; torch's for bfloat16, which numpy lacks (see require_bfloat16_support)."""
-    if t.dtype == _C.DataType.BFloat16:
+def converter_like(local, dtype: _C.DataType | None = None):
+    """A function making a C++ Tensor (of `dtype`, when known) into a tensor of `local`'s kind:
+    numpy for unknown kinds, except that bfloat16, which numpy lacks, becomes torch."""
+    if is_torch_tensor(local):
+        return sys.modules["torch"].from_dlpack
+    if dtype == _C.DataType.BFloat16:
         torch = torch_module()
         if torch is None:
             require_bfloat16_support("a tensor")
-        return torch.from_dlpack(t)
-    return np.from_dlpack(t)
-
-
-def converter_like(local):
-    """A function making a C++ Tensor into a tensor of `local`'s kind (numpy for unknown kinds,
-    except that bfloat16 becomes torch)."""
-    if is_torch_tensor(local):
-        torch = sys.modules["torch"]
         return torch.from_dlpack
-    return _numpy_or_torch
+    return np.from_dlpack
 
 
 def to_numpy(local) -> np.ndarray:
@@ -101,7 +95,7 @@ def to_numpy(local) -> np.ndarray:
             t = t.float()
         return t.numpy()
     if isinstance(local, _C.Tensor) and local.dtype == _C.DataType.BFloat16:
-        return to_numpy(_numpy_or_torch(local))
+        return to_numpy(converter_like(None, local.dtype)(local))
     return np.from_dlpack(local)
 
 

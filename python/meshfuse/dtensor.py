@@ -155,7 +155,7 @@ class DTensor:
                                  ((), None, self._mesh._key, _placements_key(placements)))
         [cpp] = _redistribution(self._mesh, self._placements, placements, self._shape, self._cpp.dtype).run(
             [self._cpp])
-        return DTensor._make(converter_like(self._local)(cpp), cpp, self._mesh, placements, self._shape,
+        return DTensor._make(converter_like(self._local, cpp.dtype)(cpp), cpp, self._mesh, placements, self._shape,
                              (cpp.shape, cpp.dtype, self._mesh._key, _placements_key(placements)))
 
     def __repr__(self):

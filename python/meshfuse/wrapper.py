@@ -110,6 +110,7 @@ class FusionDefinitionWrapper:
         if check_inputs not in CHECK_INPUTS:
             raise _C.ValueError(f"check_inputs must be one of {', '.join(map(repr, CHECK_INPUTS))}, got {check_inputs!r}")
         self._check_inputs = check_inputs
+        self._run_check = None  # check_inputs, or "never" in a world of one rank (known at the first call)
         self._define_fusion = define_fusion
         self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, trace=trace)
         self._fd = None
@@ -133,7 +134,9 @@ class FusionDefinitionWrapper:
 
     def __call__(self, inputs) -> list:
         """Runs on this rank's blocks of `inputs` (a list of DTensors); returns the outputs."""
-        call, locals_ = self._call_for(inputs, self._check_inputs if _world.world_size() > 1 else "never")
+        if self._run_check is None:
+            self._run_check = self._check_inputs if _world.world_size() > 1 else "never"
+        call, locals_ = self._call_for(inputs, self._run_check)
         self._last = call
         return _wrap_outputs(call, call.prepared.run(locals_), inputs)
 
@@ -276,11 +279,12 @@ def _wrap_outputs(call: _Call, outs: list, inputs) -> list:
     like = inputs[0]._local if inputs else None
     convert = converter_like(like)
     result = []
-    for out, (mesh, ps, shape, dtype, key, _) in zip(outs, call.outputs):
+    for i, (out, (mesh, ps, shape, dtype, key, _)) in enumerate(zip(outs, call.outputs)):
         if out is None:  # this rank is outside the output's mesh: an empty local, as in torch
             result.append(DTensor._make(empty_like_kind(like, dtype, len(shape)), None, mesh, ps, shape, key))
         else:
-            result.append(DTensor._make(convert(out), out, mesh, ps, shape, key))
+            c = convert if i not in call.bfloat16_outputs else converter_like(like, dtype)
+            result.append(DTensor._make(c(out), out, mesh, ps, shape, key))
     return result
 
 
