@@ -10,8 +10,9 @@ same run:
             each step waits for it, as any use of the output would, like meshfuse's call, which
             returns once its allreduce is done.
 Both run one compute thread per rank (OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)). Trials
-alternate between the two (which one goes first alternates too); a trial's time is the slowest
-rank's; medians are reported. The outputs are checked against each other and numpy first.
+alternate between the two (which one goes first alternates too); a trial's time is the median
+step of the slowest rank; the medians of the trials are reported. The outputs are checked against
+each other and numpy first.
 
     PYTHONPATH=build/python python benchmarks/python_tp_mlp_vs_torch.py     # relaunches on 2 ranks
 """
@@ -57,11 +58,15 @@ def define_mlp(h):
 
 
 def timed(step, iters):
+    """The median step of `iters`, of the slowest rank. Each step is timed on its own: on a shared
+    machine a preemption (milliseconds) then spoils one step, not the whole trial."""
     MPI.COMM_WORLD.Barrier()
-    t = time.perf_counter()
+    steps = []
     for _ in range(iters):
+        t = time.perf_counter()
         step()
-    return MPI.COMM_WORLD.allreduce((time.perf_counter() - t) / iters, op=MPI.MAX)
+        steps.append(time.perf_counter() - t)
+    return MPI.COMM_WORLD.allreduce(statistics.median(steps), op=MPI.MAX)
 
 
 def bench(t, h, trials, torch_mesh, mesh):
@@ -125,7 +130,7 @@ def main():
         mf, th, iters = bench(t, h, args.trials, torch_mesh, mesh)
         rows.append((t, h, iters, mf, th))
     if meshfuse.rank() == 0:
-        print(f"\nTensor-parallel MLP on {n} CPU ranks (median of {args.trials} trials; time per forward, "
+        print(f"\nTensor-parallel MLP on {n} CPU ranks (median of {args.trials} trials of the median forward, "
               "slowest rank)\n")
         print("| tokens x hidden | iters/trial | meshfuse (ms) | torch TP (ms) | torch / meshfuse |")
         print("|---|---:|---:|---:|---:|")
