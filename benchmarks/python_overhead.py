@@ -6,7 +6,9 @@ For each case, in the same run, call by call in pairs:
          C++ run (GIL released), wrapping the outputs as DTensors
   overhead = py - cpp, per call (target: <= 30 us)
 
-Medians over trials; both DTensor kinds (meshfuse over numpy, torch DTensor).
+Each call is timed on its own and a trial reports the median call, so that the preemptions of a
+shared machine (milliseconds, now and then) do not count; the table shows the median of the
+trials. Both DTensor kinds (meshfuse over numpy, torch DTensor).
 
     PYTHONPATH=build/python python benchmarks/python_overhead.py          # 1 rank
     PYTHONPATH=build/python python -m meshfuse.launch -n 2 benchmarks/python_overhead.py
@@ -52,21 +54,21 @@ def measure(name, define, arrays, placements, iters, trials, torch_mesh=None):
     call, locals_ = fdw._call_for(inputs)
     # Paired: each Python call is followed by one C++-timed run of the same program, so that
     # load from other processes hits both alike.
-    cpp, py = [], []
+    cpp, py, over = [], [], []
     clock = time.perf_counter
     for _ in range(trials):
         meshfuse.barrier()
-        c = p = 0.0
+        cs, ps = [], []
         for _ in range(iters):
             t = clock()
             fdw(inputs)
-            p += clock() - t
-            c += call.prepared.time_run(locals_, 1)
-        cpp.append(c / iters)
-        py.append(p / iters)
-    c, p = statistics.median(cpp) * 1e6, statistics.median(py) * 1e6
-    over = statistics.median(b - a for a, b in zip(cpp, py)) * 1e6
-    return {"case": name, "cpp_us": c, "py_us": p, "overhead_us": over}
+            ps.append(clock() - t)
+            cs.append(call.prepared.time_run(locals_, 1))
+        cpp.append(statistics.median(cs))
+        py.append(statistics.median(ps))
+        over.append(statistics.median(p - c for p, c in zip(ps, cs)))
+    return {"case": name, "cpp_us": statistics.median(cpp) * 1e6, "py_us": statistics.median(py) * 1e6,
+            "overhead_us": statistics.median(over) * 1e6}
 
 
 def main():
@@ -94,8 +96,8 @@ def main():
         tm = init_device_mesh("cpu", (n,))
         rows += [measure("torch DTensor: " + c[0], *c[1:], args.iters, args.trials, tm) for c in cases]
     if meshfuse.rank() == 0:
-        print(f"\nPython overhead per cached fdw(...) call, {n} rank(s), median of {args.trials} trials x "
-              f"{args.iters} calls\n")
+        print(f"\nPython overhead per cached fdw(...) call, {n} rank(s), median of {args.trials} trials of the "
+              f"median of {args.iters} calls\n")
         print("| case | C++ run (us) | fdw(...) from Python (us) | Python overhead (us) |")
         print("|---|---:|---:|---:|")
         for row in rows:

@@ -5,10 +5,14 @@ same run:
   meshfuse  FusionDefinitionWrapper on meshfuse DTensors: inp Replicate, up_w Shard(0),
             down_w Shard(1) (one allreduce), called with a fresh DTensor of the input each step
   torch     parallelize_module(mlp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
-            over gloo, called on the local (replicated) input each step, under no_grad
+            over gloo, called on the local (replicated) input each step, under no_grad. Its
+            output is RowwiseParallel's allreduce, issued asynchronously (an AsyncCollectiveTensor):
+            each step waits for it, as any use of the output would, like meshfuse's call, which
+            returns once its allreduce is done.
 Both run one compute thread per rank (OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)). Trials
-alternate between the two; a trial's time is the slowest rank's; medians are reported. The
-outputs are checked against each other and numpy first.
+alternate between the two (which one goes first alternates too); a trial's time is the median
+step of the slowest rank; the medians of the trials are reported. The outputs are checked against
+each other and numpy first.
 
     PYTHONPATH=build/python python benchmarks/python_tp_mlp_vs_torch.py     # relaunches on 2 ranks
 """
@@ -26,6 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from torch.distributed._functional_collectives import AsyncCollectiveTensor  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
 
@@ -53,11 +58,15 @@ def define_mlp(h):
 
 
 def timed(step, iters):
+    """The median step of `iters`, of the slowest rank. Each step is timed on its own: on a shared
+    machine a preemption (milliseconds) then spoils one step, not the whole trial."""
     MPI.COMM_WORLD.Barrier()
-    t = time.perf_counter()
+    steps = []
     for _ in range(iters):
+        t = time.perf_counter()
         step()
-    return MPI.COMM_WORLD.allreduce((time.perf_counter() - t) / iters, op=MPI.MAX)
+        steps.append(time.perf_counter() - t)
+    return MPI.COMM_WORLD.allreduce(statistics.median(steps), op=MPI.MAX)
 
 
 def bench(t, h, trials, torch_mesh, mesh):
@@ -81,7 +90,10 @@ def bench(t, h, trials, torch_mesh, mesh):
 
     def torch_step():
         with torch.no_grad():
-            return tp(tx)
+            out = tp(tx)
+            # Not waiting would time only the issue of the allreduce (torch warns at exit about
+            # "unwaited collective calls") and favour torch.
+            return out.wait() if isinstance(out, AsyncCollectiveTensor) else out
 
     ours, theirs = meshfuse_step(), torch_step().numpy()
     hidden = x.astype(np.float64) @ up_w.T
@@ -93,9 +105,13 @@ def bench(t, h, trials, torch_mesh, mesh):
     one = max(timed(meshfuse_step, 3), timed(torch_step, 3))
     iters = max(3, min(2000, int(0.2 / one)))
     mf, th = [], []
-    for _ in range(trials):
-        mf.append(timed(meshfuse_step, iters))
-        th.append(timed(torch_step, iters))
+    for trial in range(trials):
+        if trial % 2 == 0:
+            mf.append(timed(meshfuse_step, iters))
+            th.append(timed(torch_step, iters))
+        else:
+            th.append(timed(torch_step, iters))
+            mf.append(timed(meshfuse_step, iters))
     return statistics.median(mf), statistics.median(th), iters
 
 
@@ -114,7 +130,7 @@ def main():
         mf, th, iters = bench(t, h, args.trials, torch_mesh, mesh)
         rows.append((t, h, iters, mf, th))
     if meshfuse.rank() == 0:
-        print(f"\nTensor-parallel MLP on {n} CPU ranks (median of {args.trials} trials; time per forward, "
+        print(f"\nTensor-parallel MLP on {n} CPU ranks (median of {args.trials} trials of the median forward, "
               "slowest rank)\n")
         print("| tokens x hidden | iters/trial | meshfuse (ms) | torch TP (ms) | torch / meshfuse |")
         print("|---|---:|---:|---:|---:|")

@@ -13,9 +13,11 @@ shape. Shards are even (uneven shards are rejected, as by meshfuse's compiler).
 from __future__ import annotations
 
 from . import _C, _world
+from ._agreement import check_same
 from ._locals import converter_like, empty_like_kind, to_cpp, to_numpy
 from .fusion_definition import FusionDefinition
-from .mesh import DeviceMesh, Replicate, check_in_world, global_shape, mesh_from_cpp, normalize_placements
+from .mesh import (DeviceMesh, Replicate, check_even, check_in_world, global_shape, mesh_from_cpp,
+                   normalize_placements)
 
 __all__ = ["DTensor", "distribute_tensor"]
 
@@ -40,6 +42,7 @@ class DTensor:
             if shape is None:
                 raise _C.ValueError("DTensor: a rank outside the mesh (or without a local tensor) must give shape=")
             placements = normalize_placements(placements, mesh, len(shape), "DTensor")
+            check_even(shape, mesh, placements, "DTensor", "the tensor")  # as on the ranks inside
             cpp = None
             local_shape = ()
         else:
@@ -47,18 +50,41 @@ class DTensor:
             placements = normalize_placements(placements, mesh, len(cpp.shape), "DTensor")
             local_shape = cpp.shape
             full = global_shape(local_shape, mesh, placements)
-            if shape is not None and tuple(shape) != full:
-                raise _C.UnsupportedError(
-                    f"DTensor: global shape {tuple(shape)} with local shape {local_shape} and placements "
-                    f"{list(placements)} on mesh {mesh} is an uneven sharding (it would be {full}); uneven "
-                    "sharding is not supported")
+            if shape is not None:
+                check_even(shape, mesh, placements, "DTensor", "the tensor")
+                if tuple(shape) != full:
+                    raise _C.ShapeError(
+                        f"DTensor: local shape {local_shape} with placements {list(placements)} on mesh {mesh} "
+                        f"makes global shape {full}, not the shape={tuple(shape)} given")
             shape = full
         self._init(local, cpp, mesh, placements, tuple(shape),
                    (local_shape, cpp.dtype if cpp is not None else None, mesh._key, _placements_key(placements)))
 
     @classmethod
-    def from_local(cls, local, device_mesh, placements, *, shape=None) -> "DTensor":
-        return cls(local, device_mesh, placements, shape=shape)
+    def from_local(cls, local, device_mesh, placements, *, shape=None, run_check: bool = False) -> "DTensor":
+        """A DTensor of this rank's block `local` (zero-copy).
+
+        run_check: as torch's, the ranks of the mesh first agree on the local shape, dtype and
+        placements (one small allgather over the mesh; every rank of the mesh must call it), so
+        that a rank given another block raises the same meshfuse.ValueError on every rank instead
+        of leaving its peers waiting in a later collective. Values are not compared.
+        """
+        if not run_check or _world.world_size() == 1:
+            return cls(local, device_mesh, placements, shape=shape)
+        mesh = as_mesh(device_mesh, "DTensor.from_local")
+        if _world.rank() not in mesh:  # not part of the check, as in torch
+            return cls(local, mesh, placements, shape=shape)
+        team = list(mesh.devices)
+        try:
+            d = cls(local, mesh, placements, shape=shape)
+            local_shape = list(d._cpp.shape) if d._cpp is not None else "none"
+            fields = [("local shape", local_shape), ("dtype", d.dtype.short_name if d.dtype is not None else "none"),
+                      ("placements", list(d.placements)), ("mesh", mesh)]
+        except Exception as e:  # the other ranks are in the check: fail them too, with this error
+            check_same("DTensor.from_local", [("error", f"{type(e).__name__}: {e}")], team)
+            raise
+        check_same("DTensor.from_local", fields, team)
+        return d
 
     @classmethod
     def _make(cls, local, cpp, mesh, placements, shape, key) -> "DTensor":
@@ -97,13 +123,25 @@ class DTensor:
         return self._cpp.dtype if self._cpp is not None else None
 
     def full_tensor(self):
-        """The global value as a numpy array, on every rank of the mesh (collective)."""
+        """The global value as a numpy array, on every rank of the mesh (collective). A rank
+        outside the mesh gets an empty array (shape (0,) * ndim), whatever the placements, as
+        torch gives such a rank an empty local tensor and skips the communication."""
+        if self._cpp is None:
+            return to_numpy(self._outside_local())
         if all(p.is_replicate() for p in self._placements):
             return to_numpy(self._local)
         return to_numpy(self.redistribute([Replicate()] * self._mesh.ndim).to_local())
 
+    def _outside_local(self):
+        """What this rank (outside the mesh) holds: the empty local it was given, else one."""
+        if self._local is not None:
+            return self._local
+        return empty_like_kind(None, _C.DataType.Float, self.ndim)
+
     def redistribute(self, placements) -> "DTensor":
-        """The same global value with other placements (collective: every rank of the mesh calls it)."""
+        """The same global value with other placements (collective: every rank of the mesh calls
+        it; on a rank outside the mesh it returns at once, with the new placements and an empty
+        local tensor)."""
         placements = normalize_placements(placements, self._mesh, self.ndim, "redistribute")
         if placements == self._placements:
             return self
@@ -113,10 +151,11 @@ class DTensor:
                     f"redistribute: {a!r} -> {b!r} on mesh axis {axis} is not supported (a value becomes Partial "
                     "only as the result of a contraction)")
         if self._cpp is None:
-            raise _C.MeshError(f"redistribute: rank {_world.rank()} is not in the mesh {self._mesh}")
+            return DTensor._make(self._outside_local(), None, self._mesh, placements, self._shape,
+                                 ((), None, self._mesh._key, _placements_key(placements)))
         [cpp] = _redistribution(self._mesh, self._placements, placements, self._shape, self._cpp.dtype).run(
             [self._cpp])
-        return DTensor._make(converter_like(self._local)(cpp), cpp, self._mesh, placements, self._shape,
+        return DTensor._make(converter_like(self._local, cpp.dtype)(cpp), cpp, self._mesh, placements, self._shape,
                              (cpp.shape, cpp.dtype, self._mesh._key, _placements_key(placements)))
 
     def __repr__(self):

@@ -16,6 +16,7 @@ sharding propagation only decides the TensorViews left open.
 from __future__ import annotations
 
 from . import _C
+from .mesh import from_cpp, mesh_from_cpp
 from .ops import Ops
 
 __all__ = ["FusionDefinition", "TensorView", "DataType", "ParallelType"]
@@ -23,6 +24,23 @@ __all__ = ["FusionDefinition", "TensorView", "DataType", "ParallelType"]
 DataType = _C.DataType
 ParallelType = _C.ParallelType
 TensorView = _C.TensorView
+
+
+def _mesh(tv):
+    """The meshfuse.DeviceMesh given with the schedule API; None while the tensor has none."""
+    m = tv._mesh
+    return None if m is None else mesh_from_cpp(m)
+
+
+def _placements(tv):
+    """The placements its schedule amounts to, one per mesh axis (a tuple of Shard, Replicate,
+    Partial, as DTensor.placements); None while the tensor has no mesh."""
+    ps = tv._placements
+    return None if ps is None else tuple(from_cpp(p) for p in ps)
+
+
+TensorView.mesh = property(_mesh, doc=_mesh.__doc__)
+TensorView.placements = property(_placements, doc=_placements.__doc__)
 
 
 class FusionDefinition:

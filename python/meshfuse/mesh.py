@@ -166,6 +166,22 @@ def global_shape(local_shape, mesh: DeviceMesh, placements) -> tuple:
     return tuple(shape)
 
 
+def check_even(shape, mesh: DeviceMesh, placements, what: str, name: str) -> None:
+    """Rejects a global `shape` that a Shard axis does not divide evenly (torch allows uneven
+    shards, meshfuse's compiler does not). The words are the compiler's (applyPlacements), so a
+    static and a symbolic size fail alike. Depends on global values only: every rank agrees."""
+    remaining = list(shape)
+    for axis, p in enumerate(placements):
+        if p.kind != "shard":
+            continue
+        n = mesh.size(axis)
+        if remaining[p.dim] % n:
+            raise _C.UnsupportedError(
+                f"{what}: uneven sharding not supported: {name} dim {p.dim} has size {remaining[p.dim]} which mesh "
+                f"axis {axis} does not divide into {n} equal shards ({p})")
+        remaining[p.dim] //= n
+
+
 def local_shape(shape, mesh: DeviceMesh, placements) -> tuple:
     """The shape of one (even) shard: the inverse of global_shape."""
     shape = list(shape)

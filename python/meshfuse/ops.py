@@ -4,8 +4,9 @@ Each function takes the op's operands then its attributes, by position or by nam
 table's order (which follows PyTorch: ``linear(x, weight, bias=None)``,
 ``layer_norm(x, weight=None, bias=None, eps=1e-5)``, ``sdpa(query, key, value, is_causal=False)``,
 ``softmax(x, dim)``, ``reshape(x, shape)``). Operands are TensorViews or, for pointwise ops,
-Python numbers. Passing ``None`` for an attribute keeps its default (``sdpa(..., scale=None)``
-means 1/sqrt(head size), as in torch). The reductions ``sum``, ``max`` and ``mean`` also take
+Python numbers. Passing ``None`` for an attribute keeps its default. ``sdpa(..., scale=None)``
+(the default, as in torch) means 1/sqrt(head size); the op table spells that default 0, so an
+explicit ``scale=0`` is rejected rather than silently read as 1/sqrt(head size). The reductions ``sum``, ``max`` and ``mean`` also take
 torch's ``keepdim``, and a single int (or ``dim=``) for ``dims``. ``help(fd.ops.linear)`` shows a signature.
 """
 
@@ -21,6 +22,9 @@ _REDUCTIONS = frozenset({"sum", "max", "mean"})
 # Names a torch or nvFuser user may reach for, mapped to the table's attribute names.
 _ATTR_ALIASES = {"reshape": {"new_shape": "shape"}, "permute": {"permutation": "dims"},
                  **{r: {"dim": "dims"} for r in _REDUCTIONS}}
+# Attributes whose table default is a sentinel meaning "derive it": Python shows torch's None, and
+# refuses the sentinel itself, which a user would read literally (scale=0: every score 0).
+_NONE_DEFAULTS = {"sdpa": {"scale": "1/sqrt(head size)"}}
 
 
 def _signature(schema) -> inspect.Signature:
@@ -31,6 +35,8 @@ def _signature(schema) -> inspect.Signature:
         params.append(inspect.Parameter(o["name"], inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
     for a in schema["attrs"]:
         default = inspect.Parameter.empty if a["required"] else a["default"]
+        if a["name"] in _NONE_DEFAULTS.get(schema["name"], {}):
+            default = None
         # A required attribute after an optional operand can only be given by name.
         kind = inspect.Parameter.KEYWORD_ONLY if (a["required"] and seen_default) else \
             inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -47,6 +53,8 @@ def _make_op(schema):
     operand_names = [o["name"] for o in schema["operands"]]
     attr_names = [a["name"] for a in schema["attrs"]]
     aliases = _ATTR_ALIASES.get(name, {})
+    sentinels = {a["name"]: (a["default"], _NONE_DEFAULTS[name][a["name"]]) for a in schema["attrs"]
+                 if a["name"] in _NONE_DEFAULTS.get(name, {})}
 
     def op(self, *args, **kwargs):
         for alias, real in aliases.items():
@@ -55,6 +63,10 @@ def _make_op(schema):
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
+        for attr, (sentinel, meaning) in sentinels.items():
+            if a[attr] is not None and a[attr] == sentinel:
+                raise _C.ValueError(f"{name}: {attr}={a[attr]!r} is not supported (meshfuse reads it as the default, "
+                                    f"{meaning}): pass {attr}=None for that, or a nonzero {attr}")
         if name in _REDUCTIONS:
             dims = [a["dims"]] if isinstance(a["dims"], int) else a["dims"]  # torch's sum(x, 1)
             return _C.reduce(name, a["x"], dims, a["keepdim"])

@@ -19,11 +19,14 @@ released, and wraps the outputs.
 
 from __future__ import annotations
 
+import threading
+
 from . import _C, _world
-from ._locals import converter_like, empty_like_kind, to_cpp
+from ._agreement import check_same
+from ._locals import converter_like, empty_like_kind, require_bfloat16_support, to_cpp
 from .dtensor import DTensor, _placements_key
 from .fusion_definition import FusionDefinition
-from .mesh import check_in_world, from_cpp, local_shape, mesh_from_cpp
+from .mesh import check_even, check_in_world, from_cpp, global_shape, local_shape, mesh_from_cpp
 from . import torch_interop
 
 __all__ = ["FusionDefinitionWrapper", "Plan"]
@@ -65,14 +68,16 @@ class Plan:
 class _Call:
     """One cached call signature: the prepared C++ program and how to wrap its outputs."""
 
-    __slots__ = ("prepared", "plan", "outputs", "torch_out")
+    __slots__ = ("prepared", "plan", "outputs", "torch_out", "bfloat16_outputs", "checked")
 
     def __init__(self, prepared: _C.Prepared, torch_meshes: list | None):
         self.prepared = prepared
         self.plan = Plan(prepared.program)
         self.torch_out = torch_meshes is not None
+        self.checked = False  # whether the ranks agreed on this signature (check_inputs="first")
         self.outputs = []  # per output: mesh, placements, global shape, dtype, DTensor key, torch layout
         p = self.plan
+        self.bfloat16_outputs = [i for i, dtype in enumerate(p.output_dtypes) if dtype == _C.DataType.BFloat16]
         for mesh, ps, shape, dtype in zip(p.output_meshes, p.output_placements, p.output_shapes, p.output_dtypes):
             torch_layout = None
             if self.torch_out:
@@ -82,9 +87,12 @@ class _Call:
                                  torch_layout))
 
 
+CHECK_INPUTS = ("first", "always", "never")
+
+
 class FusionDefinitionWrapper:
     def __init__(self, define_fusion, *, overlap: str = "none", chunks: int = 0, streams: int = 2,
-                 fsdp: bool = False, trace: bool = False):
+                 fsdp: bool = False, trace: bool = False, check_inputs: str = "first"):
         """`define_fusion(fd)` defines the single-device program (called once, lazily).
 
         overlap: "collective" or "ring" pipelines every allgather+GEMM, GEMM+reduce-scatter and
@@ -93,26 +101,42 @@ class FusionDefinitionWrapper:
         fsdp: fully sharded data parallelism: all-gather sharded parameters where they are used
             (prefetched one layer ahead) instead of moving the activations.
         trace: record each call's timeline; see last_trace() and write_trace().
+        check_inputs: whether the ranks first agree that they were given the same inputs (shapes,
+            dtypes, placements, meshes; not values), so that a rank given other inputs makes every
+            rank raise the same meshfuse.ValueError instead of leaving the others waiting in a
+            collective: "first" (default) on the first call of each signature, "always" on every
+            call (one allgather of 16 bytes per rank), "never". Only in multi-rank worlds.
         """
+        if check_inputs not in CHECK_INPUTS:
+            raise _C.ValueError(f"check_inputs must be one of {', '.join(map(repr, CHECK_INPUTS))}, got {check_inputs!r}")
+        self._check_inputs = check_inputs
+        self._run_check = None  # check_inputs, or "never" in a world of one rank (known at the first call)
         self._define_fusion = define_fusion
         self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, trace=trace)
         self._fd = None
         self._executor = None
         self._calls: dict = {}
         self._last = None  # the call signature used last
+        # Cached calls take no lock (Prepared.run is thread-safe); defining and compiling do, so
+        # that threads calling one wrapper build one definition, one executor, one program each.
+        self._compiling = threading.RLock()
 
     @property
     def definition(self) -> FusionDefinition:
         if self._fd is None:
-            fd = FusionDefinition()
-            with fd:
-                self._define_fusion(fd)
-            self._fd = fd
+            with self._compiling:
+                if self._fd is None:
+                    fd = FusionDefinition()
+                    with fd:
+                        self._define_fusion(fd)
+                    self._fd = fd
         return self._fd
 
     def __call__(self, inputs) -> list:
         """Runs on this rank's blocks of `inputs` (a list of DTensors); returns the outputs."""
-        call, locals_ = self._call_for(inputs)
+        if self._run_check is None:
+            self._run_check = self._check_inputs if _world.world_size() > 1 else "never"
+        call, locals_ = self._call_for(inputs, self._run_check)
         self._last = call
         return _wrap_outputs(call, call.prepared.run(locals_), inputs)
 
@@ -140,12 +164,32 @@ class FusionDefinitionWrapper:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _call_for(self, inputs):
-        """(the cached call of `inputs`' signature, compiled if new; their local tensors)."""
-        key, locals_, torch_meshes = self._signature(inputs)
-        call = self._calls.get(key)
+    def _call_for(self, inputs, check: str = "never"):
+        """(the cached call of `inputs`' signature, compiled if new; their local tensors). With
+        `check` "first"/"always", the ranks agree on the inputs first (see check_inputs)."""
+        if check == "never":
+            key, locals_, torch_meshes = self._signature(inputs)
+            call = self._calls.get(key)
+        else:
+            try:
+                key, locals_, torch_meshes = self._signature(inputs)
+                call = self._calls.get(key)
+                fields = None
+                if check == "always" or call is None or not call.checked:
+                    fields = self._describe(inputs, locals_)
+            except Exception as e:  # the other ranks are in the check: fail them too, with this error
+                check_same("FusionDefinitionWrapper", [("error", f"{type(e).__name__}: {e}")])
+                raise
+            if fields is not None:
+                check_same("FusionDefinitionWrapper", fields)
+                if call is not None:
+                    call.checked = True
         if call is None:
             call = self._compile(key, inputs, locals_, torch_meshes)
+            call.checked = check != "never"
+        if call.bfloat16_outputs:  # numpy has no bfloat16: these outputs need torch (before running)
+            i = call.bfloat16_outputs[0]
+            require_bfloat16_support(f"output {i} ({self.definition.outputs[i].name})")
         return call, locals_
 
     def _signature(self, inputs):
@@ -160,7 +204,9 @@ class FusionDefinitionWrapper:
             elif torch_interop.is_torch_dtensor(x):
                 spec = x._spec
                 local = x._local_tensor
-                keys.append((tuple(local.shape), local.dtype, spec.mesh, spec.placements))
+                # The global shape too: torch's shards may be uneven, so a local shape alone does not
+                # tell 8 rows (4 + 4) from 7 (4 + 3), and ranks must not disagree on a cache hit.
+                keys.append((tuple(local.shape), local.dtype, spec.mesh, spec.placements, spec.shape))
                 try:
                     locals_.append(to_cpp(local))
                 except _C.Error as e:
@@ -175,23 +221,56 @@ class FusionDefinitionWrapper:
                     f"got {type(x).__name__}")
         return tuple(keys), locals_, torch_meshes
 
+    def _describe(self, inputs, locals_) -> list:
+        """What this rank was given, as (label, value) strings that equal those of every other rank
+        when the call is consistent: a rank outside an input's mesh (no local) states the dtype the
+        definition expects; a local shape is stated only where it contradicts the global shape."""
+        defined = self.definition.inputs
+        fields = [("number of inputs", str(len(inputs)))]
+        for i, (x, local) in enumerate(zip(inputs, locals_)):
+            mesh, ps, shape = _layout(x)
+            tv = defined[i] if i < len(defined) else None
+            label = f"input {i}" + (f" ({tv.name})" if tv is not None else "")
+            inside = local is not None and _world.rank() in mesh
+            dtype = local.dtype if inside else (tv.dtype if tv is not None else None)
+            value = f"{dtype.short_name if dtype is not None else '?'}{list(shape)} {list(ps)} on mesh {mesh}"
+            if inside:
+                want = local_shape(shape, mesh, ps)
+                if tuple(local.shape) != want and global_shape(want, mesh, ps) == tuple(shape):
+                    value += f" with local shape {list(local.shape)} (not {list(want)})"
+            fields.append((label, value))
+        return fields
+
     def _compile(self, key, inputs, locals_, torch_meshes) -> _Call:
+        with self._compiling:
+            call = self._calls.get(key)  # compiled by another thread meanwhile?
+            return call if call is not None else self._compile_locked(key, inputs, locals_, torch_meshes)
+
+    def _compile_locked(self, key, inputs, locals_, torch_meshes) -> _Call:
         if self._executor is None:
             self._executor = _C.Executor(self.definition._fusion, **self._options)
         layouts = []
         for i, (x, local) in enumerate(zip(inputs, locals_)):
-            if type(x) is DTensor:
-                mesh, ps, shape = x.device_mesh, x.placements, x.shape
-            else:
-                mesh = torch_interop.mesh_from_torch(x.device_mesh)
-                ps, shape = torch_interop.placements_from_torch(x.placements), tuple(x.shape)
+            mesh, ps, shape = _layout(x)
             check_in_world(mesh, _world.world_size(), f"input {i}")
             # A rank outside the input's mesh holds no local: any dtype keys the executor's cache.
             dtype = local.dtype if local is not None else _C.DataType.Float
             layouts.append((mesh, list(ps), list(shape), dtype))
-        call = _Call(self._executor.prepare(layouts), torch_meshes)
+        prepared = self._executor.prepare(layouts)  # checks the number of inputs, static sizes
+        # torch allows uneven shards; the compiler checks static sizes only, global -1 sizes here.
+        for i, (tv, (mesh, ps, shape, _)) in enumerate(zip(self.definition.inputs, layouts)):
+            check_even(shape, mesh, ps, f"input {i}", tv.name)
+        call = _Call(prepared, torch_meshes)
         self._calls[key] = call
         return call
+
+
+def _layout(x) -> tuple:
+    """(meshfuse DeviceMesh, placements, global shape) of a meshfuse or torch DTensor."""
+    if type(x) is DTensor:
+        return x.device_mesh, x.placements, x.shape
+    return (torch_interop.mesh_from_torch(x.device_mesh), torch_interop.placements_from_torch(x.placements),
+            tuple(x.shape))
 
 
 def _wrap_outputs(call: _Call, outs: list, inputs) -> list:
@@ -200,11 +279,12 @@ def _wrap_outputs(call: _Call, outs: list, inputs) -> list:
     like = inputs[0]._local if inputs else None
     convert = converter_like(like)
     result = []
-    for out, (mesh, ps, shape, dtype, key, _) in zip(outs, call.outputs):
+    for i, (out, (mesh, ps, shape, dtype, key, _)) in enumerate(zip(outs, call.outputs)):
         if out is None:  # this rank is outside the output's mesh: an empty local, as in torch
             result.append(DTensor._make(empty_like_kind(like, dtype, len(shape)), None, mesh, ps, shape, key))
         else:
-            result.append(DTensor._make(convert(out), out, mesh, ps, shape, key))
+            c = convert if i not in call.bfloat16_outputs else converter_like(like, dtype)
+            result.append(DTensor._make(c(out), out, mesh, ps, shape, key))
     return result
 
 

@@ -54,8 +54,8 @@ std::string pyTypeName(py::handle h) { return py::str(py::type::handle_of(h).att
 Val* toVal(Fusion& f, py::handle h, std::string_view op) {
   if (py::isinstance<TensorView>(h)) {
     auto* tv = h.cast<TensorView*>();
-    MF_USER_CHECK(tv->fusion() == &f, ErrorKind::Value,
-                  "{}: operand {} belongs to another FusionDefinition", op, tv->fusion()->displayName(tv));
+    MF_USER_CHECK(tv->fusion() == &f, ErrorKind::Value, "{}: operand {} belongs to another FusionDefinition", op,
+                  tv->fusion()->displayName(tv));
     return tv;
   }
   if (py::isinstance<py::bool_>(h)) return f.scalar(h.cast<bool>() ? 1.0 : 0.0, DataType::Bool);
@@ -145,6 +145,16 @@ TensorView* binary(OpKind k, py::handle a, py::handle b) {
   return f.apply(k, {toVal(f, a, opInfo(k).name), toVal(f, b, opInfo(k).name)});
 }
 
+// A comparison operator: the op for TensorViews and numbers; NotImplemented for anything else,
+// so that `tv == None` falls back to Python's identity comparison (False) as for other objects.
+py::object compare(OpKind k, py::handle a, py::handle b) {
+  auto operand = [](py::handle h) {
+    return py::isinstance<TensorView>(h) || py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h);
+  };
+  if (!operand(a) || !operand(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+  return py::cast(binary(k, a, b), py::return_value_policy::reference);
+}
+
 std::vector<int64_t> shapeOf(const TensorView* tv) {
   std::vector<int64_t> out;
   for (const Extent& e : tv->shape()) out.push_back(e.isStatic() ? e.value() : -1);
@@ -172,16 +182,21 @@ void bindMeshAndPlacements(py::module_& m) {
       .def_property_readonly("devices", &DeviceMesh::devices)
       .def_property_readonly("shape", [](const DeviceMesh& d) { return py::tuple(py::cast(d.shape())); })
       .def_property_readonly("ndim", &DeviceMesh::rank)
-      .def("size", [](const DeviceMesh& d, std::optional<int64_t> axis) { return axis ? d.size(*axis) : d.size(); },
-           "axis"_a = py::none())
+      .def(
+          "size", [](const DeviceMesh& d, std::optional<int64_t> axis) { return axis ? d.size(*axis) : d.size(); },
+          "axis"_a = py::none())
       .def("__contains__", &DeviceMesh::contains)
       .def("coordinates", &DeviceMesh::coordinates, "device"_a)
       .def("team", &DeviceMesh::team, "device"_a, "axis"_a)
       .def("parallel_type_of_axis", &DeviceMesh::parallelTypeOfAxis, "axis"_a)
-      .def("__eq__", [](const DeviceMesh& a, const DeviceMesh& b) { return a == b; }, py::is_operator())
-      .def("__ne__", [](const DeviceMesh& a, const DeviceMesh& b) { return a != b; }, py::is_operator())
-      .def("__hash__", [](const DeviceMesh& d) { return py::hash(py::make_tuple(py::tuple(py::cast(d.devices())),
-                                                                                 py::tuple(py::cast(d.shape())))); })
+      .def(
+          "__eq__", [](const DeviceMesh& a, const DeviceMesh& b) { return a == b; }, py::is_operator())
+      .def(
+          "__ne__", [](const DeviceMesh& a, const DeviceMesh& b) { return a != b; }, py::is_operator())
+      .def("__hash__",
+           [](const DeviceMesh& d) {
+             return py::hash(py::make_tuple(py::tuple(py::cast(d.devices())), py::tuple(py::cast(d.shape()))));
+           })
       .def("__str__", &DeviceMesh::toString);
 
   py::class_<Placement>(m, "Placement")
@@ -203,8 +218,10 @@ void bindMeshAndPlacements(py::module_& m) {
                                return "?";
                              })
       .def_property_readonly("dim", [](const Placement& p) { return p.dim; })
-      .def("__eq__", [](const Placement& a, const Placement& b) { return a == b; }, py::is_operator())
-      .def("__ne__", [](const Placement& a, const Placement& b) { return !(a == b); }, py::is_operator())
+      .def(
+          "__eq__", [](const Placement& a, const Placement& b) { return a == b; }, py::is_operator())
+      .def(
+          "__ne__", [](const Placement& a, const Placement& b) { return !(a == b); }, py::is_operator())
       .def("__hash__", [](const Placement& p) { return py::hash(py::make_tuple(static_cast<int>(p.kind), p.dim)); })
       .def("__str__", &Placement::toString);
 }
@@ -225,10 +242,10 @@ void bindFusion(py::module_& m) {
       .def("clone", [](const Fusion& f) { return cloneFusion(f); })
       .def("verify", [](const Fusion& f) { verify(f); })
       .def("__str__", &printFusion)
-      .def_static("parse", [](const std::string& text) { return parseFusion(text); }, "text"_a);
+      .def_static(
+          "parse", [](const std::string& text) { return parseFusion(text); }, "text"_a);
 
-  py::class_<TensorView, std::unique_ptr<TensorView, py::nodelete>>(m, "TensorView",
-                                                                     "A tensor of a FusionDefinition.")
+  py::class_<TensorView, std::unique_ptr<TensorView, py::nodelete>>(m, "TensorView", "A tensor of a FusionDefinition.")
       .def_property_readonly("name", [](const TensorView* tv) { return tv->fusion()->displayName(tv); })
       .def_property_readonly("dtype", &TensorView::dtype)
       .def_property_readonly("shape", &shapeOf, "Global sizes; -1 where symbolic (bound at run time).")
@@ -242,39 +259,78 @@ void bindFusion(py::module_& m) {
           "axis",
           [](TensorView* tv, int64_t i) {
             int64_t n = static_cast<int64_t>(tv->loop().size());
-            MF_USER_CHECK(i >= -n && i < n, ErrorKind::Value, "{}: axis {} is out of range for a loop domain of {} axes",
-                          tv->fusion()->displayName(tv), i, n);
+            MF_USER_CHECK(i >= -n && i < n, ErrorKind::Value,
+                          "{}: axis {} is out of range for a loop domain of {} axes", tv->fusion()->displayName(tv), i,
+                          n);
             return AxisRef{tv, tv->loop()[i < 0 ? i + n : i]};
           },
           "i"_a, py::keep_alive<0, 1>())
       .def_property_readonly("num_axes", [](const TensorView* tv) { return tv->loop().size(); })
-      .def_property_readonly("mesh",
+      // The C++ values; the Python package presents them as meshfuse.DeviceMesh and placements.
+      .def_property_readonly("_mesh",
                              [](const TensorView* tv) -> std::optional<DeviceMesh> {
                                if (tv->mesh() == nullptr) return std::nullopt;
                                return *tv->mesh();
                              })
-      .def_property_readonly("placements", &placementsOf)
+      .def_property_readonly("_placements",
+                             [](const TensorView* tv) -> std::optional<std::vector<Placement>> {
+                               if (tv->mesh() == nullptr) return std::nullopt;  // not placed yet
+                               return placementsOf(tv);
+                             })
       .def(
           "_set_placements",
-          [](TensorView* tv, const DeviceMesh& mesh, const std::vector<Placement>& ps) { applyPlacements(tv, mesh, ps); },
+          [](TensorView* tv, const DeviceMesh& mesh, const std::vector<Placement>& ps) {
+            applyPlacements(tv, mesh, ps);
+          },
           "mesh"_a, "placements"_a)
-      .def("__repr__", [](const TensorView* tv) {
-        return fmt::format("TensorView({}: {})", tv->fusion()->displayName(tv), printTensorType(tv));
-      })
+      .def("__repr__",
+           [](const TensorView* tv) {
+             return fmt::format("TensorView({}: {})", tv->fusion()->displayName(tv), printTensorType(tv));
+           })
       // Operators, so that `x * 0.5 + y` reads like torch.
-      .def("__add__", [](py::object a, py::object b) { return binary(OpKind::Add, a, b); }, py::is_operator())
-      .def("__radd__", [](py::object a, py::object b) { return binary(OpKind::Add, b, a); }, py::is_operator())
-      .def("__sub__", [](py::object a, py::object b) { return binary(OpKind::Sub, a, b); }, py::is_operator())
-      .def("__rsub__", [](py::object a, py::object b) { return binary(OpKind::Sub, b, a); }, py::is_operator())
-      .def("__mul__", [](py::object a, py::object b) { return binary(OpKind::Mul, a, b); }, py::is_operator())
-      .def("__rmul__", [](py::object a, py::object b) { return binary(OpKind::Mul, b, a); }, py::is_operator())
-      .def("__truediv__", [](py::object a, py::object b) { return binary(OpKind::Div, a, b); }, py::is_operator())
-      .def("__rtruediv__", [](py::object a, py::object b) { return binary(OpKind::Div, b, a); }, py::is_operator())
-      .def("__pow__", [](py::object a, py::object b) { return binary(OpKind::Pow, a, b); }, py::is_operator())
-      .def("__neg__", [](TensorView* x) { return ops::neg(x); });
+      .def(
+          "__add__", [](py::object a, py::object b) { return binary(OpKind::Add, a, b); }, py::is_operator())
+      .def(
+          "__radd__", [](py::object a, py::object b) { return binary(OpKind::Add, b, a); }, py::is_operator())
+      .def(
+          "__sub__", [](py::object a, py::object b) { return binary(OpKind::Sub, a, b); }, py::is_operator())
+      .def(
+          "__rsub__", [](py::object a, py::object b) { return binary(OpKind::Sub, b, a); }, py::is_operator())
+      .def(
+          "__mul__", [](py::object a, py::object b) { return binary(OpKind::Mul, a, b); }, py::is_operator())
+      .def(
+          "__rmul__", [](py::object a, py::object b) { return binary(OpKind::Mul, b, a); }, py::is_operator())
+      .def(
+          "__truediv__", [](py::object a, py::object b) { return binary(OpKind::Div, a, b); }, py::is_operator())
+      .def(
+          "__rtruediv__", [](py::object a, py::object b) { return binary(OpKind::Div, b, a); }, py::is_operator())
+      .def(
+          "__pow__", [](py::object a, py::object b) { return binary(OpKind::Pow, a, b); }, py::is_operator())
+      .def(
+          "__rpow__", [](py::object a, py::object b) { return binary(OpKind::Pow, b, a); }, py::is_operator())
+      .def("__neg__", [](TensorView* x) { return ops::neg(x); })
+      .def("__abs__", [](TensorView* x) { return ops::abs(x); })
+      // Comparisons build ops, as in torch and nvFuser: `x > 0` is a bool TensorView, and so is
+      // `x == y` (not a Python bool). TensorViews still hash by identity, so they can key dicts
+      // and sets (a lookup finds the same object first and never calls __eq__); bool(tv) is an
+      // error, so that `if x == y:` or `tv in some_list` cannot silently mean something else.
+      .def("__eq__", [](py::object a, py::object b) { return compare(OpKind::Eq, a, b); })
+      .def("__ne__", [](py::object a, py::object b) { return compare(OpKind::Ne, a, b); })
+      .def("__lt__", [](py::object a, py::object b) { return compare(OpKind::Lt, a, b); })
+      .def("__le__", [](py::object a, py::object b) { return compare(OpKind::Le, a, b); })
+      .def("__gt__", [](py::object a, py::object b) { return compare(OpKind::Gt, a, b); })
+      .def("__ge__", [](py::object a, py::object b) { return compare(OpKind::Ge, a, b); })
+      .def("__hash__", [](const TensorView* tv) { return std::hash<const void*>{}(tv); })
+      .def("__bool__", [](const TensorView* tv) -> bool {
+        userError(ErrorKind::Value,
+                  "the truth value of TensorView {} is not known while the fusion is defined: use fd.ops.where(cond, "
+                  "a, b) to choose between values, and `is` to compare TensorViews by identity",
+                  tv->fusion()->displayName(tv));
+      });
 
   py::class_<AxisRef>(m, "IterDomain", "One loop axis of a TensorView (tv.axis(i)).")
-      .def("parallelize", [](const AxisRef& a, ParallelType pt) { a.tv->parallelize(a.index(), pt); }, "parallel_type"_a)
+      .def(
+          "parallelize", [](const AxisRef& a, ParallelType pt) { a.tv->parallelize(a.index(), pt); }, "parallel_type"_a)
       .def_property_readonly("extent",
                              [](const AxisRef& a) -> py::object {
                                const Extent& e = a.id->extent();

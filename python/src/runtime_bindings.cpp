@@ -8,6 +8,7 @@
 // with the GIL released.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <mutex>
@@ -45,8 +46,9 @@ SymbolBindings bindGlobalShapes(const Fusion& f, const std::vector<std::vector<i
   SymbolBindings b;
   for (size_t i = 0; i < shapes.size(); ++i) {
     std::vector<Extent> shape = f.inputs()[i]->shape();
-    MF_USER_CHECK(shape.size() == shapes[i].size(), ErrorKind::Shape, "input {} ({}): expected rank {} but got shape [{}]",
-                  i, f.displayName(f.inputs()[i]), shape.size(), fmt::join(shapes[i], ", "));
+    MF_USER_CHECK(shape.size() == shapes[i].size(), ErrorKind::Shape,
+                  "input {} ({}): expected rank {} but got shape [{}]", i, f.displayName(f.inputs()[i]), shape.size(),
+                  fmt::join(shapes[i], ", "));
     for (size_t d = 0; d < shape.size(); ++d)
       if (!shape[d].isStatic()) b.emplace(shape[d].symbol(), shapes[i][d]);
   }
@@ -88,19 +90,27 @@ struct PyProgram {
   }
 };
 
-// One call signature of an executor, ready to run with fresh local tensors.
+// One call signature of an executor, ready to run with fresh local tensors. Python threads may
+// call one Prepared at once: each call fills its own copy of the layouts with its tensors (with
+// the GIL held), then runs under the executor's mutex with the GIL released.
 struct Prepared {
   std::shared_ptr<PyExecutor> owner;
-  std::vector<ShardedTensor> inputs;
+  std::vector<ShardedTensor> layouts;  // no local tensors: shared by concurrent calls, never written
   PyProgram program;
 
-  py::list run(const py::sequence& locals) {
-    MF_USER_CHECK(static_cast<size_t>(py::len(locals)) == inputs.size(), ErrorKind::Value,
-                  "the fusion takes {} inputs but {} were given", inputs.size(), py::len(locals));
+  std::vector<ShardedTensor> withLocals(const py::sequence& locals) const {
+    MF_USER_CHECK(static_cast<size_t>(py::len(locals)) == layouts.size(), ErrorKind::Value,
+                  "the fusion takes {} inputs but {} were given", layouts.size(), py::len(locals));
+    std::vector<ShardedTensor> inputs = layouts;
     for (size_t i = 0; i < inputs.size(); ++i) {
       py::handle l = locals[i];
       inputs[i].local = l.is_none() ? Tensor() : tensorFromPython(l);
     }
+    return inputs;
+  }
+
+  py::list run(const py::sequence& locals) const {
+    std::vector<ShardedTensor> inputs = withLocals(locals);
     std::vector<ShardedTensor> outs;
     {
       py::gil_scoped_release release;
@@ -109,21 +119,31 @@ struct Prepared {
     }
     py::list result;
     for (ShardedTensor& o : outs) result.append(o.local.defined() ? py::cast(std::move(o.local)) : py::none());
-    for (ShardedTensor& in : inputs) in.local = Tensor();  // do not keep the caller's memory alive
-    return result;
+    return result;  // `inputs` (the caller's memory) is released here, with the GIL held
   }
 
   // Seconds per run() of the executor itself, over `iterations` runs: the C++ baseline that the
   // Python overhead benchmark subtracts.
-  double timeRun(const py::sequence& locals, int64_t iterations) {
-    for (size_t i = 0; i < inputs.size(); ++i) inputs[i].local = tensorFromPython(locals[i]);
+  double timeRun(const py::sequence& locals, int64_t iterations) const {
+    std::vector<ShardedTensor> inputs = withLocals(locals);
+    double s = 0;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(owner->mu);
+      auto start = std::chrono::steady_clock::now();
+      for (int64_t k = 0; k < iterations; ++k) owner->exec->run(inputs);
+      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    return s / static_cast<double>(iterations);
+  }
+
+  // A copy of what the executor recorded about its last run, taken under its mutex (another
+  // thread may be running it).
+  template <typename T>
+  T lastOf(T (*get)(const MultiDeviceExecutor&)) const {
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(owner->mu);
-    auto start = std::chrono::steady_clock::now();
-    for (int64_t k = 0; k < iterations; ++k) owner->exec->run(inputs);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    for (ShardedTensor& in : inputs) in.local = Tensor();
-    return s / static_cast<double>(iterations);
+    return get(*owner->exec);
   }
 };
 
@@ -133,10 +153,12 @@ py::object layoutOf(const TensorView* tv) {
 }
 
 void bindCommunicator(py::module_& m) {
-  m.def("init", [] { return world()->name(); }, "Creates the process's communicator (idempotent); returns its name.");
+  m.def(
+      "init", [] { return world()->name(); }, "Creates the process's communicator (idempotent); returns its name.");
   m.def("is_initialized", [] { return worldSlot() != nullptr; });
-  m.def("launched_by_mpi", [] { return readRuntimeEnvironment().launched_by_mpi; },
-        "Whether mpirun/srun started this process (the variables runtime/environment.h reads).");
+  m.def(
+      "launched_by_mpi", [] { return readRuntimeEnvironment().launched_by_mpi; },
+      "Whether mpirun/srun started this process (the variables runtime/environment.h reads).");
   m.def("rank", [] { return world()->rank(); });
   m.def("world_size", [] { return world()->size(); });
   m.def("communicator_name", [] { return world()->name(); });
@@ -145,6 +167,28 @@ void bindCommunicator(py::module_& m) {
     world()->barrier();
   });
   m.def(
+      "allgather_int64",
+      [](const std::vector<int64_t>& mine, std::optional<Team> team) {
+        Communicator& comm = *world();
+        Team t = team.value_or(Team{});
+        if (!team)
+          for (int64_t r = 0; r < comm.size(); ++r) t.push_back(r);
+        MF_USER_CHECK(std::find(t.begin(), t.end(), comm.rank()) != t.end(), ErrorKind::Value,
+                      "allgather_int64: rank {} is not in the team [{}]", comm.rank(), fmt::join(t, ", "));
+        auto count = static_cast<int64_t>(mine.size());
+        std::vector<int64_t> all(mine.size() * t.size());
+        {
+          py::gil_scoped_release release;
+          comm.allgather(mine.data(), all.data(), count, DataType::Int64, t)->wait();
+        }
+        std::vector<std::vector<int64_t>> out;
+        for (size_t i = 0; i < t.size(); ++i) out.emplace_back(all.begin() + i * count, all.begin() + (i + 1) * count);
+        return out;
+      },
+      "values"_a, "team"_a = py::none(),
+      "Every rank of `team` (default: the world) passes the same number of int64s; each gets every member's, in "
+      "team order (collective; for small control messages such as the input-signature check).");
+  m.def(
       "abort", [](const std::string& why) { world()->abort(why); }, "reason"_a,
       "Makes every rank fail now (MPI_Abort under mpirun) instead of leaving peers waiting.");
   m.def(
@@ -152,7 +196,8 @@ void bindCommunicator(py::module_& m) {
       [](const Tensor& full, const DeviceMesh& mesh, const std::vector<Placement>& placements,
          int64_t rank) -> std::optional<Tensor> {
         Fusion f;
-        TensorView* tv = f.defineTensor(std::vector<Extent>(full.shape().begin(), full.shape().end()), full.dtype(), "x");
+        TensorView* tv =
+            f.defineTensor(std::vector<Extent>(full.shape().begin(), full.shape().end()), full.dtype(), "x");
         applyPlacements(tv, mesh, placements);
         if (!mesh.contains(rank)) return std::nullopt;  // holds nothing, as torch gives it an empty shard
         return shardForRank(tv, full, rank);
@@ -176,33 +221,44 @@ void bindPrograms(py::module_& m) {
       });
 
   py::class_<PyProgram>(m, "CompiledProgram", "What meshfuse compiled for one input signature.")
-      .def("host_ir", [](const PyProgram& p, std::optional<int64_t> rank) {
-             return programForRank(*p.compiled, p.rankOrThis(rank)).toString();
-           }, "rank"_a = py::none())
-      .def("collectives", [](const PyProgram& p, std::optional<int64_t> rank) {
-             HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
-             return collectives(h, bindGlobalShapes(p.fusion(), p.input_shapes));
-           }, "rank"_a = py::none())
-      .def("stage", [](const PyProgram& p, const std::string& name) {
-             auto it = p.compiled->stages.find(name);
-             MF_USER_CHECK(!p.compiled->stages.empty(), ErrorKind::Value,
-                           "this program was compiled without keeping its stages (Executor(keep_stages=False))");
-             MF_USER_CHECK(it != p.compiled->stages.end(), ErrorKind::Value, "unknown stage '{}'; the stages are: {}",
-                           name, fmt::join(pipelineStages(), ", "));
-             return it->second;
-           }, "name"_a)
+      .def(
+          "host_ir",
+          [](const PyProgram& p, std::optional<int64_t> rank) {
+            return programForRank(*p.compiled, p.rankOrThis(rank)).toString();
+          },
+          "rank"_a = py::none())
+      .def(
+          "collectives",
+          [](const PyProgram& p, std::optional<int64_t> rank) {
+            HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
+            return collectives(h, bindGlobalShapes(p.fusion(), p.input_shapes));
+          },
+          "rank"_a = py::none())
+      .def(
+          "stage",
+          [](const PyProgram& p, const std::string& name) {
+            auto it = p.compiled->stages.find(name);
+            MF_USER_CHECK(!p.compiled->stages.empty(), ErrorKind::Value,
+                          "this program was compiled without keeping its stages (Executor(keep_stages=False))");
+            MF_USER_CHECK(it != p.compiled->stages.end(), ErrorKind::Value, "unknown stage '{}'; the stages are: {}",
+                          name, fmt::join(pipelineStages(), ", "));
+            return it->second;
+          },
+          "name"_a)
       .def_property_readonly_static("stage_names", [](py::object) { return pipelineStages(); })
       .def_property_readonly("fusion_text", [](const PyProgram& p) { return printFusion(p.fusion()); })
-      .def_property_readonly("output_layouts", [](const PyProgram& p) {
-        py::list out;
-        for (const TensorView* tv : p.fusion().outputs()) out.append(layoutOf(tv));
-        return out;
-      })
-      .def_property_readonly("output_dtypes", [](const PyProgram& p) {
-        std::vector<DataType> out;
-        for (const TensorView* tv : p.fusion().outputs()) out.push_back(tv->dtype());
-        return out;
-      })
+      .def_property_readonly("output_layouts",
+                             [](const PyProgram& p) {
+                               py::list out;
+                               for (const TensorView* tv : p.fusion().outputs()) out.append(layoutOf(tv));
+                               return out;
+                             })
+      .def_property_readonly("output_dtypes",
+                             [](const PyProgram& p) {
+                               std::vector<DataType> out;
+                               for (const TensorView* tv : p.fusion().outputs()) out.push_back(tv->dtype());
+                               return out;
+                             })
       .def_property_readonly("output_shapes", [](const PyProgram& p) {
         SymbolBindings b = bindGlobalShapes(p.fusion(), p.input_shapes);
         std::vector<std::vector<int64_t>> out;
@@ -218,8 +274,14 @@ void bindPrograms(py::module_& m) {
       .def("run", &Prepared::run, "locals"_a, "Runs on this rank's local tensors; returns its local outputs.")
       .def("time_run", &Prepared::timeRun, "locals"_a, "iterations"_a)
       .def_property_readonly("program", [](const Prepared& p) { return p.program; })
-      .def_property_readonly("last_collectives", [](const Prepared& p) { return p.owner->exec->lastCollectives(); })
-      .def_property_readonly("last_trace", [](const Prepared& p) { return p.owner->exec->lastTrace(); });
+      .def_property_readonly("last_collectives",
+                             [](const Prepared& p) {
+                               return p.lastOf<std::vector<CollectiveInfo>>(
+                                   [](const MultiDeviceExecutor& e) { return e.lastCollectives(); });
+                             })
+      .def_property_readonly("last_trace", [](const Prepared& p) {
+        return p.lastOf<std::vector<TraceEvent>>([](const MultiDeviceExecutor& e) { return e.lastTrace(); });
+      });
 
   py::class_<TraceEvent>(m, "TraceEvent", "One task of a timeline: what ran, on which stream, when (us).")
       .def_readonly("name", &TraceEvent::name)
@@ -281,14 +343,15 @@ void bindPrograms(py::module_& m) {
           [](const std::shared_ptr<PyExecutor>& self, const py::sequence& layouts) {
             Prepared p{self, {}, {self, nullptr, {}}};
             for (py::handle l : layouts) {
-              p.inputs.push_back(toLayout(l));
-              p.program.input_shapes.push_back(p.inputs.back().global_shape);
+              p.layouts.push_back(toLayout(l));
+              p.program.input_shapes.push_back(p.layouts.back().global_shape);
             }
             std::lock_guard<std::mutex> lock(self->mu);  // a run in another thread may be using the cache
-            p.program.compiled = &self->exec->plan(p.inputs);
+            p.program.compiled = &self->exec->plan(p.layouts);
             return p;
           },
-          "layouts"_a, "Compiles (or finds) the program for inputs laid out as (mesh, placements, global shape, dtype).")
+          "layouts"_a,
+          "Compiles (or finds) the program for inputs laid out as (mesh, placements, global shape, dtype).")
       .def_property_readonly("cache_size", [](const PyExecutor& e) { return e.exec->cacheSize(); });
 }
 

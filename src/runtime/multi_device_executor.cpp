@@ -1,9 +1,8 @@
 // MultiDeviceExecutor: places the definition's inputs, compiles through the one pipeline,
 // caches per input layout, and runs this rank's host program.
-#include "meshfuse/executor.h"
-
 #include <typeinfo>
 
+#include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
@@ -33,6 +32,19 @@ std::unique_ptr<Fusion> placeInputs(const Fusion& definition, const std::vector<
     const ShardedTensor& l = layouts[i];
     if (l.mesh.size() == 0) continue;  // not distributed: keep what the definition says
     TensorView* tv = f->inputs()[i];
+    if (tv->mesh() != nullptr) {
+      // Pinned with the schedule API: the user's word, as in nvFuser (the definition fixes the
+      // input's sharding). A tensor laid out otherwise is an error; neither side silently wins.
+      std::vector<Placement> given = l.placements;
+      for (Placement& p : given)
+        if (p.kind == Placement::Shard && p.dim < 0) p.dim += tv->rank();
+      std::vector<Placement> pinned = placementsOf(tv);
+      MF_USER_CHECK(*tv->mesh() == l.mesh && pinned == given, ErrorKind::Placement,
+                    "input {} ({}): pinned by the schedule API to {} on mesh {} but given a tensor laid out as {} on "
+                    "mesh {}: pass it laid out as pinned (redistribute it) or remove the pin",
+                    i, f->displayName(tv), placementsToString(pinned), tv->mesh()->toString(),
+                    placementsToString(l.placements), l.mesh.toString());
+    }
     try {
       applyPlacements(tv, l.mesh, l.placements);
     } catch (const UserError& e) {

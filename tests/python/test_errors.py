@@ -2,6 +2,8 @@
 rank (each rank asserts it here, and the barrier after each test proves that no rank went on
 into a collective), never a hang."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,78 @@ def test_the_wrapper_still_works_after_an_error(mlp):
         fdw(inputs[:1])
     (out,) = fdw(inputs)
     H.assert_close(out.full_tensor(), H.mlp(*arrays))
+
+
+def disagreement(label, odd, usual, odd_rank):
+    """The message of a rank given `odd` where the others have `usual`."""
+    n = meshfuse.world_size()
+    others = [r for r in range(n) if r != odd_rank]
+    rank_list = ("rank " if len(others) == 1 else "ranks ") + ", ".join(map(str, others))
+    return re.escape(f"the ranks disagree: {label} is {odd} on rank {odd_rank} but {usual} on {rank_list}")
+
+
+@pytest.mark.world(2, 4)
+def test_an_input_that_differs_on_one_rank_fails_on_every_rank(mlp, world_mesh):
+    """Only the last rank is given an f16 input: every rank raises the same error before any
+    collective (without the check the others would wait in the allreduce until the timeout)."""
+    fdw, inputs, arrays = mlp
+    last = meshfuse.world_size() - 1
+    x = arrays[0].astype(np.float16) if meshfuse.rank() == last else arrays[0]
+    mesh = f"[Replicate()] on mesh {world_mesh}"
+    with pytest.raises(meshfuse.ValueError, match="^FusionDefinitionWrapper: " + disagreement(
+            "input 0 (%0)", f"f16[8, 16] {mesh}", f"f32[8, 16] {mesh}", last) + "$"):
+        fdw([distribute_tensor(x, world_mesh, [R]), *inputs[1:]])
+    (out,) = fdw(inputs)  # the wrapper still works
+    H.assert_close(out.full_tensor(), H.mlp(*arrays))
+
+
+@pytest.mark.world(2, 4)
+def test_local_shapes_that_differ_fail_on_every_rank(mlp, world_mesh):
+    fdw, inputs, arrays = mlp
+    last = meshfuse.world_size() - 1
+    n = meshfuse.world_size()
+    rows = 2 if meshfuse.rank() == last else 1  # the others make a global [n, 16], the last [2n, 16]
+    x = DTensor.from_local(arrays[0][:rows], world_mesh, [S(0)])
+    mesh = f"[Shard(dim=0)] on mesh {world_mesh}"
+    with pytest.raises(meshfuse.ValueError, match="^FusionDefinitionWrapper: " + disagreement(
+            "input 0 (%0)", f"f32[{2 * n}, 16] {mesh}", f"f32[{n}, 16] {mesh}", last) + "$"):
+        fdw([x, *inputs[1:]])
+    with pytest.raises(meshfuse.ValueError, match="^DTensor.from_local: " + disagreement(
+            "local shape", "[2, 16]", "[1, 16]", last) + "$"):
+        DTensor.from_local(arrays[0][:rows], world_mesh, [S(0)], run_check=True)
+    agreed = DTensor.from_local(arrays[0][:1], world_mesh, [S(0)], run_check=True)
+    assert agreed.shape == (n, 16)
+
+
+@pytest.mark.world(2, 4)
+def test_an_error_on_one_rank_fails_every_rank(mlp):
+    fdw, inputs, arrays = mlp
+    last = meshfuse.world_size() - 1
+    x = arrays[0] if meshfuse.rank() == last else inputs[0]  # the last rank passes a bare array
+    with pytest.raises(meshfuse.ValueError, match=rf"^FusionDefinitionWrapper: rank {last} failed: ValueError: input "
+                                                  r"0: expected a meshfuse.DTensor or a torch.distributed.tensor."
+                                                  r"DTensor, got ndarray$"):
+        fdw([x, *inputs[1:]])
+
+
+@pytest.mark.world(2, 4)
+def test_check_inputs_always_checks_cached_signatures_too(rng, world_mesh):
+    """check_inputs="first" checks a signature's first call only: a rank that changes its inputs
+    on a later call while the others repeat theirs is caught by "always" (one allgather per call)."""
+    fdw = FusionDefinitionWrapper(H.define_mlp(16), check_inputs="always")
+    arrays = [H.randn(rng, 8, 16), H.randn(rng, 64, 16), H.randn(rng, 16, 64)]
+    weights = [distribute_tensor(a, world_mesh, [p]) for a, p in zip(arrays[1:], [S(0), S(1)])]
+    for x in [arrays[0], arrays[0] * 2]:
+        (out,) = fdw([distribute_tensor(x, world_mesh, [R]), *weights])
+        H.assert_close(out.full_tensor(), H.mlp(x, *arrays[1:]))
+    last = meshfuse.world_size() - 1
+    x = arrays[0][:4] if meshfuse.rank() == last else arrays[0]  # a cached signature, except on the last rank
+    with pytest.raises(meshfuse.ValueError, match=r"^FusionDefinitionWrapper: the ranks disagree: input 0 \(%0\) is "
+                                                  rf"f32\[4, 16\] .* on rank {last} but f32\[8, 16\]"):
+        fdw([distribute_tensor(x, world_mesh, [R]), *weights])
+
+
+def test_check_inputs_takes_first_always_or_never():
+    with pytest.raises(meshfuse.ValueError, match=r"^check_inputs must be one of 'first', 'always', 'never', got "
+                                                  r"True$"):
+        FusionDefinitionWrapper(H.define_mlp(16), check_inputs=True)

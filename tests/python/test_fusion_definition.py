@@ -44,7 +44,7 @@ def test_signatures_follow_pytorch():
     assert sig(ops.layer_norm) == "(x, weight=None, bias=None, eps=1e-05)"
     assert sig(ops.rms_norm) == "(x, weight=None, eps=1e-06)"
     assert sig(ops.softmax) == "(x, dim)"
-    assert sig(ops.sdpa) == "(query, key, value, is_causal=False, scale=0.0)"
+    assert sig(ops.sdpa) == "(query, key, value, is_causal=False, scale=None)"
     assert sig(ops.permute) == "(x, dims)"
     assert sig(ops.gelu) == "(x, approximate='none')"
 
@@ -94,7 +94,7 @@ def test_schedule_api_pins_a_tensor():
         assert axis.extent == 1
         axis.parallelize(ParallelType.mesh_x)
         assert w.axis(0).parallel_type == ParallelType.mesh_x
-        assert w.placements == [meshfuse.Shard(0)]
+        assert w.placements == (meshfuse.Shard(0),) and w.mesh == mesh
         fd.add_output(fd.ops.relu(w))
     assert "%w = input f32[8, 4] @m0 {split(0, 1), parallelize(0, DIDx)}" in str(fd)
 
@@ -108,7 +108,7 @@ def test_axis_keeps_naming_its_iter_domain_after_other_splits():
         t.split(0, 1)  # [1, 8, 1, 6]: outer is loop axis 2 now
         outer.parallelize(ParallelType.mesh_x)
         assert t.axis(2).parallel_type == ParallelType.mesh_x
-        assert t.placements == [meshfuse.Shard(1)]
+        assert t.placements == (meshfuse.Shard(1),)
         fd.add_output(t)
 
 
@@ -155,3 +155,53 @@ def test_error_classes_are_generated_from_the_cpp_list():
                  "UnsupportedError", "ValueError", "RuntimeError"]:
         cls = getattr(meshfuse, name)
         assert issubclass(cls, meshfuse.Error) and cls.__module__ == "meshfuse"
+
+
+def test_mesh_and_placements_of_a_tensor_view():
+    """None until the schedule gives a mesh; then meshfuse's own classes, printed as the user wrote them."""
+    mesh = DeviceMesh([0])
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([4, 6], name="t")
+        assert t.mesh is None and t.placements is None
+        t.set_device_mesh(mesh)
+        assert t.placements == (meshfuse.Replicate(),) and repr(t.placements) == "(Replicate(),)"
+        t.split(1, 1)
+        t.axis(1).parallelize(ParallelType.mesh_x)
+        assert isinstance(t.mesh, DeviceMesh) and t.mesh == mesh and repr(t.mesh) == "DeviceMesh([0])"
+        assert repr(t.placements) == "(Shard(dim=1),)" and isinstance(t.placements[0], meshfuse.Shard)
+        fd.add_output(t)
+
+
+def test_tensor_views_compare_like_torch_tensors_and_hash_by_identity():
+    fd = FusionDefinition()
+    x, y = fd.define_tensor([4], name="x"), fd.define_tensor([4], name="y")
+    eq = x == y
+    assert isinstance(eq, meshfuse.TensorView) and eq.dtype == DataType.Bool and "eq(%x, %y)" in str(fd)
+    assert (x == None) is False and (x != None) is True  # noqa: E711 (not an operand: identity, as for objects)
+    assert {x: "x", y: "y"}[fd.inputs[0]] == "x" and x in {x} and y not in {x}
+    with pytest.raises(meshfuse.ValueError, match=r"^the truth value of TensorView %\d+ is not known while the fusion "
+                                                  r"is defined: use fd.ops.where\(cond, a, b\)"):
+        bool(x > 0)
+    with pytest.raises(meshfuse.ValueError, match="truth value"):
+        if x == y:
+            pass
+
+
+def test_sdpa_scale_zero_is_rejected_not_read_as_the_default():
+    fd = FusionDefinition()
+    q = fd.define_tensor([1, 2, 8, 16])
+    with pytest.raises(meshfuse.ValueError, match=r"^sdpa: scale=0.0 is not supported \(meshfuse reads it as the "
+                                                  r"default, 1/sqrt\(head size\)\): pass scale=None for that, or a "
+                                                  r"nonzero scale$"):
+        fd.ops.sdpa(q, q, q, scale=0.0)
+
+
+def test_matrix_vector_products_are_clear_shape_errors():
+    """The GEMM ops take matrices (batched); a vector operand is not broadcast as in torch."""
+    fd = FusionDefinition()
+    m, v = fd.define_tensor([4, 6], name="m"), fd.define_tensor([6], name="v")
+    with pytest.raises(meshfuse.ShapeError, match=r"^matmul: operands must have rank >= 2 but %m has shape \[4, 6\] "
+                                                  r"and %v has shape \[6\]$"):
+        fd.ops.matmul(m, v)
+    with pytest.raises(meshfuse.ShapeError, match=r"^linear: weight %v must have rank 2 but has shape \[6\]$"):
+        fd.ops.linear(m, v)

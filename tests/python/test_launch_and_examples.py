@@ -84,3 +84,39 @@ def test_mpi4py_initializing_mpi_first_is_fine(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert [(tmp_path / f"out{i}").read_text() for i in range(2)] == ["mpi", "mpi"]
 
+
+
+def test_an_uncaught_exception_on_one_rank_ends_every_rank(tmp_path):
+    """Rank 1 raises between two calls. Without meshfuse's excepthook rank 1 would wait in
+    MPI_Finalize and rank 0 in the second call's allreduce until MESHFUSE_COMM_TIMEOUT (set far
+    beyond the subprocess timeout here, which only detects a hang)."""
+    script = tmp_path / "rank_fails.py"
+    script.write_text(
+        "import numpy as np, meshfuse\n"
+        "from meshfuse import DeviceMesh, FusionDefinitionWrapper, Replicate, Shard, distribute_tensor\n"
+        "def define(fd):\n"
+        "    x, w1, w2 = fd.define_tensor([-1, 8]), fd.define_tensor([16, 8]), fd.define_tensor([8, 16])\n"
+        "    fd.add_output(fd.ops.linear(fd.ops.relu(fd.ops.linear(x, w1)), w2))\n"
+        "mesh = DeviceMesh(range(meshfuse.world_size()))\n"
+        "arrays = [np.ones(s, dtype=np.float32) for s in [(4, 8), (16, 8), (8, 16)]]\n"
+        "inputs = [distribute_tensor(a, mesh, [p]) for a, p in zip(arrays, [Replicate(), Shard(0), Shard(1)])]\n"
+        "fdw = FusionDefinitionWrapper(define)\n"
+        "fdw(inputs)\n"
+        "if meshfuse.rank() == 1:\n"
+        "    raise RuntimeError('rank 1 fails mid-program')\n"
+        "fdw(inputs)\n"
+        f"open(f'{tmp_path}/done{{meshfuse.rank()}}', 'w').write('done')\n")
+    env = dict(clean_env(), MESHFUSE_COMM_TIMEOUT="3600")
+    r = subprocess.run([sys.executable, "-m", "meshfuse.launch", "-n", "2", str(script)], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "meshfuse: rank 1 of 2 raised an exception that nothing caught:" in r.stderr
+    assert "RuntimeError: rank 1 fails mid-program" in r.stderr  # the traceback, then the abort
+    assert "meshfuse: rank 1 of 2 fails: uncaught RuntimeError: rank 1 fails mid-program" in r.stderr
+    assert not (tmp_path / "done0").exists()  # rank 0 was ended inside its second call
+
+
+def test_an_uncaught_exception_in_a_world_of_one_is_left_to_python():
+    r = run([sys.executable, "-c", "import meshfuse\nmeshfuse.init()\nraise KeyError('plain')"])
+    assert r.returncode == 1 and r.stderr.rstrip().endswith("KeyError: 'plain'")
+    assert "meshfuse: rank" not in r.stderr and "MPI_Abort" not in r.stderr

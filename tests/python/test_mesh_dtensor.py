@@ -147,6 +147,20 @@ def test_uneven_shards_are_unsupported(world_mesh):
     n = meshfuse.world_size()
     with pytest.raises(meshfuse.UnsupportedError, match="uneven sharding not supported"):
         distribute_tensor(np.zeros((n + 1, 4), dtype=np.float32), world_mesh, [S(0)])
+    # A global shape= that the mesh does not divide: the same error with a local and without one
+    # (as on a rank outside the mesh).
+    uneven = rf"^DTensor: uneven sharding not supported: the tensor dim 0 has size {n + 1} which mesh axis 0 does " \
+             rf"not divide into {n} equal shards \(Shard\(0\)\)$"
+    for local in [np.zeros((1, 4), dtype=np.float32), None]:
+        with pytest.raises(meshfuse.UnsupportedError, match=uneven):
+            DTensor(local, world_mesh, [S(0)], shape=(n + 1, 4))
+
+
+def test_a_shape_that_the_local_shape_contradicts_is_a_shape_error(world_mesh):
+    n = meshfuse.world_size()
+    with pytest.raises(meshfuse.ShapeError, match=rf"^DTensor: local shape \(1, 4\) with placements \[Shard\(dim=0\)\] "
+                                                  rf"on mesh .* makes global shape \({n}, 4\), not the shape=\(8, 8\) given$"):
+        DTensor(np.zeros((1, 4), dtype=np.float32), world_mesh, [S(0)], shape=(8, 8))
 
 
 def test_a_mesh_larger_than_the_world_is_a_mesh_error():
@@ -185,3 +199,22 @@ def test_any_dlpack_producer_can_back_a_dtensor(rng, world_mesh):
     H.assert_close(d.full_tensor(), full)
     (y,) = meshfuse.FusionDefinitionWrapper(lambda fd: fd.add_output(fd.ops.neg(fd.define_tensor([-1, 3]))))([d])
     H.assert_close(y.full_tensor(), -full)  # outputs of unknown kinds come back as numpy
+
+
+@pytest.mark.world(2, 4)
+@pytest.mark.parametrize("placement", [R, S(0)], ids=["replicated", "sharded"])
+def test_full_tensor_and_redistribute_outside_the_mesh(placement, rng):
+    """A rank outside the mesh gets an empty array from full_tensor(), whatever the placements
+    (as torch gives it an empty local and no communication); the ranks inside get the value."""
+    x = H.randn(rng, 4, 2)
+    last = meshfuse.world_size() - 1
+    d = distribute_tensor(x, DeviceMesh([last]), [placement])
+    r = d.redistribute([S(1) if placement.is_replicate() else R])
+    if meshfuse.rank() == last:
+        np.testing.assert_array_equal(d.full_tensor(), x)
+        np.testing.assert_array_equal(r.full_tensor(), x)
+    else:
+        full = d.full_tensor()
+        assert isinstance(full, np.ndarray) and full.shape == (0, 0) and full.dtype == np.float32
+        assert r.to_local().shape == (0, 0) and r.full_tensor().shape == (0, 0)
+    assert r.placements == (S(1) if placement.is_replicate() else R,) and r.shape == (4, 2)

@@ -1,6 +1,8 @@
 """Every op of the issue's list, run through FusionDefinitionWrapper on the world's ranks and
 compared with numpy. Inputs are replicated unless said; where an op allows it, sharded too."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -155,3 +157,63 @@ def test_dtypes_round_trip_through_numpy(dtype, np_dtype, tol, rng):
                             [[S(0)]])
     assert outs[0].dtype == dtype and out.dtype == np_dtype
     H.assert_close(out, np.tanh(x.astype(np.float64)), rtol=tol, atol=tol)
+
+
+def define_bfloat16_cast(fd):
+    fd.add_output(fd.ops.cast(fd.define_tensor([-1, 6], name="x"), DataType.BFloat16))
+
+
+def test_a_bfloat16_output_of_numpy_inputs_is_a_torch_tensor(rng):
+    """numpy has no bfloat16: such an output is a torch tensor, as nvFuser returns."""
+    torch = pytest.importorskip("torch")
+    x = H.randn(rng, 8, 6)
+    (out,), _, (y,) = H.run(define_bfloat16_cast, [x], [[S(0)]])
+    local = y.to_local()
+    assert isinstance(local, torch.Tensor) and local.dtype == torch.bfloat16
+    assert y.dtype == DataType.BFloat16 and y.placements == (S(0),)
+    block = np.split(x, meshfuse.world_size())[meshfuse.rank()]
+    H.assert_close(local.float().numpy(), block, rtol=1e-2, atol=1e-2)  # one bf16 rounding
+    assert out.dtype == np.float32  # full_tensor() is numpy: bfloat16 widened to float32
+    H.assert_close(out, x, rtol=1e-2, atol=1e-2)
+
+
+def test_a_bfloat16_output_without_torch_is_a_dtype_error_when_compiled(rng, world_mesh, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails, as if it were not installed
+    fdw = meshfuse.FusionDefinitionWrapper(define_bfloat16_cast)
+    x = meshfuse.distribute_tensor(H.randn(rng, 8, 6), world_mesh, [R])
+    with pytest.raises(meshfuse.DtypeError, match=r"^output 0 \(%0\) is bfloat16, which numpy cannot represent, and "
+                                                  r"torch .* is not installed: cast it to DataType.Float"):
+        fdw.plan([x])
+
+
+def test_python_operators_build_ops(rng):
+    """`2 ** x`, `abs(x)` and comparisons (`==` too) build ops, as in torch and nvFuser."""
+    a, b = H.randn(rng, 8, 6), H.randn(rng, 8, 6)
+    b[::2] = a[::2]  # some equal elements for == and !=
+
+    def define(fd):
+        x, y = fd.define_tensor([-1, 6]), fd.define_tensor([-1, 6])
+        fd.add_output(2 ** x)
+        fd.add_output(abs(x))
+        for cmp in (x > 0, 0.5 < x, x <= y, x >= y, x < y, x == y, x != y, x == 0.0):
+            fd.add_output(cmp)
+        fd.add_output(fd.ops.where(x == y, 1.0, fd.ops.maximum(x, y)))
+
+    outs, plan, tensors = H.run(define, [a, b], [[S(0)], [S(0)]])
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    H.assert_close(outs[0], 2.0 ** a64)
+    H.assert_close(outs[1], np.abs(a64))
+    for got, want in zip(outs[2:10], [a > 0, 0.5 < a, a <= b, a >= b, a < b, a == b, a != b, a == 0.0]):
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got, want)
+    H.assert_close(outs[10], np.where(a == b, 1.0, np.maximum(a64, b64)))
+    assert tensors[2].dtype == DataType.Bool and H.kinds(plan) == []
+
+
+@pytest.mark.parametrize("scale", [None, 0.25])
+def test_sdpa_scale_like_torch(scale, rng):
+    q, k, v = (H.randn(rng, 1, 2, 8, 16) for _ in range(3))
+    (out,), _, _ = H.run(lambda fd: fd.add_output(fd.ops.sdpa(*(fd.define_tensor([1, 2, 8, 16]) for _ in range(3)),
+                                                              scale=scale)), [q, k, v])
+    s = q.astype(np.float64) @ np.swapaxes(k, -1, -2) * (0.25 if scale is not None else 1 / np.sqrt(16))
+    H.assert_close(out, H.softmax(s, -1) @ v)

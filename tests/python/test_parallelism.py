@@ -227,3 +227,93 @@ def test_outputs_of_earlier_calls_stay_intact(mlp_inputs, world_mesh):
     (y2,) = fdw([meshfuse.distribute_tensor(x2, world_mesh, [R]), *weights])
     H.assert_close(y1.to_local(), H.mlp(x1, *mlp_inputs[1:]))
     H.assert_close(y2.to_local(), H.mlp(x2, *mlp_inputs[1:]))
+
+
+@pytest.mark.parametrize("pinned,given", [
+    ("Shard(0)", "Replicate()"),   # the DTensor's layout used to win silently
+    ("Replicate()", "Shard(0)"),
+    ("Shard(0)", "Shard(0) on the reversed mesh"),
+])
+def test_an_input_pinned_otherwise_than_its_dtensor_is_a_placement_error(pinned, given, rng, world_mesh):
+    n = meshfuse.world_size()
+    reversed_mesh = DeviceMesh(list(reversed(range(n))))
+    x = H.randn(rng, 4 * n, 8)
+
+    def define(fd):
+        a = fd.define_tensor([-1, 8], name="a")
+        pin(a, S(0) if pinned == "Shard(0)" else R, world_mesh)
+        fd.add_output(fd.ops.relu(a))
+
+    mesh = reversed_mesh if "reversed" in given else world_mesh
+    dt = meshfuse.distribute_tensor(x, mesh, [S(0) if given.startswith("Shard") else R])
+    want_pinned = "[Shard(0)]" if pinned == "Shard(0)" else "[Replicate()]"
+    want_given = "[Shard(0)]" if given.startswith("Shard") else "[Replicate()]"
+    if mesh == world_mesh and want_given == want_pinned:
+        pytest.skip("on one rank the reversed mesh is the mesh")
+    with pytest.raises(meshfuse.PlacementError) as e:
+        FusionDefinitionWrapper(define)([dt])
+    assert str(e.value) == (f"input 0 (%a): pinned by the schedule API to {want_pinned} on mesh {world_mesh} but "
+                            f"given a tensor laid out as {want_given} on mesh {mesh}: pass it laid out as pinned "
+                            "(redistribute it) or remove the pin")
+
+
+def test_an_input_given_as_pinned_runs(rng, world_mesh):
+    x = H.randn(rng, 4 * meshfuse.world_size(), 8)
+
+    def define(fd):
+        a = fd.define_tensor([-1, 8], name="a")
+        pin(a, S(0), world_mesh)
+        fd.add_output(fd.ops.relu(a))
+
+    (out,), plan, outs = H.run(define, [x], [[S(-2)]])  # a negative dim names the same layout
+    H.assert_close(out, np.maximum(x, 0))
+    assert H.kinds(plan) == [] and outs[0].placements == (S(0),)
+
+
+def define_attention(b, s, h, heads):
+    """Standalone causal self-attention (as examples/python/tp_attention.py)."""
+    e = h // heads
+
+    def define(fd):
+        x = fd.define_tensor([b, s, h])
+        wq, wk, wv, wo = (fd.define_tensor([h, h]) for _ in range(4))
+
+        def to_heads(t):  # [b, s, h] -> [b, heads, s, e]
+            return fd.ops.permute(fd.ops.reshape(t, [b, s, heads, e]), [0, 2, 1, 3])
+
+        attn = fd.ops.sdpa(*(to_heads(fd.ops.linear(x, w)) for w in (wq, wk, wv)), is_causal=True)
+        fd.add_output(fd.ops.linear(fd.ops.reshape(fd.ops.permute(attn, [0, 2, 1, 3]), [b, s, h]), wo))
+
+    return define
+
+
+def test_tensor_parallel_attention_has_exactly_one_allreduce(rng):
+    """q/k/v projections sharded by rows (whole heads per rank), the output projection by columns:
+    the heads stay local through reshape/permute/sdpa; one allreduce after the output projection."""
+    b, s, h, heads = 2, 8, 32, 4
+    arrays = [H.randn(rng, b, s, h)] + [H.randn(rng, h, h) * 0.3 for _ in range(4)]
+    (out,), plan, outs = H.run(define_attention(b, s, h, heads), arrays, [[R], [S(0)], [S(0)], [S(0)], [S(1)]])
+    x, wq, wk, wv, wo = (a.astype(np.float64) for a in arrays)
+    to_heads = lambda t: t.reshape(b, s, heads, h // heads).transpose(0, 2, 1, 3)  # noqa: E731
+    attn = H.sdpa(to_heads(x @ wq.T), to_heads(x @ wk.T), to_heads(x @ wv.T), is_causal=True)
+    H.assert_close(out, attn.transpose(0, 2, 1, 3).reshape(b, s, h) @ wo.T)
+    assert H.kinds(plan) == H.expect(["allreduce"])
+    assert outs[0].placements == (R,)
+
+
+def test_a_contraction_over_a_sharded_dim_times_a_scalar_reduces_once_before_the_relu(rng):
+    """matmul over a sharded k leaves a Partial sum; `* 0.5` is linear and may stay Partial; relu
+    is not, so the one allreduce must come before it."""
+    a, b = H.randn(rng, 8, 16), H.randn(rng, 16, 12)
+
+    def define(fd):
+        fd.add_output(fd.ops.relu(fd.ops.matmul(fd.define_tensor([8, 16]), fd.define_tensor([16, 12])) * 0.5))
+
+    (out,), plan, outs = H.run(define, [a, b], [[S(1)], [S(0)]])
+    H.assert_close(out, np.maximum(a.astype(np.float64) @ b * 0.5, 0))
+    assert H.kinds(plan) == H.expect(["allreduce"]) and outs[0].placements == (R,)
+    if meshfuse.world_size() > 1:
+        lines = plan.host_ir().splitlines()
+        allreduce = next(i for i, line in enumerate(lines) if "allreduce" in line)
+        relu = next(i for i, line in enumerate(lines) if "relu" in line)
+        assert allreduce < relu, plan.host_ir()

@@ -1,0 +1,89 @@
+"""FusionDefinitionWrapper options: overlap= with chunks= and streams= (communication pipelined
+with the GEMMs in chunks), and fsdp= (parameters gathered where used, one layer ahead). numpy is
+the oracle; plan() shows the chunked or prefetched collectives (on one rank there are none)."""
+
+import numpy as np
+import pytest
+
+import meshfuse
+from meshfuse import FusionDefinitionWrapper, Replicate, Shard, distribute_tensor
+
+import helpers as H
+
+R, S = Replicate(), Shard
+H_ = 16
+
+
+def mlp_arrays(rng):
+    n = meshfuse.world_size()
+    return [H.randn(rng, 8 * n, H_), H.randn(rng, 4 * H_, H_), H.randn(rng, H_, 4 * H_)]
+
+
+def run(fdw, arrays, placements, mesh):
+    inputs = [distribute_tensor(a, mesh, [p]) for a, p in zip(arrays, placements)]
+    plan = fdw.plan(inputs)
+    (out,) = fdw(inputs)
+    H.assert_close(out.full_tensor(), H.mlp(*arrays))
+    return plan, out
+
+
+def lines_with(text, word):
+    return [i for i, line in enumerate(text.splitlines()) if word in line]
+
+
+@pytest.mark.parametrize("chunks", [0, 2, 4])
+def test_collective_overlap_runs_each_collective_in_chunks(chunks, rng, world_mesh):
+    """Sequence parallelism: the allgather before the first GEMM and the reduce-scatter after the
+    second each become `chunks` smaller collectives (0: one per device) beside the GEMMs."""
+    n = meshfuse.world_size()
+    arrays = mlp_arrays(rng)
+    fdw = FusionDefinitionWrapper(H.define_mlp(H_), overlap="collective", chunks=chunks)
+    plan, out = run(fdw, arrays, [S(0), S(0), S(1)], world_mesh)
+    assert out.placements == (S(0),)
+    c = chunks or n
+    assert H.kinds(plan) == H.expect(["allgather"] * c + ["reduce_scatter"] * c)
+    gathers = [g.bytes for g in plan.collectives() if g.kind == "allgather"]
+    assert gathers == H.expect([8 * H_ * 4 // c] * c)  # chunks of this rank's [8, 16] f32 block
+
+
+def test_ring_overlap_moves_blocks_between_neighbours(rng, world_mesh):
+    n = meshfuse.world_size()
+    arrays = mlp_arrays(rng)
+    plan, out = run(FusionDefinitionWrapper(H.define_mlp(H_), overlap="ring"), arrays, [S(0), S(0), S(1)], world_mesh)
+    assert out.placements == (S(0),)
+    # The allgather's ring and the reduce-scatter's: n - 1 steps each (one chunk per device).
+    assert H.kinds(plan) == ["send_recv"] * (2 * (n - 1))
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+def test_streams_sets_the_pool_the_chunks_run_on(streams, rng, world_mesh):
+    """Tensor parallelism: the GEMM + allreduce pair runs as 4 chunks over `streams` streams."""
+    arrays = mlp_arrays(rng)
+    fdw = FusionDefinitionWrapper(H.define_mlp(H_), overlap="collective", chunks=4, streams=streams)
+    plan, out = run(fdw, arrays, [R, S(0), S(1)], world_mesh)
+    assert out.placements == (R,)
+    assert H.kinds(plan) == H.expect(["allreduce"] * 4)
+    if meshfuse.world_size() > 1:
+        assert f"stream 1 + i % {streams}" in plan.host_ir()
+
+
+@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp", "sequence_parallel"])
+def test_fsdp_gathers_the_parameters_instead_of_the_activations(fsdp, rng, world_mesh):
+    """Everything Shard(0): with fsdp each weight is all-gathered (on a communication stream, the
+    second one before the first GEMM runs: prefetched one layer ahead) and the activations stay
+    sharded; without it, the same placements move the activation instead."""
+    arrays = mlp_arrays(rng)
+    plan, out = run(FusionDefinitionWrapper(H.define_mlp(H_), fsdp=fsdp), arrays, [S(0)] * 3, world_mesh)
+    if meshfuse.world_size() == 1:
+        assert H.kinds(plan) == []
+        return
+    sources = [c.source for c in plan.collectives()]
+    if fsdp:
+        assert H.kinds(plan) == ["allgather", "allgather"] and sources == ["%1", "%2"]  # up_w, down_w
+        assert out.placements == (S(0),)
+        ir = plan.host_ir()
+        first_gemm, gathers = lines_with(ir, "gemm")[0], lines_with(ir, "allgather")
+        assert gathers[1] < first_gemm, ir
+        assert all(ir.splitlines()[g - 1].strip() == "stream 1" for g in gathers), ir
+    else:
+        assert sources[0] == "%0"  # the input activation is gathered
