@@ -1,39 +1,28 @@
 """Partial values (pending sums) meeting Python scalars and replicated tensors: the result must be
 that of the summed value (numpy is the oracle). A linear op (scaling, negation) may stay Partial;
 anything else, adding a scalar included, needs the sum first, or each rank's share of the
-scalar is counted once per rank.
-
-Some of these are wrong in the C++ core today and are fixed on branch fix-prop: they are marked
-xfail (strict, so the marker must go when the fix lands) on worlds of several ranks; on one rank
-a Partial is its own sum and they pass."""
+scalar is counted once per rank."""
 
 import numpy as np
 import pytest
 
-import meshfuse
 from meshfuse import Partial, Replicate, Shard
 
 import helpers as H
 
 R, S = Replicate(), Shard
 
-# On one rank a Partial over a 1-device mesh axis is the full value: nothing can go wrong there.
-# raises=AssertionError: they fail on numpy's verdict, anything else is a new failure.
-wrong_in_core = pytest.mark.xfail(meshfuse.world_size() > 1, strict=True, raises=AssertionError,
-                                  reason="Partial + scalar: fixed on branch fix-prop")
-
-
 def partial_case(name, build, oracle, marks=()):
     return pytest.param(build, oracle, id=name, marks=marks)
 
 
 @pytest.mark.parametrize("build,oracle", [
-    partial_case("x + 1", lambda fd, x: x + 1, lambda x: x + 1, wrong_in_core),
-    partial_case("1 + x", lambda fd, x: 1 + x, lambda x: 1 + x, wrong_in_core),
-    partial_case("add(x, 1.0)", lambda fd, x: fd.ops.add(x, 1.0), lambda x: x + 1, wrong_in_core),
-    partial_case("x - 1", lambda fd, x: x - 1, lambda x: x - 1, wrong_in_core),
-    partial_case("1 - x", lambda fd, x: 1 - x, lambda x: 1 - x, wrong_in_core),
-    partial_case("2 / x", lambda fd, x: 2 / x, lambda x: 2 / x, wrong_in_core),
+    partial_case("x + 1", lambda fd, x: x + 1, lambda x: x + 1),
+    partial_case("1 + x", lambda fd, x: 1 + x, lambda x: 1 + x),
+    partial_case("add(x, 1.0)", lambda fd, x: fd.ops.add(x, 1.0), lambda x: x + 1),
+    partial_case("x - 1", lambda fd, x: x - 1, lambda x: x - 1),
+    partial_case("1 - x", lambda fd, x: 1 - x, lambda x: 1 - x),
+    partial_case("2 / x", lambda fd, x: 2 / x, lambda x: 2 / x),
     partial_case("x * 3", lambda fd, x: x * 3, lambda x: x * 3),
     partial_case("x / 2", lambda fd, x: x / 2, lambda x: x / 2),
     partial_case("-x", lambda fd, x: -x, lambda x: -x),
@@ -47,7 +36,7 @@ def test_a_partial_input_with_a_scalar(build, oracle):
 
 
 @pytest.mark.parametrize("build,oracle", [
-    partial_case("y / x", lambda x, y: y / x, lambda x, y: y / x, wrong_in_core),
+    partial_case("y / x", lambda x, y: y / x, lambda x, y: y / x),
     partial_case("x / y", lambda x, y: x / y, lambda x, y: x / y),
     partial_case("y - x", lambda x, y: y - x, lambda x, y: y - x),
 ])
@@ -59,8 +48,8 @@ def test_a_partial_input_with_a_replicated_one(build, oracle):
 
 
 @pytest.mark.parametrize("build,oracle", [
-    partial_case("linear + 1.0", lambda fd, y: y + 1.0, lambda y: y + 1.0, wrong_in_core),
-    partial_case("gelu(linear - 0.5)", lambda fd, y: fd.ops.gelu(y - 0.5), lambda y: H.gelu(y - 0.5), wrong_in_core),
+    partial_case("linear + 1.0", lambda fd, y: y + 1.0, lambda y: y + 1.0),
+    partial_case("gelu(linear - 0.5)", lambda fd, y: fd.ops.gelu(y - 0.5), lambda y: H.gelu(y - 0.5)),
     partial_case("linear * 2.0", lambda fd, y: y * 2.0, lambda y: y * 2.0),
 ])
 def test_a_row_parallel_linear_then_a_scalar(build, oracle, rng):
