@@ -1,5 +1,7 @@
 // Local blocks of distributed tensors: binding symbolic sizes from local inputs, cutting a
 // rank's block out of a full tensor, and assembling the full tensor from every rank's block.
+#include <fmt/ranges.h>
+
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
@@ -52,14 +54,33 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
                   "input {} ({}): expected rank {} but got a {} of shape {}", i, name(), shape.size(), what,
                   t.shapeString());
     std::vector<int64_t> factors = full ? std::vector<int64_t>(shape.size(), 1) : shardFactors(tv);
+    // A caller that knows the global shape (distributeTensor, DTensors) gets uneven shards and
+    // blocks of the wrong size named here, not a program that binds each rank's sizes apart.
+    const bool has_global = !full && i < global_shapes.size() && !global_shapes[i].empty();
+    if (has_global) {
+      MF_USER_CHECK(global_shapes[i].size() == shape.size(), ErrorKind::Shape,
+                    "input {} ({}): expected rank {} but the global shape given is [{}]", i, name(), shape.size(),
+                    fmt::join(global_shapes[i], ", "));
+      for (size_t d = 0; d < shape.size(); ++d) {
+        MF_USER_CHECK(global_shapes[i][d] % factors[d] == 0, ErrorKind::Unsupported,
+                      "uneven sharding not supported: input {} ({}) dim {} has size {} which does not divide into {} "
+                      "shards",
+                      i, name(), d, global_shapes[i][d], factors[d]);
+        MF_USER_CHECK(global_shapes[i][d] == t.shape()[d] * factors[d], ErrorKind::Shape,
+                      "input {} ({}): the {} has shape {} but the global shape [{}] in {} shards along dim {} "
+                      "gives {} there",
+                      i, name(), what, t.shapeString(), fmt::join(global_shapes[i], ", "), factors[d], d,
+                      global_shapes[i][d] / factors[d]);
+      }
+    }
     for (size_t d = 0; d < shape.size(); ++d) {
       int64_t global = t.shape()[d] * factors[d];
       if (shape[d].isStatic()) {
-        MF_USER_CHECK(shape[d].value() == global, ErrorKind::Shape, "input {} ({}): dim {} must be {}{} but the {} has shape {}",
-                      i, name(), d, shape[d].value(),
+        MF_USER_CHECK(shape[d].value() == global, ErrorKind::Shape,
+                      "input {} ({}): dim {} must be {}{} but the {} has shape {}", i, name(), d, shape[d].value(),
                       factors[d] == 1 ? std::string()
-                                      : fmt::format(" globally ({} per rank over {} shards)", shape[d].value() / factors[d],
-                                                    factors[d]),
+                                      : fmt::format(" globally ({} per rank over {} shards)",
+                                                    shape[d].value() / factors[d], factors[d]),
                       what, t.shapeString());
         continue;
       }
@@ -110,8 +131,10 @@ Tensor assembleGlobal(const TensorView* tv, const std::vector<Tensor>& locals) {
     }
     if (skip) continue;
     const Tensor& l = locals.at(r);
-    if (partial) addBlock(l, zeros(global.size()), out, blockOffsets(tv, l.shape(), r), l.shape());
-    else copyBlock(l, zeros(global.size()), out, blockOffsets(tv, l.shape(), r), l.shape());
+    if (partial)
+      addBlock(l, zeros(global.size()), out, blockOffsets(tv, l.shape(), r), l.shape());
+    else
+      copyBlock(l, zeros(global.size()), out, blockOffsets(tv, l.shape(), r), l.shape());
   }
   return out;
 }

@@ -1,8 +1,8 @@
 // Bad input to a multi-rank run: a typed error with a clear message on every rank, never a hang.
-#include "mpi_test_main.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
 #include "models.h"
+#include "mpi_test_main.h"
 
 namespace meshfuse::testing {
 namespace {
@@ -55,7 +55,8 @@ TEST(Errors, WrongNumberOfInputs) {
   MultiDeviceExecutor exec(cloneFusion(f), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in.pop_back();
-  EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }), HasSubstr("the fusion takes 3 inputs but 2 were given"));
+  EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
+              HasSubstr("the fusion takes 3 inputs but 2 were given"));
 }
 
 TEST(Errors, UnevenShardIsRejectedClearly) {
@@ -66,6 +67,34 @@ TEST(Errors, UnevenShardIsRejectedClearly) {
   std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {1, 4}), worldMesh(), {S(0)}}};
   EXPECT_THAT(errorOf(ErrorKind::Unsupported, [&] { exec.run(in); }),
               HasSubstr(fmt::format("uneven sharding not supported: %x dim 0 has size {}", worldSize() + 1)));
+}
+
+// A symbolic size has no static extent to check against: the global shape a caller gives
+// (distributeTensor, DTensors) is what tells an uneven split, on every rank alike.
+TEST(Errors, UnevenShardOfASymbolicSizeIsRejectedClearly) {
+  if (worldSize() == 1) GTEST_SKIP() << "every size divides into one shard";
+  Fusion f;
+  f.addOutput(ops::neg(f.defineTensor({-1, 4}, DataType::Float, "x")));
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  const int64_t rows = 2 * worldSize() + 1;  // torch.chunk would give rank 0 three rows
+  std::vector<ShardedTensor> in = {
+      {Tensor(DataType::Float, {worldRank() == 0 ? int64_t{3} : int64_t{2}, 4}), worldMesh(), {S(0)}, {rows, 4}}};
+  EXPECT_THAT(errorOf(ErrorKind::Unsupported, [&] { exec.run(in); }),
+              HasSubstr(fmt::format("uneven sharding not supported: input 0 (%x) dim 0 has size {} which does not "
+                                    "divide into {} shards",
+                                    rows, worldSize())));
+}
+
+TEST(Errors, BlockThatDoesNotMatchTheGivenGlobalShape) {
+  if (worldSize() == 1) GTEST_SKIP() << "one shard is the whole tensor";
+  Fusion f;
+  f.addOutput(ops::neg(f.defineTensor({-1, 4}, DataType::Float, "x")));
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {3, 4}), worldMesh(), {S(0)}, {2 * worldSize(), 4}}};
+  EXPECT_THAT(errorOf(ErrorKind::Shape, [&] { exec.run(in); }),
+              HasSubstr(fmt::format("input 0 (%x): the local tensor has shape [3, 4] but the global shape [{}, 4] in "
+                                    "{} shards along dim 0 gives 2 there",
+                                    2 * worldSize(), worldSize())));
 }
 
 TEST(Errors, LocalShapeThatDoesNotMatchThePlacement) {
