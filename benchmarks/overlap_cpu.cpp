@@ -43,7 +43,7 @@ double medianSeconds(Communicator& comm, MultiDeviceExecutor& exec, const std::v
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  initializeMpi();  // MPI_Init_thread: stream threads call MPI
   int64_t tokens = 2048, hidden = 512;
   int iters = 10;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -1,12 +1,14 @@
-// main() of the multi-rank tests: MPI_Init/MPI_Finalize around GoogleTest (gtest_main never
-// finalizes MPI), and only rank 0 prints test progress so the log stays readable.
+// main() of the multi-rank tests: MPI initialized as the runtime needs it (initializeMpi():
+// MPI_Init_thread, since stream threads call MPI) and finalized around GoogleTest (gtest_main
+// never finalizes MPI), and only rank 0 prints test progress so the log stays readable.
 #define OMPI_SKIP_MPICXX 1
+#include "mpi_test_main.h"
+
 #include <mpi.h>
 
 #include <cmath>
 
 #include "meshfuse/ir/parser.h"
-#include "mpi_test_main.h"
 
 namespace meshfuse::testing {
 namespace {
@@ -46,7 +48,8 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
     Tensor all(local.dtype(), {worldSize() * std::max<int64_t>(local.numel(), 1)});
     world().allgather(local.data(), all.data(), local.numel(), local.dtype(), everyone)->wait();
     std::vector<Tensor> blocks;
-    for (int64_t r = 0; r < worldSize(); ++r) blocks.push_back(all.slice0(r * local.numel(), local.numel()).reshaped(local.shape()));
+    for (int64_t r = 0; r < worldSize(); ++r)
+      blocks.push_back(all.slice0(r * local.numel(), local.numel()).reshaped(local.shape()));
     run.gathered.push_back(assembleGlobal(plan.fusion->outputs()[i], blocks));
   }
   return run;
@@ -81,9 +84,7 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
   // (UnitTest::current_test_info() would deadlock inside OnTestPartResult: gtest holds its lock.)
-  void OnTestStart(const ::testing::TestInfo& t) override {
-    test_ = std::string(t.test_suite_name()) + "." + t.name();
-  }
+  void OnTestStart(const ::testing::TestInfo& t) override { test_ = std::string(t.test_suite_name()) + "." + t.name(); }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
     std::fprintf(stderr, "[rank %d] %s: %s:%d: %s\n", rank_, test_.c_str(), r.file_name() ? r.file_name() : "?",
@@ -98,7 +99,7 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace meshfuse::testing
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  meshfuse::initializeMpi();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ::testing::InitGoogleTest(&argc, argv);
