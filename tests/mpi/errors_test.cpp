@@ -1,26 +1,14 @@
 // Bad input to a multi-rank run: a typed error with a clear message on every rank, never a hang.
-#include "mpi_test_main.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
 #include "models.h"
+#include "mpi_test_main.h"
 
 namespace meshfuse::testing {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-// The message of the UserError `fn` throws (and its kind), or "" when it throws none.
-std::string errorOf(ErrorKind kind, const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    EXPECT_EQ(e.kind(), kind) << e.message();
-    return e.message();
-  }
-  ADD_FAILURE() << "expected a " << errorKindName(kind);
-  return "";
-}
 
 std::vector<ShardedTensor> mlpInputs(const DeviceMesh& mesh, int64_t t) {
   return {{Tensor(DataType::Float, {t, 16}), mesh, {R}},
@@ -55,7 +43,8 @@ TEST(Errors, WrongNumberOfInputs) {
   MultiDeviceExecutor exec(cloneFusion(f), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in.pop_back();
-  EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }), HasSubstr("the fusion takes 3 inputs but 2 were given"));
+  EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
+              HasSubstr("the fusion takes 3 inputs but 2 were given"));
 }
 
 TEST(Errors, UnevenShardIsRejectedClearly) {

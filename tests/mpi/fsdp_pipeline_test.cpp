@@ -116,5 +116,28 @@ TEST(Pipeline, ThreeStagesFourMicrobatches) {
     ASSERT_NEAR(outs[0].local.get(k), expected.get(k), 1e-4 + 1e-4 * std::fabs(expected.get(k))) << "element " << k;
 }
 
+// Microbatches are equal blocks of rows: a batch they do not split is one typed error on every
+// rank (the program is compiled for each run's sizes), naming the input and what would split.
+TEST(Pipeline, MicrobatchesThatDoNotSplitTheBatchAreOneErrorOnEveryRank) {
+  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+  std::unique_ptr<Fusion> def = threeStagePipeline();
+  for (int64_t t : {6, 10}) {
+    std::vector<ShardedTensor> inputs = inputLayouts(*def);
+    for (size_t i = 0; i < def->inputs().size(); ++i) {
+      std::vector<int64_t> shape;
+      for (const Extent& e : def->inputs()[i]->shape()) shape.push_back(e.evaluate({{"t", t}}));
+      inputs[i].global_shape = shape;
+      if (inputs[i].mesh.contains(worldRank())) inputs[i].local = Tensor::random(DataType::Float, shape, 7 + i);
+    }
+    MultiDeviceExecutor exec(cloneFusion(*def), world());
+    EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(inputs); }),
+                ::testing::HasSubstr(fmt::format(
+                    "%inp is split into 4 microbatches (split(0, 4), parallelize(0, Stream) in its schedule) but has "
+                    "{} rows per rank (dim 0), which do not split into 4 equal microbatches; give it a number of rows "
+                    "divisible by 4, or split it into a number of microbatches that divides {} ({})",
+                    t, t, t == 6 ? "2, 3, 6" : "2, 5, 10")));
+  }
+}
+
 }  // namespace
 }  // namespace meshfuse::testing

@@ -80,6 +80,17 @@ void expectMatchesReference(const ShardedRun& run) {
   }
 }
 
+std::string errorOf(ErrorKind kind, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.kind(), kind) << e.message();
+    return e.message();
+  }
+  ADD_FAILURE() << "expected a " << errorKindName(kind);
+  return "";
+}
+
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}

@@ -39,8 +39,8 @@ inline const Placement P = Placement::partial();
 
 struct ShardedRun {
   std::vector<Tensor> full_inputs;
-  std::vector<Tensor> reference;   // single-device outputs of the definition
-  std::vector<Tensor> gathered;    // the sharded outputs, assembled from every rank's block
+  std::vector<Tensor> reference;  // single-device outputs of the definition
+  std::vector<Tensor> gathered;   // the sharded outputs, assembled from every rank's block
   std::vector<ShardedTensor> local_outputs;
   std::vector<CollectiveInfo> collectives;  // executed by this rank
   std::shared_ptr<Fusion> compiled;         // the decomposed fusion
@@ -57,5 +57,8 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
 std::vector<std::string> kinds(const std::vector<CollectiveInfo>& cs);
 // Asserts every gathered output matches the reference within dtype tolerance.
 void expectMatchesReference(const ShardedRun& run);
+
+// The message of the UserError `fn` throws (and checks its kind), or "" when it throws none.
+std::string errorOf(ErrorKind kind, const std::function<void()>& fn);
 
 }  // namespace meshfuse::testing

@@ -4,9 +4,10 @@
 #include <chrono>
 #include <thread>
 
+#include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
-#include "mpi_test_main.h"
 #include "models.h"
+#include "mpi_test_main.h"
 
 namespace meshfuse::testing {
 namespace {
@@ -74,16 +75,16 @@ TEST(Overlap, RingNeedsChunksAMultipleOfTheDevices) {
     ADD_FAILURE() << "expected a ValueError";
   } catch (const UserError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Value);
-    EXPECT_THAT(e.message(), ::testing::HasSubstr(fmt::format(
-                                 "ring-based overlap needs the number of chunks ({}) to be a multiple of the {} devices",
-                                 worldSize() + 1, worldSize())));
+    EXPECT_THAT(e.message(),
+                ::testing::HasSubstr(
+                    fmt::format("ring-based overlap needs the number of chunks ({}) to be a multiple of the {} devices",
+                                worldSize() + 1, worldSize())));
   }
 }
 
 // Row-parallel linear: x [t, k] and w [n, k] sharded on k; the pending sum is all-reduced
 // (output replicated) or reduce-scattered (output pinned Shard(0)).
-ShardedRun rowParallel(bool scatter, const ExecutorOptions& options) {
-  Fusion f;
+void rowParallelLinear(Fusion& f, bool scatter) {
   TensorView* x = f.defineTensor({-1, 32}, DataType::Float, "x");
   TensorView* w = f.defineTensor({24, 32}, DataType::Float, "w");
   TensorView* y = ops::linear(x, w);
@@ -92,7 +93,12 @@ ShardedRun rowParallel(bool scatter, const ExecutorOptions& options) {
     applyPlacements(y, worldMesh(), {S(0)});
   }
   f.addOutput(y);
-  return runSharded(f, layouts({{S(1)}, {S(1)}}), {{"s0", 8 * worldSize()}}, options);
+}
+
+ShardedRun rowParallel(bool scatter, const ExecutorOptions& options, int64_t rows = 8 * worldSize()) {
+  Fusion f;
+  rowParallelLinear(f, scatter);
+  return runSharded(f, layouts({{S(1)}, {S(1)}}), {{"s0", rows}}, options);
 }
 
 TEST(Overlap, RowParallelLinearWithChunkedAllreduceAndReduceScatter) {
@@ -111,6 +117,84 @@ TEST(Overlap, RowParallelLinearWithChunkedAllreduceAndReduceScatter) {
       }
     }
   }
+}
+
+// Chunk counts against the sizes (decompose_for_overlap.h): a count the user chose that does not
+// split each rank's rows is one typed error, raised on every rank before anything runs; it names
+// the op, the user's tensor, the rows and the counts that would do.
+TEST(Overlap, ChosenChunkCountThatDoesNotSplitTheRowsIsOneErrorOnEveryRank) {
+  if (worldSize() == 1) GTEST_SKIP() << "no collective to overlap on one rank";
+  const int64_t n = worldSize();
+  // 16 rows of %inp per rank (sequenceParallelMlp): 3 chunks do not split them.
+  EXPECT_THAT(
+      errorOf(ErrorKind::Value, [] { sequenceParallelMlp(overlap("collective", 3)); }),
+      ::testing::HasSubstr("linear %1: collective-based overlap of its allgather in 3 chunks (the overlap "
+                           "option --chunks=3) needs the 16 rows of %inp per rank (dim 0) to split into 3 equal "
+                           "chunks; use --chunks=N (OverlapOptions::chunks) with N dividing 16: 2, 4, 8, 16"));
+  // A ring over n blocks: 3n chunks are 3 per block of 16 rows.
+  EXPECT_THAT(
+      errorOf(ErrorKind::Value, [&] { sequenceParallelMlp(overlap("ring", 3 * n)); }),
+      ::testing::HasSubstr(fmt::format(
+          "linear %1: ring-based overlap of its allgather in {} chunks (the overlap option --chunks={}) needs "
+          "the 16 rows of %inp per rank (dim 0) to split into 3 equal chunks; use --chunks=N "
+          "(OverlapOptions::chunks) with N a multiple of the {} devices and N/{} dividing 16: {}, {}, {}, {}, {}",
+          3 * n, 3 * n, n, n, n, 2 * n, 4 * n, 8 * n, 16 * n)));
+  // An allreduce chunks the rows every rank holds (t = 10): 4 chunks do not split them.
+  EXPECT_THAT(errorOf(ErrorKind::Value, [] { rowParallel(/*scatter=*/false, overlap("collective", 4), 10); }),
+              ::testing::HasSubstr("linear %1: collective-based overlap of its allreduce in 4 chunks (the overlap "
+                                   "option --chunks=4) needs the 10 rows of %1 per rank (dim 0) to split into 4 equal "
+                                   "chunks; use --chunks=N (OverlapOptions::chunks) with N dividing 10: 2, 5, 10"));
+}
+
+// The default count (one chunk per device) is not the user's choice: it becomes the largest count
+// below it that splits the rows of each run (the program is compiled for each run's sizes), and
+// the collective's provenance says so; with no such count the pair is not decomposed.
+TEST(Overlap, DefaultChunkCountIsTheLargestThatSplitsEachRunsRows) {
+  if (worldSize() == 1) GTEST_SKIP() << "no collective to overlap on one rank";
+  const int64_t n = worldSize();
+  auto fitting = [&](int64_t rows) {  // what the test expects: the largest d <= n dividing rows
+    int64_t d = n;
+    while (rows % d != 0) --d;
+    return d;
+  };
+  Fusion f;
+  rowParallelLinear(f, /*scatter=*/false);
+  MultiDeviceExecutor exec(cloneFusion(f), world(), nullptr, overlap("collective", 0));
+  for (int64_t rows : {2 * n, int64_t{3}, 2 * n}) {
+    SCOPED_TRACE(fmt::format("{} rows", rows));
+    std::vector<ShardedTensor> in = {{Tensor::random(DataType::Float, {rows, 32 / n}, 1), worldMesh(), {S(1)}},
+                                     {Tensor::random(DataType::Float, {24, 32 / n}, 2), worldMesh(), {S(1)}}};
+    exec.run(in);
+    const std::vector<CollectiveInfo>& cs = exec.lastCollectives();
+    ASSERT_EQ(count(cs, "allreduce"), fitting(rows));
+    if (fitting(rows) == n) {
+      EXPECT_THAT(cs[0].provenance, ::testing::Not(::testing::HasSubstr("default")));
+    } else if (fitting(rows) > 1) {
+      EXPECT_THAT(cs[0].provenance, ::testing::HasSubstr(fmt::format(
+                                        "overlapped in {} chunks, not the default {} (one per device): %1 has 3 rows "
+                                        "per rank",
+                                        fitting(rows), n)));
+    } else {
+      EXPECT_THAT(cs[0].provenance,
+                  ::testing::HasSubstr(fmt::format("not overlapped: no collective-based chunk count from 2 to the "
+                                                   "default {} splits the 3 rows of %1 per rank",
+                                                   n)));
+    }
+  }
+  for (int64_t rows : {2 * n, int64_t{3}}) expectMatchesReference(rowParallel(false, overlap("collective", 0), rows));
+}
+
+// examples/decoder_layer.mf's block under tensor parallelism: dim 0 is the batch (2), which the
+// default n chunks split only on 2 ranks; on 4 the allreduces are chunked in 2.
+TEST(Overlap, DecoderLayerWithTheDefaultChunkCount) {
+  Fusion f;
+  models::buildDecoderLayer(f, {.batch = 2, .seq = 8, .hidden = 32, .heads = 4});
+  // x, ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, up_w, down_w
+  ShardedRun run = runSharded(f, layouts({{R}, {R}, {R}, {S(0)}, {S(0)}, {S(0)}, {S(1)}, {R}, {R}, {S(0)}, {S(1)}}), {},
+                              overlap("collective", 0));
+  expectMatchesReference(run);
+  const int64_t chunks = worldSize() == 1 ? 0 : std::min<int64_t>(worldSize(), 2);
+  EXPECT_EQ(count(run.collectives, "allreduce"), 2 * chunks);
 }
 
 // A backend whose every segment takes a while: compute is long enough that the timeline shows
