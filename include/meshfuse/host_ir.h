@@ -164,10 +164,10 @@ struct CollectiveInfo {
 };
 std::vector<CollectiveInfo> collectives(const HostProgram& program, const SymbolBindings& bindings);
 
-// Calls `fn` on every node, loop bodies included (pre-order).
-template <typename Node, typename F>
-void forEachNode(std::vector<Node>& nodes, F&& fn) {
-  for (Node& n : nodes) {
+// Calls `fn` on every node, loop bodies included (pre-order); `nodes` may be const.
+template <typename Nodes, typename F>
+void forEachNode(Nodes& nodes, F&& fn) {
+  for (auto& n : nodes) {
     fn(n);
     forEachNode(n.body, fn);
   }

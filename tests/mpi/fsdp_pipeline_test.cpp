@@ -109,6 +109,7 @@ TEST(Pipeline, ThreeStagesFourMicrobatches) {
   std::vector<std::string> kinds_seen = kinds(exec.lastCollectives());
   EXPECT_THAT(kinds_seen, Each(Eq("send_recv")));
   EXPECT_EQ(kinds_seen.size(), worldRank() < 2 ? 4u : 0u) << "one send per microbatch to the next stage";
+  expectSameCollectives(collectives(program, {{"t", 32}}), exec.lastCollectives());
   if (worldRank() != 2) return;
   Tensor expected = evaluateReference(*def, full).at(0);
   ASSERT_EQ(outs[0].local.shape(), expected.shape());

@@ -39,6 +39,7 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
   }
   run.local_outputs = exec.run(inputs);
   run.collectives = exec.lastCollectives();
+  run.reported = collectives(exec.programFor(inputs), sizes);
   run.trace = exec.lastTrace();
   // Gather every output's blocks on every rank (all blocks of an output have one shape).
   Team everyone(worldSize());
@@ -77,6 +78,20 @@ void expectMatchesReference(const ShardedRun& run) {
     }
     EXPECT_EQ(bad, 0) << "output " << i << ": " << bad << " of " << b.numel()
                       << " elements differ from single-device execution; max abs err " << worst;
+  }
+}
+
+void expectSameCollectives(const std::vector<CollectiveInfo>& reported, const std::vector<CollectiveInfo>& executed) {
+  ASSERT_EQ(kinds(reported), kinds(executed));
+  for (size_t i = 0; i < executed.size(); ++i) {
+    SCOPED_TRACE(fmt::format("collective {}: {} {} -> {}", i, commKindName(executed[i].kind), executed[i].source,
+                             executed[i].tensor));
+    EXPECT_EQ(reported[i].bytes, executed[i].bytes);
+    EXPECT_EQ(reported[i].team, executed[i].team);
+    EXPECT_EQ(reported[i].mesh_axis, executed[i].mesh_axis);
+    EXPECT_EQ(reported[i].source, executed[i].source);
+    EXPECT_EQ(reported[i].tensor, executed[i].tensor);
+    EXPECT_EQ(reported[i].provenance, executed[i].provenance);
   }
 }
 

@@ -43,6 +43,7 @@ struct ShardedRun {
   std::vector<Tensor> gathered;   // the sharded outputs, assembled from every rank's block
   std::vector<ShardedTensor> local_outputs;
   std::vector<CollectiveInfo> collectives;  // executed by this rank
+  std::vector<CollectiveInfo> reported;     // this rank's program's static report (collectives())
   std::shared_ptr<Fusion> compiled;         // the decomposed fusion
   std::vector<TraceEvent> trace;            // with options.trace
 };
@@ -57,6 +58,10 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
 std::vector<std::string> kinds(const std::vector<CollectiveInfo>& cs);
 // Asserts every gathered output matches the reference within dtype tolerance.
 void expectMatchesReference(const ShardedRun& run);
+
+// Asserts a static collectives report (meshfuse collectives) lists what a run executed: the
+// same collectives in the same order, with the same teams, bytes, tensors and provenance.
+void expectSameCollectives(const std::vector<CollectiveInfo>& reported, const std::vector<CollectiveInfo>& executed);
 
 // The message of the UserError `fn` throws (and checks its kind), or "" when it throws none.
 std::string errorOf(ErrorKind kind, const std::function<void()>& fn);

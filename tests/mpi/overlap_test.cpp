@@ -119,6 +119,24 @@ TEST(Overlap, RowParallelLinearWithChunkedAllreduceAndReduceScatter) {
   }
 }
 
+// `meshfuse collectives` (the static report of a rank's program) lists what the run executes,
+// bytes included: a chunk's collective sends one chunk of its per-iteration buffer.
+TEST(Overlap, StaticReportMatchesTheExecutedCollectives) {
+  const int64_t n = worldSize();
+  for (const auto& [algorithm, chunks] : std::vector<std::pair<std::string, int64_t>>{
+           {"collective", 2}, {"collective", 4}, {"ring", n}, {"ring", 2 * n}, {"collective", 0}}) {
+    SCOPED_TRACE(fmt::format("{}, {} chunks", algorithm, chunks));
+    ShardedRun sp = sequenceParallelMlp(overlap(algorithm, chunks));
+    expectSameCollectives(sp.reported, sp.collectives);
+    for (bool scatter : {false, true}) {
+      ShardedRun row = rowParallel(scatter, overlap(algorithm, chunks));
+      expectSameCollectives(row.reported, row.collectives);
+    }
+  }
+  ShardedRun adapted = rowParallel(/*scatter=*/false, overlap("collective", 0), 3);  // the default adapted
+  expectSameCollectives(adapted.reported, adapted.collectives);
+}
+
 // Chunk counts against the sizes (decompose_for_overlap.h): a count the user chose that does not
 // split each rank's rows is one typed error, raised on every rank before anything runs; it names
 // the op, the user's tensor, the rows and the counts that would do.
