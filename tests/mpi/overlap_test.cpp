@@ -2,6 +2,8 @@
 // undecomposed one does, with the collectives its algorithm implies; and the timeline of an
 // overlapped run has communication running while compute runs.
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "meshfuse/ir/parser.h"
@@ -114,6 +116,91 @@ TEST(Overlap, RowParallelLinearWithChunkedAllreduceAndReduceScatter) {
       } else {
         // A reduce-scatter ring (n - 1 steps), plus an allgather ring for the allreduce.
         EXPECT_EQ(count(run.collectives, "send_recv"), (scatter ? 1 : 2) * (worldSize() - 1) * 2);
+      }
+    }
+  }
+}
+
+// Each overlapped pattern on its own (SP: allgather+GEMM; row-parallel: GEMM+reduce-scatter and
+// GEMM+allreduce), with its input layouts.
+struct Pattern {
+  std::string name;
+  std::function<void(Fusion&)> build;
+  std::vector<std::pair<DeviceMesh, Ps>> layouts;
+};
+std::vector<Pattern> overlapPatterns() {
+  return {{"allgather+GEMM",
+           [](Fusion& f) {
+             TensorView* x = f.defineTensor({-1, 64}, DataType::Float, "x");
+             TensorView* w = f.defineTensor({256, 64}, DataType::Float, "w");
+             f.addOutput(ops::linear(x, w));  // x gathered; w column-parallel
+           },
+           layouts({{S(0)}, {S(0)}})},
+          {"GEMM+reduce-scatter", [](Fusion& f) { rowParallelLinear(f, true); }, layouts({{S(1)}, {S(1)}})},
+          {"GEMM+allreduce", [](Fusion& f) { rowParallelLinear(f, false); }, layouts({{S(1)}, {S(1)}})}};
+}
+
+// Bitwise-equal elements of two tensors of one shape, and the largest difference.
+struct Difference {
+  int64_t same_bits = 0;
+  double max_abs = 0, max_ref = 0;
+};
+Difference differenceOf(const Tensor& a, const Tensor& ref) {
+  Difference d;
+  for (int64_t k = 0; k < ref.numel(); ++k) {
+    const float x = static_cast<float>(a.get(k)), y = static_cast<float>(ref.get(k));
+    d.same_bits += std::memcmp(&x, &y, sizeof(float)) == 0;
+    d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(x) - y));
+    d.max_ref = std::max(d.max_ref, std::fabs(static_cast<double>(y)));
+  }
+  return d;
+}
+
+// Decomposed vs undecomposed, directly (not each vs the reference): the chunks compute the same
+// dot products and sums, but a BLAS may pick another kernel for a chunk's shape (OpenBLAS's
+// small-matrix kernel below about 64^3 multiply-adds sums in another order) and a ring adds the
+// partials in ring order: within a few float ulps of the output's magnitude (docs/parallelisms.md
+// "What overlap computes").
+TEST(Overlap, DecomposedMatchesUndecomposedWithinRounding) {
+  const int64_t n = worldSize();
+  for (const Pattern& p : overlapPatterns()) {
+    Fusion f;
+    p.build(f);
+    const std::vector<Tensor> whole = runSharded(f, p.layouts, {{"s0", 32 * n}}, overlap("none", 0)).gathered;
+    for (const std::string& algorithm : {"collective", "ring"}) {
+      for (int64_t chunks : {n, 2 * n, 4 * n}) {
+        SCOPED_TRACE(fmt::format("{}, {}-based, {} chunks", p.name, algorithm, chunks));
+        Difference d =
+            differenceOf(runSharded(f, p.layouts, {{"s0", 32 * n}}, overlap(algorithm, chunks)).gathered[0], whole[0]);
+        const double ulp = std::ldexp(1.0, -23);  // float epsilon
+        EXPECT_LE(d.max_abs, 8 * ulp * d.max_ref) << d.same_bits << " of " << whole[0].numel() << " bitwise equal";
+        if (worldRank() == 0 && chunks == 2 * n)
+          std::printf("[ numerics ] %s, %s-based, %lld chunks: %lld of %lld elements bitwise equal, max diff %.3g\n",
+                      p.name.c_str(), algorithm.c_str(), static_cast<long long>(chunks),
+                      static_cast<long long>(d.same_bits), static_cast<long long>(whole[0].numel()), d.max_abs);
+      }
+    }
+  }
+}
+
+// What is bitwise identical by construction: with a GEMM whose every output element is computed
+// alike whatever the number of rows (the reference backend: each dot product in double, rounded
+// once), an allgather+GEMM's chunks are exactly the undecomposed rows, for every algorithm; and a
+// reduction over two ranks adds two partials, in whichever order (a + b == b + a).
+TEST(Overlap, ChunksAreBitwiseIdenticalWhenTheGemmComputesEachRowAlike) {
+  const int64_t n = worldSize();
+  for (const Pattern& p : overlapPatterns()) {
+    const bool bitwise = p.name == "allgather+GEMM" || n <= 2;
+    if (!bitwise) continue;  // > 2 partials: the sum's order is MPI's or the ring's (see above)
+    Fusion f;
+    p.build(f);
+    const std::vector<Tensor> whole =
+        runSharded(f, p.layouts, {{"s0", 8 * n}}, overlap("none", 0), makeReferenceBackend()).gathered;
+    for (const std::string& algorithm : {"collective", "ring"}) {
+      for (int64_t chunks : {n, 2 * n}) {
+        SCOPED_TRACE(fmt::format("{}, {}-based, {} chunks", p.name, algorithm, chunks));
+        ShardedRun run = runSharded(f, p.layouts, {{"s0", 8 * n}}, overlap(algorithm, chunks), makeReferenceBackend());
+        EXPECT_EQ(differenceOf(run.gathered[0], whole[0]).same_bits, whole[0].numel());
       }
     }
   }
