@@ -14,6 +14,8 @@
 //   copy %x -> %g[r of 4]  /  add %t -> %acc   a local copy, or an accumulation (ring reductions)
 //   deallocate %3                             frees %3 after its last use
 //   for i in [0, 4) { ... }                   a Stream-parallel loop (chunks, ring steps, microbatches)
+//   for i in [0, 4) on 2 streams { ... }      independent iterations on a pool of streams (before
+//                                             assign-streams places them)
 //   stream 2                                  later nodes run on stream 2 (0: the main stream)
 //   record e0 / wait e0                       cross-stream order: an event and a wait for it
 //   sync                                      the main stream waits for every stream (join)
@@ -120,6 +122,8 @@ struct HostNode {
   std::vector<HostNode> body;
   // SetCurrentStream: `stream`, or with stream_pool > 0 stream + (i mod stream_pool) for the
   // innermost loop's variable i (each iteration on its own stream of a bounded pool).
+  // ForLoop: stream_pool > 0 says its iterations are independent and rotate through that many
+  // streams; assign-streams makes it explicit (stream, event and join nodes) and clears it.
   int64_t stream = 0;
   int64_t stream_pool = 0;
   // RecordEvent / WaitEvent: instance (sum_j event_coeffs[j] * i_j + event_offset) of event
@@ -141,7 +145,8 @@ struct HostProgram {
 };
 
 // lower-to-host-ir: the collective host program of a decomposed fusion; sets marked by
-// decompose-for-overlap become Stream-parallel loops over `overlap.streams` streams.
+// decompose-for-overlap and GEMMs whose rows a Stream split chunks become Stream-parallel loops
+// (chunks on a pool of `overlap.streams` streams, ring steps beside the GEMMs).
 HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& overlap = {});
 // specialize-for-rank: keeps only `rank`'s work (MPMD) and resolves every team to global ranks.
 HostProgram specializeForRank(const HostProgram& program, int64_t rank);

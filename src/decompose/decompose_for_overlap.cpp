@@ -2,6 +2,7 @@
 #include "decompose/decompose_for_overlap.h"
 
 #include <algorithm>
+#include <set>
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
@@ -163,6 +164,49 @@ void checkMicrobatches(const Fusion& f, const SymbolBindings& sizes) {
   }
 }
 
+// Every Stream split in the schedule is honoured or refused, never dropped: on a pipeline's
+// inputs it makes microbatches (every tensor then follows that split); elsewhere it chunks the
+// rows of a linear or matmul (with a collective beside it, the pair's chunks; alone, a loop of
+// smaller GEMMs on the stream pool).
+void checkStreamSplits(const Fusion& f, std::optional<int64_t> microbatches) {
+  for (const TensorView* tv : f.tensorViews()) {
+    std::optional<StreamSplit> s = streamSplitOf(tv);
+    if (!s || f.isInput(tv)) continue;  // (inputs: microbatches, checked by checkMicrobatches)
+    if (microbatches) {
+      MF_USER_CHECK(s->dim == 0 && s->chunks == *microbatches, ErrorKind::Unsupported,
+                    "{}: its Stream split ({} chunks of dim {}) differs from the pipeline's {} microbatches of dim 0: "
+                    "inside a microbatched pipeline every tensor is processed one microbatch at a time",
+                    f.displayName(tv), s->chunks, s->dim, *microbatches);
+      continue;
+    }
+    MF_USER_CHECK(
+        s->dim == 0, ErrorKind::Unsupported,
+        "{}: a Stream split of dim {} is not supported: stream chunks are blocks of rows (dim 0); split dim 0 "
+        "instead",
+        f.displayName(tv), s->dim);
+    const Expr* def = tv->definition();
+    MF_USER_CHECK(isGemm(def) && rowsFollowOperand0(def), ErrorKind::Unsupported,
+                  "{}: a Stream split is supported on the rows of a linear or matmul output (its chunks run as a loop "
+                  "of smaller GEMMs on the stream pool) and on the inputs of a pipeline (microbatches), not on the "
+                  "output of {}",
+                  f.displayName(tv), def ? def->name() : "an input");
+  }
+}
+
+// The stream chunks of a GEMM that no collective is paired with split its rows evenly, once
+// `sizes` bind them.
+void checkStreamChunkedRows(const Fusion& f, const Expr* gemm, const SymbolBindings& sizes) {
+  const TensorView* out = gemm->output();
+  const int64_t chunks = streamSplitOf(out)->chunks;
+  std::optional<int64_t> rows = localRows(out, sizes);
+  if (!rows || *rows % chunks == 0) return;
+  userError(ErrorKind::Value,
+            "{} {}: its Stream split split(0, {}) needs the {} rows of {} per rank (dim 0) to split into {} equal "
+            "chunks; split its rows into N stream chunks with N dividing {}: {}",
+            gemm->name(), f.displayName(out), chunks, *rows, f.displayName(out), chunks, *rows,
+            someValid(*rows, [&](int64_t v) { return *rows % v == 0; }));
+}
+
 }  // namespace
 
 void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolBindings& sizes) {
@@ -170,16 +214,23 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
                 ErrorKind::Value, "overlap algorithm must be none, collective or ring but is '{}'", options.algorithm);
   MF_USER_CHECK(options.chunks >= 0, ErrorKind::Value, "overlap chunks must be >= 0 (0: one per device) but is {}",
                 options.chunks);
+  MF_USER_CHECK(options.streams >= 1, ErrorKind::Value,
+                "overlap streams must be >= 1 (the pool of streams the iterations of chunked loops rotate through) but "
+                "is {}",
+                options.streams);
   // Microbatched programs (pipelines) already run in a Stream-parallel loop over microbatches.
-  bool microbatched = std::any_of(f.inputs().begin(), f.inputs().end(),
-                                  [](const TensorView* in) { return streamSplitOf(in).has_value(); });
-  MF_USER_CHECK(!microbatched || options.algorithm == "none", ErrorKind::Unsupported,
+  std::optional<int64_t> microbatches;
+  for (const TensorView* in : f.inputs())
+    if (std::optional<StreamSplit> s = streamSplitOf(in)) microbatches = s->chunks;
+  MF_USER_CHECK(!microbatches || options.algorithm == "none", ErrorKind::Unsupported,
                 "overlap decomposition (--overlap={}) inside a microbatched pipeline is not supported",
                 options.algorithm);
-  if (microbatched) {
+  checkStreamSplits(f, microbatches);
+  if (microbatches) {
     checkMicrobatches(f, sizes);
     return;
   }
+  std::set<const Expr*> paired;  // GEMMs whose chunks a marked collective's loop runs
   for (Expr* e : f.exprs()) {
     if (e->kind() != OpKind::Set || e->attr<std::string>("overlap") != "none") continue;
     Change c = changeOf(e);
@@ -190,8 +241,7 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
     p.devices = e->output()->mesh()->size(c.axis);
     if (p.devices == 1) continue;  // no communication to hide
     // The user's schedule (a Stream split of the GEMM's output rows) or the options decide.
-    std::optional<StreamSplit> user = streamSplitOf(p.gemm->output());
-    if (user && user->dim != 0) user.reset();
+    std::optional<StreamSplit> user = streamSplitOf(p.gemm->output());  // dim 0 (checkStreamSplits)
     if (!user && options.algorithm == "none") continue;
     const std::string algorithm = options.algorithm == "none" ? "collective" : options.algorithm;
     const bool chosen = user || options.chunks > 0;  // else the default: one chunk per device
@@ -223,7 +273,10 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
     }
     f.setAttribute(e, "overlap", algorithm);
     f.setAttribute(e, "chunks", chunks);
+    paired.insert(p.gemm);
   }
+  for (const Expr* e : f.exprs())
+    if (isGemm(e) && streamSplitOf(e->output()) && !paired.count(e)) checkStreamChunkedRows(f, e, sizes);
 }
 
 bool chunkingDependsOnSizes(const Fusion& f, const OverlapOptions& options) {

@@ -1,19 +1,30 @@
-// assign-streams: parameter all-gathers (FSDP) run on a communication stream, one ahead.
+// assign-streams: places a specialized program's work on streams (the one pass that does, apart
+// from ring loops, whose stream and event pattern is their algorithm: lower_overlap.h).
 //
-// With fully sharded parameters every GEMM's weight is all-gathered just before the GEMM. This
-// pass moves each gather (its buffer allocation, the collective and its wait) onto stream 1 and
-// issues it just before the previous gathered parameter's first use, so that gather k + 1 runs
-// while layer k computes; the main stream waits for gather k + 1's event just before its first
-// use. At most two gathered parameters are alive at once: the one in use and the one being
-// prefetched (insert-deallocations frees each after its last use).
+// 1. Stream pools. A loop whose iterations are independent (ForLoop::stream_pool = k: chunks of
+//    a collective-based overlap, stream chunks of a GEMM) runs iteration i on stream 1 + i % k,
+//    after the main stream's state at the loop's start (an event recorded before it); the main
+//    stream joins the pool after the loop (sync).
+//
+//      before: for i in [0, 4) on 2 streams { BODY }
+//      after:  record e0[0] ; for i in [0, 4) { stream 1 + i % 2 ; wait_event e0[0] ; BODY ;
+//              record e1[i] } ; stream 0 ; sync
+//
+// 2. FSDP prefetch. With fully sharded parameters every GEMM's weight is all-gathered just
+//    before the GEMM. Each such gather (its buffer allocation, the collective and its wait) moves
+//    onto stream 1 and is issued just before the previous gathered parameter's first use, so that
+//    gather k + 1 runs while layer k computes; the main stream waits for gather k + 1's event
+//    just before its first use. At most two gathered parameters are alive at once: the one in use
+//    and the one being prefetched (insert-deallocations frees each after its last use).
+//
+//      before: allocate %w1g ; comm h1 allgather %w1 -> %w1g ; wait h1 ; gemm %y1 = linear(%x1, %w1g)
+//      after:  allocate %w1g ; stream 1 ; comm h1 ... ; wait h1 ; record e1[0] ; stream 0 ;
+//              wait_event e0[0] ; gemm %y0 = linear(%x0, %w0g) ; ... ; wait_event e1[0] ;
+//              gemm %y1 = linear(%x1, %w1g)
 //
 // requires: specialize-for-rank; runs before insert-deallocations.
-// guarantees: every value is still produced before it is read (events order the streams).
-//
-//   before: allocate %w1g ; comm h1 allgather %w1 -> %w1g ; wait h1 ; gemm %y1 = linear(%x1, %w1g)
-//   after:  allocate %w1g ; stream 1 ; comm h1 ... ; wait h1 ; record e1[0] ; stream 0 ;
-//           wait_event e0[0] ; gemm %y0 = linear(%x0, %w0g) ; ... ; wait_event e1[0] ;
-//           gemm %y1 = linear(%x1, %w1g)
+// guarantees: every value is still produced before it is read (events order the streams); no
+//   ForLoop is left with stream_pool set.
 #include "lower/assign_streams.h"
 
 #include <algorithm>
@@ -55,20 +66,42 @@ HostNode streamNode(int64_t stream) {
   return n;
 }
 
-HostNode eventNode(HostNodeKind kind, int64_t id) {
+HostNode eventNode(HostNodeKind kind, int64_t id, std::vector<int64_t> coeffs = {}) {
   HostNode n;
   n.kind = kind;
   n.event = id;
+  n.event_coeffs = std::move(coeffs);
   return n;
 }
 
-}  // namespace
+// 1. (see the top): the loops of independent iterations on their stream pools.
+void placeStreamPools(std::vector<HostNode>& nodes, int64_t& events) {
+  std::vector<HostNode> out;
+  for (HostNode& n : nodes) {
+    if (n.kind != HostNodeKind::ForLoop || n.stream_pool == 0) {
+      out.push_back(std::move(n));
+      continue;
+    }
+    const int64_t start = events++, done = events++;
+    HostNode pool = streamNode(1);
+    pool.stream_pool = n.stream_pool;
+    n.stream_pool = 0;
+    n.body.insert(n.body.begin(), {pool, eventNode(HostNodeKind::WaitEvent, start)});
+    n.body.push_back(eventNode(HostNodeKind::RecordEvent, done, {1}));
+    out.push_back(eventNode(HostNodeKind::RecordEvent, start));
+    out.push_back(std::move(n));
+    out.push_back(streamNode(0));
+    HostNode join;
+    join.kind = HostNodeKind::Synchronize;
+    out.push_back(join);
+  }
+  nodes = std::move(out);
+}
 
-void assignStreams(HostProgram& p) {
+// 2. (see the top): parameter gathers on stream 1, one ahead.
+void prefetchParameters(HostProgram& p, int64_t& events) {
   const Fusion& f = *p.fusion;
   std::vector<HostNode>& nodes = p.nodes;
-  int64_t events = 0;
-  forEachNode(nodes, [&](const HostNode& n) { events = std::max(events, n.event + 1); });
   int64_t previous_event = -1;  // the event of the last gathered parameter
   for (size_t c = 0; c < nodes.size(); ++c) {
     if (!gathersParameter(f, nodes[c])) continue;
@@ -81,8 +114,8 @@ void assignStreams(HostProgram& p) {
                                 nodes.begin() + static_cast<std::ptrdiff_t>(c + 2));
     nodes.erase(nodes.begin() + static_cast<std::ptrdiff_t>(c - 1), nodes.begin() + static_cast<std::ptrdiff_t>(c + 2));
     const int64_t event = events++;
-    std::vector<HostNode> issued = {group[0], streamNode(1), group[1], group[2],
-                                    eventNode(HostNodeKind::RecordEvent, event), streamNode(0)};
+    std::vector<HostNode> issued = {
+        group[0], streamNode(1), group[1], group[2], eventNode(HostNodeKind::RecordEvent, event), streamNode(0)};
     // Issue it just before the main stream waits for the previous gathered parameter (one ahead),
     // so that it runs while the previous layer computes; the first one stays where it was.
     size_t at = c - 1;
@@ -94,6 +127,15 @@ void assignStreams(HostProgram& p) {
     c = use;  // continue after the first use
     previous_event = event;
   }
+}
+
+}  // namespace
+
+void assignStreams(HostProgram& p) {
+  int64_t events = 0;  // the next free event id
+  forEachNode(p.nodes, [&](const HostNode& n) { events = std::max(events, n.event + 1); });
+  placeStreamPools(p.nodes, events);
+  prefetchParameters(p, events);
 }
 
 }  // namespace meshfuse

@@ -138,8 +138,9 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
         line = fmt::format("{} {} -> {}", n.accumulate ? "add" : "copy", n.in.toString(f), n.out.toString(f));
         break;
       case HostNodeKind::ForLoop:
-        s += fmt::format("{}for {} in [0, {}) {{\n", indent,
-                         depth == 0 && !hasNestedLoop(n) ? "i" : fmt::format("i{}", depth), n.trip_count);
+        s += fmt::format("{}for {} in [0, {}){} {{\n", indent,
+                         depth == 0 && !hasNestedLoop(n) ? "i" : fmt::format("i{}", depth), n.trip_count,
+                         n.stream_pool > 0 ? fmt::format(" on {} streams", n.stream_pool) : "");
         printNodes(p, n.body, indent + "  ", s, depth + 1);
         s += indent + "}\n";
         continue;

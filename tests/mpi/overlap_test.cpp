@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "meshfuse/ir/parser.h"
@@ -300,6 +301,37 @@ TEST(Overlap, DecoderLayerWithTheDefaultChunkCount) {
   expectMatchesReference(run);
   const int64_t chunks = worldSize() == 1 ? 0 : std::min<int64_t>(worldSize(), 2);
   EXPECT_EQ(count(run.collectives, "allreduce"), 2 * chunks);
+}
+
+// The Stream parallel type on its own: a Stream split of a GEMM's rows with no collective beside
+// it runs as a loop of smaller GEMMs whose iterations rotate through the stream pool.
+TEST(Overlap, StreamSplitOfAGemmWithoutACollectiveRunsOnTheStreamPool) {
+  Fusion f;
+  TensorView* inp = f.defineTensor({-1, 16}, DataType::Float, "inp");
+  TensorView* up_w = f.defineTensor({64, 16}, DataType::Float, "up_w");
+  TensorView* down_w = f.defineTensor({16, 64}, DataType::Float, "down_w");
+  TensorView* up = ops::linear(inp, up_w);
+  applyStreamSplit(up, {0, 4});
+  f.addOutput(ops::linear(ops::gelu(up, "tanh"), down_w));
+  ExecutorOptions o;
+  o.trace = true;  // tensor parallelism: no collective beside the first GEMM
+  ShardedRun run = runSharded(f, layouts({{R}, {S(0)}, {S(1)}}), {{"s0", 32}}, o);
+  expectMatchesReference(run);
+  std::map<int64_t, int64_t> chunks_per_stream;
+  for (const TraceEvent& e : run.trace)
+    if (e.kind == TaskKind::Compute && e.stream != 0) ++chunks_per_stream[e.stream];
+  EXPECT_EQ(chunks_per_stream, (std::map<int64_t, int64_t>{{1, 2}, {2, 2}})) << "4 chunks on a pool of 2 streams";
+}
+
+TEST(Overlap, TheStreamPoolHasAtLeastOneStream) {
+  for (int64_t streams : {0, -1}) {
+    ExecutorOptions o = overlap("collective", 2);
+    o.pipeline.overlap.streams = streams;
+    EXPECT_THAT(errorOf(ErrorKind::Value, [&] { sequenceParallelMlp(o); }),
+                ::testing::HasSubstr(fmt::format("overlap streams must be >= 1 (the pool of streams the iterations of "
+                                                 "chunked loops rotate through) but is {}",
+                                                 streams)));
+  }
 }
 
 // A backend whose every segment takes a while: compute is long enough that the timeline shows
