@@ -22,6 +22,21 @@
 //              wait_event e0[0] ; gemm %y0 = linear(%x0, %w0g) ; ... ; wait_event e1[0] ;
 //              gemm %y1 = linear(%x1, %w1g)
 //
+// 3. Pipeline stage boundaries (GPipe forward). In a rank's microbatch loop, a stage-boundary
+//    receive is posted for every microbatch before the loop (into a buffer of all microbatches)
+//    and waited for on stream 1, so microbatch i + 1 arrives while microbatch i computes; a send
+//    runs on stream 2 after the compute of its microbatch, so it travels while the next one
+//    computes. The main stream waits only for the receive it needs; the loop ends with a join.
+//
+//      before: for i in [0, 4) { allocate %0 (one block of 4) ; comm h0 send_recv %a -> %0 from
+//              rank 0 ; wait h0 ; gemm (%0, %w) -> (%b) ; comm h1 send_recv %b -> %1 to rank 2 ;
+//              wait h1 ; deallocate %0 }
+//      after:  allocate %0 ; stream 1 ; for i in [0, 4) { comm h0 send_recv %a -> %0[i of 4] from
+//              rank 0 } ; for i in [0, 4) { wait h0 ; record e0[i] } ; stream 0 ;
+//              for i in [0, 4) { wait_event e0[i] ; gemm (%0[i of 4], %w) -> (%b) ; record e1[i] ;
+//              stream 2 ; wait_event e1[i] ; comm h1 send_recv %b -> %1 to rank 2 ; wait h1 ;
+//              stream 0 } ; sync
+//
 // requires: specialize-for-rank; runs before insert-deallocations.
 // guarantees: every value is still produced before it is read (events order the streams); no
 //   ForLoop is left with stream_pool set.
@@ -129,12 +144,122 @@ void prefetchParameters(HostProgram& p, int64_t& events) {
   }
 }
 
+// ---- 3. pipeline stage boundaries ------------------------------------------------------------
+
+bool stageBoundary(const HostNode& n) {
+  return n.kind == HostNodeKind::Communication && n.comm == CommKind::SendRecv && n.shift == 0 && n.mesh_axis < 0;
+}
+bool receivesOnly(const HostNode& n) { return stageBoundary(n) && n.recv_from >= 0 && n.send_to < 0; }
+bool sendsOnly(const HostNode& n) { return stageBoundary(n) && n.send_to >= 0 && n.recv_from < 0; }
+
+// Makes every whole reference to `tv` in `nodes` a reference to block `i of blocks`.
+void viewAsBlocks(std::vector<HostNode>& nodes, const TensorView* tv, int64_t blocks) {
+  auto fix = [&](BlockRef& b) {
+    if (b.tv != tv || !b.whole()) return;
+    b.blocks = blocks;
+    b.loop_coeffs = {1};
+  };
+  forEachNode(nodes, [&](HostNode& n) {
+    fix(n.in);
+    fix(n.out);
+    for (BlockRef& v : n.views) fix(v);
+  });
+}
+
+HostNode loopOf(int64_t trips, std::vector<HostNode> body) {
+  HostNode n;
+  n.kind = HostNodeKind::ForLoop;
+  n.trip_count = trips;
+  n.body = std::move(body);
+  return n;
+}
+
+// Rewrites one microbatch loop; `before` receives the nodes that go ahead of it, `after` those
+// that follow it.
+void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before, std::vector<HostNode>& after) {
+  const int64_t m = loop.trip_count;
+  std::vector<HostNode> posts, waits, body;
+  bool sends = false;
+  auto waitOf = [&](size_t j, int64_t handle) {
+    MF_CHECK(
+        j + 1 < loop.body.size() && loop.body[j + 1].kind == HostNodeKind::Wait && loop.body[j + 1].handle == handle,
+        "a stage boundary's wait must follow it");
+    return loop.body[j + 1];
+  };
+  std::vector<const TensorView*> received;
+  for (size_t j = 0; j < loop.body.size(); ++j) {
+    HostNode& n = loop.body[j];
+    if (receivesOnly(n)) {
+      const int64_t arrived = events++;
+      posts.push_back(n);
+      waits.push_back(waitOf(j, n.handle));
+      waits.push_back(eventNode(HostNodeKind::RecordEvent, arrived, {1}));
+      body.push_back(eventNode(HostNodeKind::WaitEvent, arrived, {1}));
+      received.push_back(n.out.tv);
+      ++j;  // (its wait went with it)
+    } else if (sendsOnly(n)) {
+      const int64_t computed = events++;
+      body.push_back(eventNode(HostNodeKind::RecordEvent, computed, {1}));
+      body.push_back(streamNode(2));
+      body.push_back(eventNode(HostNodeKind::WaitEvent, computed, {1}));
+      body.push_back(n);
+      body.push_back(waitOf(j, n.handle));
+      body.push_back(streamNode(0));
+      sends = true;
+      ++j;
+    } else {
+      body.push_back(std::move(n));
+    }
+  }
+  if (received.empty() && !sends) return;
+  // A received tensor becomes a buffer of every microbatch, allocated before the loop.
+  for (const TensorView* tv : received) {
+    std::erase_if(body, [&](const HostNode& n) {
+      return (n.kind == HostNodeKind::Allocate || n.kind == HostNodeKind::Deallocate) && n.tv == tv;
+    });
+    viewAsBlocks(body, tv, m);
+    viewAsBlocks(posts, tv, m);
+    HostNode a;
+    a.kind = HostNodeKind::Allocate;
+    a.tv = tv;
+    before.push_back(a);
+  }
+  if (!posts.empty()) {
+    before.push_back(streamNode(1));
+    before.push_back(loopOf(m, std::move(posts)));  // every receive posted up front
+    before.push_back(loopOf(m, std::move(waits)));  // and waited for in order, beside the compute
+    before.push_back(streamNode(0));
+  }
+  loop.body = std::move(body);
+  HostNode join;
+  join.kind = HostNodeKind::Synchronize;
+  after.push_back(join);
+}
+
+void placeStageBoundaries(std::vector<HostNode>& nodes, int64_t& events) {
+  std::vector<HostNode> out;
+  for (HostNode& n : nodes) {
+    if (n.kind != HostNodeKind::ForLoop ||
+        std::none_of(n.body.begin(), n.body.end(), [](const HostNode& b) { return stageBoundary(b); })) {
+      out.push_back(std::move(n));
+      continue;
+    }
+    std::vector<HostNode> before, after;
+    pipelineLoop(n, events, before, after);
+    out.insert(out.end(), before.begin(), before.end());
+    out.push_back(std::move(n));
+    out.insert(out.end(), after.begin(), after.end());
+  }
+  nodes = std::move(out);
+}
+
 }  // namespace
 
 void assignStreams(HostProgram& p) {
   int64_t events = 0;  // the next free event id
   forEachNode(p.nodes, [&](const HostNode& n) { events = std::max(events, n.event + 1); });
   placeStreamPools(p.nodes, events);
+  placeStageBoundaries(p.nodes, events);
   prefetchParameters(p, events);
 }
 
