@@ -18,6 +18,8 @@
 //                                             assign-streams places them)
 //   stream 2                                  later nodes run on stream 2 (0: the main stream)
 //   record e0 / wait e0                       cross-stream order: an event and a wait for it
+//   host_wait e1[i - 2]                       the host waits for the event: it runs at most 2
+//                                             iterations ahead (their buffers bound the memory)
 //   sync                                      the main stream waits for every stream (join)
 #pragma once
 
@@ -49,6 +51,7 @@ class TensorView;
   X(SetCurrentStream, "stream")   \
   X(RecordEvent, "record")        \
   X(WaitEvent, "wait_event")      \
+  X(HostWaitEvent, "host_wait")   \
   X(Synchronize, "sync")
 
 enum class HostNodeKind {
@@ -126,7 +129,7 @@ struct HostNode {
   // streams; assign-streams makes it explicit (stream, event and join nodes) and clears it.
   int64_t stream = 0;
   int64_t stream_pool = 0;
-  // RecordEvent / WaitEvent: instance (sum_j event_coeffs[j] * i_j + event_offset) of event
+  // RecordEvent / WaitEvent / HostWaitEvent: instance (sum_j event_coeffs[j] * i_j + event_offset) of event
   // `event` (i_j: the enclosing loops' variables, outermost first); a wait for a negative
   // instance is a no-op. So an event recorded per iteration of `for i` is waited for by the next
   // iteration with coeffs {1}, offset -1.
@@ -154,7 +157,10 @@ HostProgram specializeForRank(const HostProgram& program, int64_t rank);
 void insertDeallocations(HostProgram& program);
 
 // Bytes `rank` holds at its peak while running `program` (inputs included), for the given
-// bindings of symbolic sizes.
+// bindings of symbolic sizes. Allocations count in program order, except in loops: the host runs
+// ahead of the streams, and an iteration's buffers stay alive until its tasks ran, so a loop
+// holds the buffers of as many iterations as may be in flight (the k of a `host_wait e[i - k]`
+// that starts its body, else every iteration).
 int64_t peakMemoryBytes(const HostProgram& program, const SymbolBindings& bindings);
 
 // The communications of a specialized program, for reports (a loop's count once per trip).

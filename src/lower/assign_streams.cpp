@@ -89,6 +89,14 @@ HostNode eventNode(HostNodeKind kind, int64_t id, std::vector<int64_t> coeffs = 
   return n;
 }
 
+// The host waits for iteration i - k's `done` event before it issues iteration i: at most k
+// iterations are in flight, so at most k iterations' buffers are alive (peakMemoryBytes).
+HostNode hostWait(int64_t done, int64_t k) {
+  HostNode n = eventNode(HostNodeKind::HostWaitEvent, done, {1});
+  n.event_offset = -k;
+  return n;
+}
+
 // 1. (see the top): the loops of independent iterations on their stream pools.
 void placeStreamPools(std::vector<HostNode>& nodes, int64_t& events) {
   std::vector<HostNode> out;
@@ -100,9 +108,9 @@ void placeStreamPools(std::vector<HostNode>& nodes, int64_t& events) {
     const int64_t start = events++, done = events++;
     HostNode pool = streamNode(1);
     pool.stream_pool = n.stream_pool;
-    n.stream_pool = 0;
-    n.body.insert(n.body.begin(), {pool, eventNode(HostNodeKind::WaitEvent, start)});
+    n.body.insert(n.body.begin(), {hostWait(done, n.stream_pool), pool, eventNode(HostNodeKind::WaitEvent, start)});
     n.body.push_back(eventNode(HostNodeKind::RecordEvent, done, {1}));
+    n.stream_pool = 0;
     out.push_back(eventNode(HostNodeKind::RecordEvent, start));
     out.push_back(std::move(n));
     out.push_back(streamNode(0));
@@ -187,6 +195,7 @@ void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before
     return loop.body[j + 1];
   };
   std::vector<const TensorView*> received;
+  size_t last_send = 0;  // where body[] has the last send's wait, + 1
   for (size_t j = 0; j < loop.body.size(); ++j) {
     HostNode& n = loop.body[j];
     if (receivesOnly(n)) {
@@ -204,6 +213,7 @@ void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before
       body.push_back(eventNode(HostNodeKind::WaitEvent, computed, {1}));
       body.push_back(n);
       body.push_back(waitOf(j, n.handle));
+      last_send = body.size();
       body.push_back(streamNode(0));
       sends = true;
       ++j;
@@ -211,7 +221,15 @@ void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before
       body.push_back(std::move(n));
     }
   }
-  if (received.empty() && !sends) return;
+  // At most 2 microbatches in flight: one computing, the one before it being sent. `done`: an
+  // iteration's last work is done (its sends, else its compute).
+  const int64_t done = events++;
+  if (sends) {
+    body.insert(body.begin() + static_cast<std::ptrdiff_t>(last_send), eventNode(HostNodeKind::RecordEvent, done, {1}));
+  } else {
+    body.push_back(eventNode(HostNodeKind::RecordEvent, done, {1}));
+  }
+  body.insert(body.begin(), hostWait(done, 2));
   // A received tensor becomes a buffer of every microbatch, allocated before the loop.
   for (const TensorView* tv : received) {
     std::erase_if(body, [&](const HostNode& n) {
@@ -231,16 +249,20 @@ void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before
     before.push_back(streamNode(0));
   }
   loop.body = std::move(body);
+  if (received.empty() && !sends) return;
   HostNode join;
   join.kind = HostNodeKind::Synchronize;
   after.push_back(join);
 }
 
-void placeStageBoundaries(std::vector<HostNode>& nodes, int64_t& events) {
+// Microbatch loops: the loops, not on a stream pool, whose iterations allocate buffers (ring
+// loops allocate theirs before the loop).
+void placeMicrobatchLoops(std::vector<HostNode>& nodes, int64_t& events) {
   std::vector<HostNode> out;
   for (HostNode& n : nodes) {
-    if (n.kind != HostNodeKind::ForLoop ||
-        std::none_of(n.body.begin(), n.body.end(), [](const HostNode& b) { return stageBoundary(b); })) {
+    if (n.kind != HostNodeKind::ForLoop || n.stream_pool > 0 ||
+        std::none_of(n.body.begin(), n.body.end(),
+                     [](const HostNode& b) { return b.kind == HostNodeKind::Allocate; })) {
       out.push_back(std::move(n));
       continue;
     }
@@ -258,8 +280,8 @@ void placeStageBoundaries(std::vector<HostNode>& nodes, int64_t& events) {
 void assignStreams(HostProgram& p) {
   int64_t events = 0;  // the next free event id
   forEachNode(p.nodes, [&](const HostNode& n) { events = std::max(events, n.event + 1); });
+  placeMicrobatchLoops(p.nodes, events);  // (first: it tells pool loops by their stream_pool)
   placeStreamPools(p.nodes, events);
-  placeStageBoundaries(p.nodes, events);
   prefetchParameters(p, events);
 }
 

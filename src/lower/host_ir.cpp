@@ -148,7 +148,8 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
         line += n.stream_pool > 0 ? fmt::format(" {} + i % {}", n.stream, n.stream_pool) : fmt::format(" {}", n.stream);
         break;
       case HostNodeKind::RecordEvent:
-      case HostNodeKind::WaitEvent: {
+      case HostNodeKind::WaitEvent:
+      case HostNodeKind::HostWaitEvent: {
         bool wraps = false;
         line += fmt::format(" e{}[{}]", n.event, indexExpr(n.event_coeffs, 0, n.event_offset, wraps));
         break;
@@ -178,15 +179,36 @@ std::string HostProgram::toString() const {
 
 namespace {
 
+// Bytes one iteration of a loop body allocates (its nested loops' iterations included).
+int64_t iterationBytes(const std::vector<HostNode>& body, const SymbolBindings& b) {
+  int64_t bytes = 0;
+  for (const HostNode& n : body) {
+    if (n.kind == HostNodeKind::Allocate) bytes += localBytes(n.tv, b, n.chunk_blocks);
+    if (n.kind == HostNodeKind::ForLoop) bytes += n.trip_count * iterationBytes(n.body, b);
+  }
+  return bytes;
+}
+
+// How many iterations of `loop` may hold their buffers at once: the host runs ahead of the
+// streams unless the body starts by waiting for the iteration k before (host_wait e[i - k]).
+int64_t iterationsInFlight(const HostNode& loop) {
+  if (!loop.body.empty()) {
+    const HostNode& first = loop.body.front();
+    if (first.kind == HostNodeKind::HostWaitEvent && first.event_coeffs == std::vector<int64_t>{1} &&
+        first.event_offset < 0)
+      return std::min(loop.trip_count, -first.event_offset);
+  }
+  return loop.trip_count;
+}
+
 void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, int64_t& live, int64_t& peak) {
   for (const HostNode& n : nodes) {
     if (n.kind == HostNodeKind::Allocate) peak = std::max(peak, live += localBytes(n.tv, b, n.chunk_blocks));
     if (n.kind == HostNodeKind::Deallocate) live -= localBytes(n.tv, b, n.chunk_blocks);
-    // A loop body's buffers are freed inside the body: one iteration's worth counts.
-    if (n.kind == HostNodeKind::ForLoop) {
-      int64_t body_live = live;
-      accountMemory(n.body, b, body_live, peak);
-    }
+    // An iteration's buffers are freed by its body but live until its tasks ran (see
+    // peakMemoryBytes): the iterations in flight hold theirs at once.
+    if (n.kind == HostNodeKind::ForLoop)
+      peak = std::max(peak, live + iterationsInFlight(n) * iterationBytes(n.body, b));
   }
 }
 

@@ -293,6 +293,15 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         streams_.wait(stream_, it->second);
         break;
       }
+      case HostNodeKind::HostWaitEvent: {
+        int64_t instance = eventInstance(n);
+        if (instance < 0) break;
+        auto it = events_.find({n.event, instance});
+        MF_CHECK(it != events_.end(), "host wait for instance {} of event e{}, which was never recorded", instance,
+                 n.event);
+        it->second->wait();  // blocks this (the host) thread; the streams go on
+        break;
+      }
       case HostNodeKind::Synchronize:
         for (const auto& [key, event] : events_) streams_.wait(0, event);
         break;

@@ -1,9 +1,10 @@
 // MultiDeviceExecutor: places the definition's inputs, compiles through the one pipeline,
 // caches per input layout, and runs this rank's host program.
+#include "meshfuse/executor.h"
+
 #include <typeinfo>
 
 #include "decompose/decompose_for_overlap.h"
-#include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 

@@ -40,6 +40,8 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
   run.local_outputs = exec.run(inputs);
   run.collectives = exec.lastCollectives();
   run.reported = collectives(exec.programFor(inputs), sizes);
+  run.peak_estimate = peakMemoryBytes(exec.programFor(inputs), sizes);
+  for (const ShardedTensor& in : inputs) run.input_bytes += in.local.defined() ? in.local.nbytes() : 0;
   run.trace = exec.lastTrace();
   // Gather every output's blocks on every rank (all blocks of an output have one shape).
   Team everyone(worldSize());
@@ -79,6 +81,21 @@ void expectMatchesReference(const ShardedRun& run) {
     EXPECT_EQ(bad, 0) << "output " << i << ": " << bad << " of " << b.numel()
                       << " elements differ from single-device execution; max abs err " << worst;
   }
+}
+
+Tensor CountingBackend::allocate(DataType dtype, const std::vector<int64_t>& shape) {
+  Tensor t = inner_->allocate(dtype, shape);
+  const auto bytes = static_cast<int64_t>(t.nbytes());
+  const int64_t live = counts_->live += bytes;
+  for (int64_t peak = counts_->peak; live > peak && !counts_->peak.compare_exchange_weak(peak, live);) {
+  }
+  // The returned tensor (and every view of it) shares an owner that gives the bytes back when the
+  // last holder lets go; it keeps the inner buffer alive until then.
+  std::shared_ptr<void> owner(new Tensor(t), [counts = counts_, bytes](void* p) {
+    counts->live -= bytes;
+    delete static_cast<Tensor*>(p);
+  });
+  return Tensor::wrap(t.data(), dtype, shape, owner, t.device());
 }
 
 void expectSameCollectives(const std::vector<CollectiveInfo>& reported, const std::vector<CollectiveInfo>& executed) {

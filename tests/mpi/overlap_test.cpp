@@ -168,7 +168,7 @@ TEST(Overlap, DecomposedMatchesUndecomposedWithinRounding) {
     Fusion f;
     p.build(f);
     const std::vector<Tensor> whole = runSharded(f, p.layouts, {{"s0", 32 * n}}, overlap("none", 0)).gathered;
-    for (const std::string& algorithm : {"collective", "ring"}) {
+    for (std::string algorithm : {"collective", "ring"}) {
       for (int64_t chunks : {n, 2 * n, 4 * n}) {
         SCOPED_TRACE(fmt::format("{}, {}-based, {} chunks", p.name, algorithm, chunks));
         Difference d =
@@ -197,7 +197,7 @@ TEST(Overlap, ChunksAreBitwiseIdenticalWhenTheGemmComputesEachRowAlike) {
     p.build(f);
     const std::vector<Tensor> whole =
         runSharded(f, p.layouts, {{"s0", 8 * n}}, overlap("none", 0), makeReferenceBackend()).gathered;
-    for (const std::string& algorithm : {"collective", "ring"}) {
+    for (std::string algorithm : {"collective", "ring"}) {
       for (int64_t chunks : {n, 2 * n}) {
         SCOPED_TRACE(fmt::format("{}, {}-based, {} chunks", p.name, algorithm, chunks));
         ShardedRun run = runSharded(f, p.layouts, {{"s0", 8 * n}}, overlap(algorithm, chunks), makeReferenceBackend());
@@ -223,6 +223,46 @@ TEST(Overlap, StaticReportMatchesTheExecutedCollectives) {
   }
   ShardedRun adapted = rowParallel(/*scatter=*/false, overlap("collective", 0), 3);  // the default adapted
   expectSameCollectives(adapted.reported, adapted.collectives);
+}
+
+// Peak memory (peakMemoryBytes, which `meshfuse collectives` prints) is what a rank really holds.
+// The host issues a loop's iterations ahead of the streams and an iteration's buffers live until
+// its tasks ran; it waits for iteration i - k before issuing i (k: the stream pool), so a
+// collective-based loop holds the chunk buffers of k iterations at once, and the estimate counts
+// them. Row-parallel allreduce, t rows in s chunks: the inputs' blocks, the whole output and k
+// chunks of the partial result.
+TEST(Overlap, PeakMemoryCountsTheChunkBuffersOfTheIterationsInFlight) {
+  if (worldSize() == 1) GTEST_SKIP() << "no collective to overlap on one rank";
+  const int64_t n = worldSize(), t = 16 * n, s = 8, f32 = 4;
+  const int64_t inputs = (t * 32 / n + 24 * 32 / n) * f32, output = t * 24 * f32, chunk = t / s * 24 * f32;
+  for (int64_t pool : {1, 2, 3}) {
+    SCOPED_TRACE(fmt::format("a pool of {} streams", pool));
+    ExecutorOptions o = overlap("collective", s);
+    o.pipeline.overlap.streams = pool;
+    auto counts = std::make_shared<MemoryCounts>();
+    Fusion f;
+    rowParallelLinear(f, /*scatter=*/false);
+    ShardedRun run =
+        runSharded(f, layouts({{S(1)}, {S(1)}}), {{"s0", t}}, o, std::make_unique<CountingBackend>(counts));
+    expectMatchesReference(run);
+    EXPECT_EQ(run.peak_estimate, inputs + output + pool * chunk);
+    EXPECT_LE(run.input_bytes + counts->peak, run.peak_estimate) << "the run held more than the estimate";
+  }
+}
+
+// The estimate bounds what every kind of loop really holds (chunks, rings, stream chunks).
+TEST(Overlap, PeakMemoryEstimateBoundsWhatTheRunHolds) {
+  const int64_t n = worldSize();
+  for (const auto& [algorithm, chunks] : std::vector<std::pair<std::string, int64_t>>{
+           {"none", 0}, {"collective", 2}, {"collective", 4}, {"ring", n}, {"ring", 2 * n}}) {
+    SCOPED_TRACE(fmt::format("{}, {} chunks", algorithm, chunks));
+    auto counts = std::make_shared<MemoryCounts>();
+    Fusion f;
+    models::buildMlp(f, 16);
+    ShardedRun run = runSharded(f, layouts({{S(0)}, {S(0)}, {S(1)}}), {{"s0", 16 * n}}, overlap(algorithm, chunks),
+                                std::make_unique<CountingBackend>(counts));
+    EXPECT_LE(run.input_bytes + counts->peak, run.peak_estimate);
+  }
 }
 
 // Chunk counts against the sizes (decompose_for_overlap.h): a count the user chose that does not
