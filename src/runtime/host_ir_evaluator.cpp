@@ -187,6 +187,9 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
     values_[{f.inputs()[i], 0}] = local_inputs[i].defined() && local_inputs[i].device() != backend_.device()
                                       ? backend_.upload(local_inputs[i])
                                       : local_inputs[i];
+  // A traced run starts with a barrier of the world: every rank's timeline then has (nearly)
+  // the same origin, so a merged multi-rank trace lines up.
+  if (tracing_ && comm_.size() > 1) comm_.barrier();
   streams_.setTracing(tracing_);
   try {
     execute(program_.nodes);
