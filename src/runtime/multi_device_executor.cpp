@@ -28,19 +28,28 @@ struct MultiDeviceExecutor::Entry {
       if (inputs[i].mesh != layouts[i].mesh || inputs[i].placements != layouts[i].placements) return false;
     return true;
   }
-  // The sizes the inputs bind (their local blocks, or global shapes on ranks that do not hold
-  // them), or nullopt without data (plan()).
+  // The sizes the inputs bind: their global shapes where given, else their local blocks times
+  // their shards; nullopt without either (plan() of layouts alone). Mismatches are the run's to
+  // report (bindLocalInputs), with names.
   std::optional<SymbolBindings> sizesOf(const std::vector<ShardedTensor>& inputs, int64_t rank) const {
     const Fusion& f = *compiled.fusion;
-    std::vector<Tensor> locals;
-    std::vector<std::vector<int64_t>> global_shapes;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const bool held = f.inputs()[i]->mesh() == nullptr || f.inputs()[i]->mesh()->contains(rank);
-      if (held ? !inputs[i].local.defined() : inputs[i].global_shape.empty()) return std::nullopt;
-      locals.push_back(inputs[i].local);
-      global_shapes.push_back(inputs[i].global_shape);
+    SymbolBindings sizes;
+    for (size_t i = 0; i < inputs.size() && i < f.inputs().size(); ++i) {
+      const TensorView* tv = f.inputs()[i];
+      const std::vector<Extent> shape = tv->shape();
+      std::vector<int64_t> global = inputs[i].global_shape;
+      const bool held = tv->mesh() == nullptr || tv->mesh()->contains(rank);
+      if (global.empty() && held && inputs[i].local.defined() &&
+          static_cast<size_t>(inputs[i].local.rank()) == shape.size()) {
+        global = inputs[i].local.shape();
+        std::vector<int64_t> factors = shardFactors(tv);
+        for (size_t d = 0; d < global.size(); ++d) global[d] *= factors[d];
+      }
+      if (global.size() != shape.size()) return std::nullopt;
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (!shape[d].isStatic()) sizes.emplace(shape[d].symbol(), global[d]);
     }
-    return bindLocalInputs(f, locals, rank, global_shapes);
+    return sizes;
   }
   // Whether this program is the one for `sizes` (an unsized one is for any).
   bool fits(const SymbolBindings& run_sizes) const {
