@@ -4,11 +4,12 @@
 // 1. Stream pools. A loop whose iterations are independent (ForLoop::stream_pool = k: chunks of
 //    a collective-based overlap, stream chunks of a GEMM) runs iteration i on stream 1 + i % k,
 //    after the main stream's state at the loop's start (an event recorded before it); the main
-//    stream joins the pool after the loop (sync).
+//    stream joins the pool after the loop (sync). The host issues iteration i only once
+//    iteration i - k is done (host_wait): the buffers of at most k iterations are alive.
 //
 //      before: for i in [0, 4) on 2 streams { BODY }
-//      after:  record e0[0] ; for i in [0, 4) { stream 1 + i % 2 ; wait_event e0[0] ; BODY ;
-//              record e1[i] } ; stream 0 ; sync
+//      after:  record e0[0] ; for i in [0, 4) { host_wait e1[i - 2] ; stream 1 + i % 2 ;
+//              wait_event e0[0] ; BODY ; record e1[i] } ; stream 0 ; sync
 //
 // 2. FSDP prefetch. With fully sharded parameters every GEMM's weight is all-gathered just
 //    before the GEMM. Each such gather (its buffer allocation, the collective and its wait) moves
@@ -27,15 +28,17 @@
 //    and waited for on stream 1, so microbatch i + 1 arrives while microbatch i computes; a send
 //    runs on stream 2 after the compute of its microbatch, so it travels while the next one
 //    computes. The main stream waits only for the receive it needs; the loop ends with a join.
+//    Every microbatch loop (pipeline or not) keeps at most 2 microbatches in flight (host_wait
+//    for the iteration 2 before: one computing, the previous one being sent).
 //
 //      before: for i in [0, 4) { allocate %0 (one block of 4) ; comm h0 send_recv %a -> %0 from
 //              rank 0 ; wait h0 ; gemm (%0, %w) -> (%b) ; comm h1 send_recv %b -> %1 to rank 2 ;
 //              wait h1 ; deallocate %0 }
 //      after:  allocate %0 ; stream 1 ; for i in [0, 4) { comm h0 send_recv %a -> %0[i of 4] from
 //              rank 0 } ; for i in [0, 4) { wait h0 ; record e0[i] } ; stream 0 ;
-//              for i in [0, 4) { wait_event e0[i] ; gemm (%0[i of 4], %w) -> (%b) ; record e1[i] ;
-//              stream 2 ; wait_event e1[i] ; comm h1 send_recv %b -> %1 to rank 2 ; wait h1 ;
-//              stream 0 } ; sync
+//              for i in [0, 4) { host_wait e2[i - 2] ; wait_event e0[i] ; gemm (%0[i of 4], %w) ->
+//              (%b) ; record e1[i] ; stream 2 ; wait_event e1[i] ; comm h1 send_recv %b -> %1 to
+//              rank 2 ; wait h1 ; record e2[i] ; stream 0 } ; sync
 //
 // requires: specialize-for-rank; runs before insert-deallocations.
 // guarantees: every value is still produced before it is read (events order the streams); no
