@@ -52,7 +52,7 @@ std::string human(int64_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  initializeMpi();  // MPI_Init_thread: stream threads call MPI
   int64_t max_bytes = 64ll << 20;
   int iters = 10;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -10,8 +10,14 @@
 //               for cuda_mlp_torch.py to compare with PyTorch eager and torch.compile
 //   overhead    host time per launched segment: a chain of tiny GEMMs through the executor,
 //               minus their GPU time measured directly
+//   overlap     one GPU as one rank of an n-way sequence-parallel MLP (bf16): its allgather and
+//               reduce-scatter emulated by device-to-device copies of the bytes a rank receives
+//               and sends, on stream 1, beside the GEMMs on the main stream; undecomposed vs
+//               chunked (the copy of chunk i + 1 while chunk i computes); the fraction of the
+//               copies hidden behind the GEMMs from the CUDA-event trace (summarizeOverlap, as
+//               overlap_cpu computes it); goal: hidden >= 0.8 for GEMM-sized chunks
 //
-//   cuda_benchmarks [--describe] [--json FILE] [--quick]
+//   cuda_benchmarks [--describe] [--json FILE] [--quick] [--only NAME]
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -77,9 +83,11 @@ json bandwidth(int64_t bytes) {
   check(cudaMemset(x.data(), 0, x.nbytes()), "cudaMemset");
   check(cudaMemset(y.data(), 0, y.nbytes()), "cudaMemset");
   const double moved = 2.0 * static_cast<double>(x.nbytes());  // read + write
-  double copy_s = timeIt([&] { check(cudaMemcpyAsync(y.data(), x.data(), x.nbytes(), cudaMemcpyDeviceToDevice, nullptr),
-                                     "cudaMemcpyAsync"); },
-                         deviceSync);
+  double copy_s = timeIt(
+      [&] {
+        check(cudaMemcpyAsync(y.data(), x.data(), x.nbytes(), cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
+      },
+      deviceSync);
   r["copy_GBps"] = moved / copy_s / 1e9;
   // accumulate reads two and writes one operand.
   double acc_s = timeIt([&] { b->accumulate(y, x); }, [&] { b->streams().synchronize(); });
@@ -121,7 +129,8 @@ struct DirectGemm {
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "pref");
     uint64_t wsb = ws_size;
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)), "ws");
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)),
+          "ws");
     cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
     check(cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &res, &found), "heuristic");
@@ -154,7 +163,8 @@ json gemm(int64_t t, int64_t h) {
   Tensor y = g.exec->backend().allocate(DataType::BFloat16, {t, m});
   DirectGemm direct(m, t, k);
   const double flops = 2.0 * t * m * k;
-  double direct_s = timeIt([&] { direct.run(g.inputs[1].local.data(), g.inputs[0].local.data(), y.data()); }, deviceSync);
+  double direct_s =
+      timeIt([&] { direct.run(g.inputs[1].local.data(), g.inputs[0].local.data(), y.data()); }, deviceSync);
   double exec_s = timeIt([&] { g.run(); }, deviceSync);
   Segment seg;
   seg.kind = Segment::Kind::Gemm;
@@ -164,10 +174,13 @@ json gemm(int64_t t, int64_t h) {
   Backend& b = g.exec->backend();
   std::vector<const Tensor*> ins = {&g.inputs[0].local, &g.inputs[1].local};
   std::vector<Tensor*> outs = {&y};
-  double seg_s = timeIt([&] { b.streams().submit(0, TaskKind::Compute, "gemm", [&] {
-                           b.runSegment(seg, ins, outs, [](const TensorView*) { return std::vector<int64_t>{}; });
-                         }); },
-                        [&] { b.streams().synchronize(); });
+  double seg_s = timeIt(
+      [&] {
+        b.streams().submit(0, TaskKind::Compute, "gemm", [&] {
+          b.runSegment(seg, ins, outs, [](const TensorView*) { return std::vector<int64_t>{}; });
+        });
+      },
+      [&] { b.streams().synchronize(); });
   r["shape"] = fmt::format("bf16 [{}, {}] x [{}, {}]^T", t, k, m, k);
   r["direct_TFLOPs"] = flops / direct_s / 1e12;
   r["segment_TFLOPs"] = flops / seg_s / 1e12;
@@ -212,9 +225,11 @@ json overhead() {
   double run_s = timeIt([&] { g.run(); }, deviceSync, 5, 50);
   DirectGemm direct(64, 8, 64);
   Tensor out = g.exec->backend().allocate(DataType::BFloat16, {8, 64});
-  double gpu_s = timeIt([&] {
-    for (int i = 0; i < kSegments; ++i) direct.run(g.inputs[1].local.data(), g.inputs[0].local.data(), out.data());
-  }, deviceSync, 5, 50);
+  double gpu_s = timeIt(
+      [&] {
+        for (int i = 0; i < kSegments; ++i) direct.run(g.inputs[1].local.data(), g.inputs[0].local.data(), out.data());
+      },
+      deviceSync, 5, 50);
   r["segments"] = kSegments;
   r["run_us_per_segment"] = run_s / kSegments * 1e6;
   r["direct_us_per_gemm"] = gpu_s / kSegments * 1e6;
@@ -222,10 +237,121 @@ json overhead() {
   return r;
 }
 
+// ---- overlap -------------------------------------------------------------------------------
+
+// A GEMM segment `y = linear(x, w)` for x [rows, k] and w [m, k], launched by the backend.
+struct LinearSegment {
+  Fusion f;
+  Segment seg;
+  LinearSegment(int64_t rows, int64_t k, int64_t m) {
+    TensorView* x = f.defineTensor({rows, k}, DataType::BFloat16, "x");
+    TensorView* w = f.defineTensor({m, k}, DataType::BFloat16, "w");
+    f.addOutput(ops::linear(x, w));
+    seg.kind = Segment::Kind::Gemm;
+    seg.exprs = {f.outputs()[0]->definition()};
+    seg.inputs = {x, w};
+    seg.outputs = {f.outputs()[0]};
+  }
+  void run(Backend& b, const Tensor& x, const Tensor& w, Tensor& y) const {
+    std::vector<const Tensor*> ins = {&x, &w};
+    std::vector<Tensor*> outs = {&y};
+    b.runSegment(seg, ins, outs, [&](const TensorView* tv) {
+      return tv == seg.inputs[0] ? x.shape() : tv == seg.inputs[1] ? w.shape() : y.shape();
+    });
+  }
+};
+
+// One rank of an n-way sequence-parallel MLP on t tokens, hidden h: gather the other ranks'
+// tokens (x), up = x w1^T, down = up w2^T (a partial sum), reduce-scatter it. The collectives are
+// copies of the bytes a rank receives (allgather) and sends (reduce-scatter): (n - 1)/n of the
+// buffer. With s chunks, chunk i's copy overlaps the GEMMs of the chunk before it.
+struct SequenceParallelRank {
+  Backend& b;
+  int64_t t, h, n, s;
+  Tensor others, x, w1, up, w2, down, sent;
+  LinearSegment gemm1, gemm2;
+  SequenceParallelRank(Backend& backend, int64_t t_, int64_t h_, int64_t n_, int64_t s_)
+      : b(backend), t(t_), h(h_), n(n_), s(s_), gemm1(t_ / s_, h_, 4 * h_ / n_), gemm2(t_ / s_, 4 * h_ / n_, h_) {
+    others = b.allocate(DataType::BFloat16, {t, h});
+    x = b.allocate(DataType::BFloat16, {t, h});
+    w1 = b.upload(Tensor::random(DataType::BFloat16, {4 * h / n, h}, 1));
+    up = b.allocate(DataType::BFloat16, {t, 4 * h / n});
+    w2 = b.upload(Tensor::random(DataType::BFloat16, {h, 4 * h / n}, 2));
+    down = b.allocate(DataType::BFloat16, {t, h});
+    sent = b.allocate(DataType::BFloat16, {t, h});
+    check(cudaMemset(others.data(), 0, others.nbytes()), "cudaMemset");
+  }
+  // The (n - 1)/n of chunk i's rows a rank exchanges, as a copy from `from` to `to`.
+  void exchange(Tensor from, Tensor to, int64_t i) {
+    const int64_t rows = t / s, moved = rows * (n - 1) / n;
+    Tensor src = from.slice0(i * rows, moved), dst = to.slice0(i * rows, moved);
+    b.copy(dst, src);
+  }
+  void run() {
+    Streams& st = b.streams();
+    const int64_t rows = t / s;
+    std::shared_ptr<Event> start = st.record(0);
+    st.wait(1, start);
+    std::vector<std::shared_ptr<Event>> gathered, computed;
+    for (int64_t i = 0; i < s; ++i) {
+      st.submit(1, TaskKind::Communication, "allgather (copy)", [this, i] { exchange(others, x, i); });
+      gathered.push_back(st.record(1));
+    }
+    for (int64_t i = 0; i < s; ++i) {
+      st.wait(0, gathered[i]);
+      st.submit(0, TaskKind::Compute, "gemm up", [this, i, rows] {
+        Tensor out = up.slice0(i * rows, rows);
+        gemm1.run(b, x.slice0(i * rows, rows), w1, out);
+      });
+      st.submit(0, TaskKind::Compute, "gemm down", [this, i, rows] {
+        Tensor out = down.slice0(i * rows, rows);
+        gemm2.run(b, up.slice0(i * rows, rows), w2, out);
+      });
+      computed.push_back(st.record(0));
+    }
+    for (int64_t i = 0; i < s; ++i) {
+      st.wait(1, computed[i]);
+      st.submit(1, TaskKind::Communication, "reduce-scatter (copy)", [this, i] { exchange(down, sent, i); });
+    }
+    st.wait(0, st.record(1));
+    st.synchronize();
+  }
+};
+
+json overlap(int64_t t, int64_t h, int64_t n, const std::vector<int64_t>& chunk_counts) {
+  json r;
+  std::unique_ptr<Backend> b = makeCudaBackend();
+  r["model"] = fmt::format(
+      "one rank of a {}-way sequence-parallel MLP, bf16, t = {}, h = {}: GEMMs [{}, {}] x [{}, {}]^T "
+      "and [{}, {}] x [{}, {}]^T; allgather / reduce-scatter emulated by device-to-device copies "
+      "of (n - 1)/n of [{}, {}] on stream 1",
+      n, t, h, t, h, 4 * h / n, h, t, 4 * h / n, h, 4 * h / n, t, h);
+  double undecomposed_s = 0;
+  for (int64_t s : chunk_counts) {
+    SequenceParallelRank rank(*b, t, h, n, s);
+    double sec = timeIt([&] { rank.run(); }, [] {});
+    b->streams().setTracing(true);  // one traced run, warm
+    rank.run();
+    OverlapSummary sum = summarizeOverlap(b->streams().takeTrace());
+    b->streams().setTracing(false);
+    if (s == 1) undecomposed_s = sec;
+    json v;
+    v["chunks"] = s;
+    v["ms"] = sec * 1e3;
+    v["vs_undecomposed"] = undecomposed_s > 0 ? sec / undecomposed_s : 0.0;
+    v["compute_ms"] = sum.compute_us / 1e3;
+    v["communication_ms"] = sum.communication_us / 1e3;
+    v["hidden_fraction"] = sum.hiddenFraction();
+    v["goal_hidden_0.8_met"] = s > 1 ? json(sum.hiddenFraction() >= 0.8) : json(nullptr);
+    r["variants"].push_back(v);
+  }
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path;
+  std::string json_path, only;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -234,19 +360,29 @@ int main(int argc, char** argv) {
       return cudaDeviceAvailable() ? 0 : 1;
     }
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--only" && i + 1 < argc) only = argv[++i];
     if (a == "--quick") quick = true;
   }
-  if (!cudaDeviceAvailable()) {
+  const std::vector<std::string> names = {"bandwidth", "gemm", "mlp", "overhead", "overlap"};
+  if (!only.empty() && std::find(names.begin(), names.end(), only) == names.end()) {
+    std::cerr << fmt::format("--only {}: expected one of {}\n", only, fmt::join(names, ", "));
+    return 2;
+  }
+  if (!cudaDeviceAvailable()) {  // (a build without a GPU: say so, measure nothing)
     std::cerr << cudaDeviceDescription() << "\n";
     return 1;
   }
+  auto wanted = [&](const char* name) { return only.empty() || only == name; };
   json out;
   out["device"] = cudaDeviceDescription();
   try {
-    out["bandwidth"] = bandwidth(quick ? (64 << 20) : (int64_t{1} << 30));
-    out["gemm"] = quick ? gemm(1024, 512) : gemm(8192, 4096);
-    out["mlp"] = quick ? mlp(1024, 512) : mlp(8192, 4096);
-    out["overhead"] = overhead();
+    if (wanted("bandwidth")) out["bandwidth"] = bandwidth(quick ? (64 << 20) : (int64_t{1} << 30));
+    if (wanted("gemm")) out["gemm"] = quick ? gemm(1024, 512) : gemm(8192, 4096);
+    if (wanted("mlp")) out["mlp"] = quick ? mlp(1024, 512) : mlp(8192, 4096);
+    if (wanted("overhead")) out["overhead"] = overhead();
+    // GEMM-sized chunks: 8 ranks' worth of tokens, 4 chunks of 2048 rows.
+    if (wanted("overlap"))
+      out["overlap"] = quick ? overlap(1024, 512, 8, {1, 2, 4}) : overlap(8192, 4096, 8, {1, 2, 4, 8});
   } catch (const std::exception& e) {
     out["error"] = e.what();
     std::cout << out.dump(2) << "\n";

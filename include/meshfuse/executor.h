@@ -12,7 +12,10 @@
 //   // outs[0].local is this rank's block; outs[0].placements says how it is laid out.
 //
 // Compiled programs are cached per (mesh, placements) of every input; symbolic sizes are bound
-// at run time from the local shapes, so a new batch size does not recompile.
+// at run time from the local shapes, so a new batch size does not recompile, except for
+// chunked programs (overlap, microbatches): their chunk counts are checked against (or chosen
+// for) the sizes, so they are compiled per size (ExecutorOptions::pipeline.sizes also fixes sizes
+// ahead of the first run).
 #pragma once
 
 #include <map>
@@ -80,6 +83,7 @@ class MultiDeviceExecutor {
  private:
   struct Entry;
   Entry& entryFor(const std::vector<ShardedTensor>& inputs);
+  Entry& entryFor(const std::vector<ShardedTensor>& inputs, const std::string& key, const SymbolBindings& sizes);
   std::vector<ShardedTensor> runChecked(const std::vector<ShardedTensor>& inputs);
 
   std::unique_ptr<Fusion> definition_;

@@ -14,8 +14,12 @@
 //   copy %x -> %g[r of 4]  /  add %t -> %acc   a local copy, or an accumulation (ring reductions)
 //   deallocate %3                             frees %3 after its last use
 //   for i in [0, 4) { ... }                   a Stream-parallel loop (chunks, ring steps, microbatches)
+//   for i in [0, 4) on 2 streams { ... }      independent iterations on a pool of streams (before
+//                                             assign-streams places them)
 //   stream 2                                  later nodes run on stream 2 (0: the main stream)
 //   record e0 / wait e0                       cross-stream order: an event and a wait for it
+//   host_wait e1[i - 2]                       the host waits for the event: it runs at most 2
+//                                             iterations ahead (their buffers bound the memory)
 //   sync                                      the main stream waits for every stream (join)
 #pragma once
 
@@ -47,6 +51,7 @@ class TensorView;
   X(SetCurrentStream, "stream")   \
   X(RecordEvent, "record")        \
   X(WaitEvent, "wait_event")      \
+  X(HostWaitEvent, "host_wait")   \
   X(Synchronize, "sync")
 
 enum class HostNodeKind {
@@ -120,9 +125,11 @@ struct HostNode {
   std::vector<HostNode> body;
   // SetCurrentStream: `stream`, or with stream_pool > 0 stream + (i mod stream_pool) for the
   // innermost loop's variable i (each iteration on its own stream of a bounded pool).
+  // ForLoop: stream_pool > 0 says its iterations are independent and rotate through that many
+  // streams; assign-streams makes it explicit (stream, event and join nodes) and clears it.
   int64_t stream = 0;
   int64_t stream_pool = 0;
-  // RecordEvent / WaitEvent: instance (sum_j event_coeffs[j] * i_j + event_offset) of event
+  // RecordEvent / WaitEvent / HostWaitEvent: instance (sum_j event_coeffs[j] * i_j + event_offset) of event
   // `event` (i_j: the enclosing loops' variables, outermost first); a wait for a negative
   // instance is a no-op. So an event recorded per iteration of `for i` is waited for by the next
   // iteration with coeffs {1}, offset -1.
@@ -141,7 +148,8 @@ struct HostProgram {
 };
 
 // lower-to-host-ir: the collective host program of a decomposed fusion; sets marked by
-// decompose-for-overlap become Stream-parallel loops over `overlap.streams` streams.
+// decompose-for-overlap and GEMMs whose rows a Stream split chunks become Stream-parallel loops
+// (chunks on a pool of `overlap.streams` streams, ring steps beside the GEMMs).
 HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& overlap = {});
 // specialize-for-rank: keeps only `rank`'s work (MPMD) and resolves every team to global ranks.
 HostProgram specializeForRank(const HostProgram& program, int64_t rank);
@@ -149,7 +157,10 @@ HostProgram specializeForRank(const HostProgram& program, int64_t rank);
 void insertDeallocations(HostProgram& program);
 
 // Bytes `rank` holds at its peak while running `program` (inputs included), for the given
-// bindings of symbolic sizes.
+// bindings of symbolic sizes. Allocations count in program order, except in loops: the host runs
+// ahead of the streams, and an iteration's buffers stay alive until its tasks ran, so a loop
+// holds the buffers of as many iterations as may be in flight (the k of a `host_wait e[i - k]`
+// that starts its body, else every iteration).
 int64_t peakMemoryBytes(const HostProgram& program, const SymbolBindings& bindings);
 
 // The communications of a specialized program, for reports (a loop's count once per trip).
@@ -164,10 +175,10 @@ struct CollectiveInfo {
 };
 std::vector<CollectiveInfo> collectives(const HostProgram& program, const SymbolBindings& bindings);
 
-// Calls `fn` on every node, loop bodies included (pre-order).
-template <typename Node, typename F>
-void forEachNode(std::vector<Node>& nodes, F&& fn) {
-  for (Node& n : nodes) {
+// Calls `fn` on every node, loop bodies included (pre-order); `nodes` may be const.
+template <typename Nodes, typename F>
+void forEachNode(Nodes& nodes, F&& fn) {
+  for (auto& n : nodes) {
     fn(n);
     forEachNode(n.body, fn);
   }

@@ -20,6 +20,9 @@ class Fusion;
 struct PipelineOptions {
   PropagationOptions propagation;    // propagate-shardings (e.g. FSDP: gather parameters)
   OverlapOptions overlap;            // decompose-for-overlap and the stream pool of its loops
+  // Symbolic sizes known at compile time (empty: bound at run time). Chunked loops (overlap,
+  // microbatches) are checked against them, and default chunk counts chosen to divide them.
+  SymbolBindings sizes;
   bool verify = true;                // run the verifier after every pass
   std::ostream* dump = nullptr;      // when set, print the IR after each pass here
   std::ostream* timing = nullptr;    // when set, print each pass's wall time here

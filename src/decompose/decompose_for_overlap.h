@@ -15,21 +15,36 @@
 // `y.split(0, 4); y.axis(0).parallelize(stream)`; algorithm from the options, else collective),
 // or the options alone (every eligible pair).
 //
-// requires: layout-for-communication (collectives exchange dim-0 blocks).
+// Chunk counts and sizes: every chunk holds the same number of rows. When `sizes` bind the rows
+// (static extents, or symbolic ones known at compile time: MultiDeviceExecutor compiles
+// chunked programs for the sizes of each run), a count the user chose (schedule or options)
+// that does not split each rank's rows is a ValueError naming the op, the tensor, the rows and
+// the counts that would; the default count (one per device) becomes the largest count below it
+// that does (or the pair is not decomposed), and the collective's provenance says so. The
+// microbatches of a pipeline are checked alike.
+//
+// requires: layout-for-communication (collectives exchange dim-0 blocks), propagate-streams.
 // guarantees: a marked set is a single-axis allgather / reduce-scatter / allreduce along dim 0
 //   whose GEMM partner is its only reader (allgather) or only producer-and-use (the others);
-//   ring-marked sets have chunks divisible by the team size.
+//   ring-marked sets have chunks divisible by the team size; with the rows bound by `sizes`,
+//   every marked set's chunks (and every microbatch split) divide them.
 //
 //   before: %0 = set(%inp) : f32[?t, 64] @tp {}
 //   after:  %0 = set(%inp, overlap="ring", chunks=4) : f32[?t, 64] @tp {}
 #pragma once
 
+#include "meshfuse/ir/extent.h"
 #include "meshfuse/options.h"
 
 namespace meshfuse {
 
 class Fusion;
 
-void decomposeForOverlap(Fusion& fusion, const OverlapOptions& options);
+void decomposeForOverlap(Fusion& fusion, const OverlapOptions& options, const SymbolBindings& sizes = {});
+
+// Whether compiling `fusion` (placed, or decomposed) with other sizes may give other chunk
+// counts or errors: it has symbolic sizes and chunked loops (overlap asked for, or Stream
+// splits). MultiDeviceExecutor compiles such programs for the sizes of each run.
+bool chunkingDependsOnSizes(const Fusion& fusion, const OverlapOptions& options);
 
 }  // namespace meshfuse

@@ -1,5 +1,5 @@
-// assign-streams (contract in assign_streams.cpp): parameter all-gathers on a communication
-// stream, prefetched one ahead of their use.
+// assign-streams (contract in assign_streams.cpp): independent loop iterations on a pool of
+// streams; parameter all-gathers on a communication stream, prefetched one ahead of their use.
 #pragma once
 
 #include "meshfuse/host_ir.h"

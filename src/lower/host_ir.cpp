@@ -1,6 +1,7 @@
 // Host IR printing, reports and memory accounting.
 #include "meshfuse/host_ir.h"
 
+#include <algorithm>
 #include <map>
 
 #include "meshfuse/ir/fusion.h"
@@ -12,8 +13,7 @@ namespace meshfuse {
 const char* commKindName(CommKind k) {
   switch (k) {
 #define MESHFUSE_X(e, s) \
-  case CommKind::e:      \
-    return s;
+  case CommKind::e: return s;
     MESHFUSE_COMM_KINDS(MESHFUSE_X)
 #undef MESHFUSE_X
   }
@@ -38,7 +38,8 @@ std::string indexExpr(const std::vector<int64_t>& loop_coeffs, int64_t rank_coef
   term(rank_coeff, "r");
   if (offset < 0) wraps = true;
   if (offset != 0 || index.empty())
-    index += index.empty() ? fmt::format("{}", offset) : fmt::format(" {} {}", offset < 0 ? '-' : '+', std::abs(offset));
+    index +=
+        index.empty() ? fmt::format("{}", offset) : fmt::format(" {} {}", offset < 0 ? '-' : '+', std::abs(offset));
   return index;
 }
 
@@ -57,8 +58,7 @@ namespace {
 const char* nodeName(HostNodeKind k) {
   switch (k) {
 #define MESHFUSE_X(e, s) \
-  case HostNodeKind::e:  \
-    return s;
+  case HostNodeKind::e: return s;
     MESHFUSE_HOST_NODES(MESHFUSE_X)
 #undef MESHFUSE_X
   }
@@ -112,13 +112,9 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
         line += fmt::format(" {} : {}", BlockRef::of(n.tv, n.slot).toString(f), localType(n.tv, n.chunk_blocks));
         if (n.chunk_blocks > 1) line += fmt::format(" (one block of {})", n.chunk_blocks);
         break;
-      case HostNodeKind::Deallocate:
-        line += " " + BlockRef::of(n.tv, n.slot).toString(f);
-        break;
+      case HostNodeKind::Deallocate: line += " " + BlockRef::of(n.tv, n.slot).toString(f); break;
       case HostNodeKind::LaunchKernel:
-      case HostNodeKind::Gemm:
-        line += " " + segmentCall(f, n, p.segment(n));
-        break;
+      case HostNodeKind::Gemm: line += " " + segmentCall(f, n, p.segment(n)); break;
       case HostNodeKind::Communication: {
         line += fmt::format(" h{} {} {} -> {}", n.handle, commKindName(n.comm), n.in.toString(f), n.out.toString(f));
         if (n.comm == CommKind::SendRecv) {
@@ -127,14 +123,14 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
           if (n.recv_from >= 0) line += fmt::format(" from rank {}", n.recv_from);
         }
         if (n.mesh_axis >= 0) line += fmt::format(" axis {}", n.mesh_axis);
-        if (n.comm == CommKind::Allgather || n.comm == CommKind::AllToAll) line += fmt::format(" from dim {}", n.in_dim);
-        if (n.comm == CommKind::ReduceScatter || n.comm == CommKind::AllToAll) line += fmt::format(" to dim {}", n.out_dim);
+        if (n.comm == CommKind::Allgather || n.comm == CommKind::AllToAll)
+          line += fmt::format(" from dim {}", n.in_dim);
+        if (n.comm == CommKind::ReduceScatter || n.comm == CommKind::AllToAll)
+          line += fmt::format(" to dim {}", n.out_dim);
         if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
         break;
       }
-      case HostNodeKind::Wait:
-        line += fmt::format(" h{}", n.handle);
-        break;
+      case HostNodeKind::Wait: line += fmt::format(" h{}", n.handle); break;
       case HostNodeKind::ShardSlice:
         line += fmt::format(" {} = {} dim {} axis {}", n.out.toString(f), n.in.toString(f), n.out_dim, n.mesh_axis);
         break;
@@ -142,8 +138,9 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
         line = fmt::format("{} {} -> {}", n.accumulate ? "add" : "copy", n.in.toString(f), n.out.toString(f));
         break;
       case HostNodeKind::ForLoop:
-        s += fmt::format("{}for {} in [0, {}) {{\n", indent, depth == 0 && !hasNestedLoop(n) ? "i" : fmt::format("i{}", depth),
-                         n.trip_count);
+        s += fmt::format("{}for {} in [0, {}){} {{\n", indent,
+                         depth == 0 && !hasNestedLoop(n) ? "i" : fmt::format("i{}", depth), n.trip_count,
+                         n.stream_pool > 0 ? fmt::format(" on {} streams", n.stream_pool) : "");
         printNodes(p, n.body, indent + "  ", s, depth + 1);
         s += indent + "}\n";
         continue;
@@ -151,13 +148,13 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
         line += n.stream_pool > 0 ? fmt::format(" {} + i % {}", n.stream, n.stream_pool) : fmt::format(" {}", n.stream);
         break;
       case HostNodeKind::RecordEvent:
-      case HostNodeKind::WaitEvent: {
+      case HostNodeKind::WaitEvent:
+      case HostNodeKind::HostWaitEvent: {
         bool wraps = false;
         line += fmt::format(" e{}[{}]", n.event, indexExpr(n.event_coeffs, 0, n.event_offset, wraps));
         break;
       }
-      case HostNodeKind::Synchronize:
-        break;
+      case HostNodeKind::Synchronize: break;
     }
     s += indent + line + "\n";
   }
@@ -170,7 +167,8 @@ std::string HostProgram::toString() const {
   std::string s = rank < 0 ? "hostir {\n" : fmt::format("hostir rank {} {{\n", rank);
   std::vector<std::string> ins, outs;
   for (const TensorView* tv : f.inputs())
-    if (rank < 0 || tv->mesh() == nullptr || tv->mesh()->contains(rank)) ins.push_back(f.displayName(tv) + " : " + localType(tv));
+    if (rank < 0 || tv->mesh() == nullptr || tv->mesh()->contains(rank))
+      ins.push_back(f.displayName(tv) + " : " + localType(tv));
   for (const TensorView* tv : f.outputs())
     if (rank < 0 || tv->mesh() == nullptr || tv->mesh()->contains(rank)) outs.push_back(f.displayName(tv));
   s += fmt::format("  inputs {}\n", fmt::join(ins, ", "));
@@ -181,29 +179,67 @@ std::string HostProgram::toString() const {
 
 namespace {
 
+// Bytes one iteration of a loop body allocates (its nested loops' iterations included).
+int64_t iterationBytes(const std::vector<HostNode>& body, const SymbolBindings& b) {
+  int64_t bytes = 0;
+  for (const HostNode& n : body) {
+    if (n.kind == HostNodeKind::Allocate) bytes += localBytes(n.tv, b, n.chunk_blocks);
+    if (n.kind == HostNodeKind::ForLoop) bytes += n.trip_count * iterationBytes(n.body, b);
+  }
+  return bytes;
+}
+
+// How many iterations of `loop` may hold their buffers at once: the host runs ahead of the
+// streams unless the body starts by waiting for the iteration k before (host_wait e[i - k]).
+int64_t iterationsInFlight(const HostNode& loop) {
+  if (!loop.body.empty()) {
+    const HostNode& first = loop.body.front();
+    if (first.kind == HostNodeKind::HostWaitEvent && first.event_coeffs == std::vector<int64_t>{1} &&
+        first.event_offset < 0)
+      return std::min(loop.trip_count, -first.event_offset);
+  }
+  return loop.trip_count;
+}
+
 void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, int64_t& live, int64_t& peak) {
   for (const HostNode& n : nodes) {
     if (n.kind == HostNodeKind::Allocate) peak = std::max(peak, live += localBytes(n.tv, b, n.chunk_blocks));
     if (n.kind == HostNodeKind::Deallocate) live -= localBytes(n.tv, b, n.chunk_blocks);
-    // A loop body's buffers are freed inside the body: one iteration's worth counts.
-    if (n.kind == HostNodeKind::ForLoop) {
-      int64_t body_live = live;
-      accountMemory(n.body, b, body_live, peak);
-    }
+    // An iteration's buffers are freed by its body but live until its tasks ran (see
+    // peakMemoryBytes): the iterations in flight hold theirs at once.
+    if (n.kind == HostNodeKind::ForLoop)
+      peak = std::max(peak, live + iterationsInFlight(n) * iterationBytes(n.body, b));
   }
 }
 
-void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const SymbolBindings& b, int64_t trips,
+// The collectives in the order the evaluator issues them (loops unrolled), with the bytes this
+// rank sends: a block of `blocks` of the buffer, which is itself one block of `chunk_blocks` when
+// a loop allocates it per iteration. A stage boundary's receiving side sends nothing (and the
+// evaluator does not count it either).
+void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const SymbolBindings& b,
+             const std::map<std::pair<const TensorView*, int64_t>, int64_t>& chunk_blocks,
              std::vector<CollectiveInfo>& out) {
   for (const HostNode& n : nodes) {
     if (n.kind == HostNodeKind::ForLoop) {
-      collect(p, n.body, b, trips * n.trip_count, out);
+      for (int64_t t = 0; t < n.trip_count; ++t) collect(p, n.body, b, chunk_blocks, out);
       continue;
     }
     if (n.kind != HostNodeKind::Communication) continue;
-    for (int64_t t = 0; t < trips; ++t)
-      out.push_back({n.comm, n.mesh_axis, n.team, localBytes(n.in.tv, b, n.in.blocks), p.fusion->displayName(n.out.tv),
-                     p.fusion->displayName(n.in.tv), n.out.tv->provenance()});
+    if (n.comm == CommKind::SendRecv && n.shift == 0 && n.send_to < 0) continue;
+    auto it = chunk_blocks.find({n.in.tv, n.in.slot});
+    const int64_t blocks = n.in.blocks * (it == chunk_blocks.end() ? 1 : it->second);
+    Team team = n.team;
+    if (n.comm == CommKind::SendRecv && p.rank >= 0) {  // the pair (this rank, the rank it sends to)
+      int64_t to = n.send_to;
+      if (n.shift != 0 && !n.team.empty()) {  // a ring step: `shift` places ahead in the team
+        const int64_t size = static_cast<int64_t>(n.team.size());
+        const int64_t me = std::find(n.team.begin(), n.team.end(), p.rank) - n.team.begin();
+        to = n.team.at((me + n.shift % size + size) % size);
+      }
+      team = {p.rank, to};
+    }
+    out.push_back({n.comm, n.mesh_axis, team, localBytes(n.in.tv, b, blocks), p.fusion->displayName(n.out.tv),
+                   p.fusion->displayName(n.in.tv), n.out.tv->provenance()});
   }
 }
 
@@ -219,8 +255,12 @@ int64_t peakMemoryBytes(const HostProgram& p, const SymbolBindings& b) {
 }
 
 std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindings& b) {
+  std::map<std::pair<const TensorView*, int64_t>, int64_t> chunk_blocks;  // per-iteration buffers
+  forEachNode(p.nodes, [&](const HostNode& n) {
+    if (n.kind == HostNodeKind::Allocate && n.chunk_blocks > 1) chunk_blocks[{n.tv, n.slot}] = n.chunk_blocks;
+  });
   std::vector<CollectiveInfo> out;
-  collect(p, p.nodes, b, 1, out);
+  collect(p, p.nodes, b, chunk_blocks, out);
   return out;
 }
 

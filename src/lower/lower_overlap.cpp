@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "lower/lower_segment.h"
 #include "meshfuse/ir/fusion.h"
 #include "propagation/sharding.h"
 
@@ -78,8 +79,7 @@ class PairLowering {
  public:
   PairLowering(const Segment& comm_seg, const Segment& gemm_seg, int64_t gemm_index, int64_t pool,
                OverlapLoweringState& state)
-      : set_(comm_seg.exprs.at(0)), gemm_seg_(gemm_seg), gemm_index_(gemm_index), pool_(std::max<int64_t>(pool, 1)),
-        state_(state) {
+      : set_(comm_seg.exprs.at(0)), gemm_seg_(gemm_seg), gemm_index_(gemm_index), pool_(pool), state_(state) {
     x_ = static_cast<const TensorView*>(set_->input(size_t{0}));
     y_ = set_->output();
     Sharding from = readSharding(x_), to = readSharding(y_);
@@ -103,19 +103,8 @@ class PairLowering {
   }
 
  private:
-  // The GEMM segment launched on blocks: `row_in` is the block of its row operand (input 0),
-  // `row_out` the block of its outputs; every other input is whole.
   HostNode gemm(const BlockRef& row_in, const BlockRef& row_out) const {
-    HostNode n = node(HostNodeKind::Gemm);
-    n.segment = gemm_index_;
-    const TensorView* rows = static_cast<const TensorView*>(gemm_seg_.exprs.at(0)->input(size_t{0}));
-    for (const TensorView* in : gemm_seg_.inputs) n.views.push_back(in == rows ? row_in : BlockRef::of(in));
-    for (const TensorView* o : gemm_seg_.outputs) {
-      BlockRef b = row_out;
-      if (b.tv == gemm_seg_.outputs.at(0)) b.tv = o;  // a fused epilogue's outputs follow the same rows
-      n.views.push_back(b);
-    }
-    return n;
+    return gemmOnRows(gemm_seg_, gemm_index_, row_in, row_out);
   }
   const TensorView* gemmRows() const { return static_cast<const TensorView*>(gemm_seg_.exprs.at(0)->input(size_t{0})); }
   const TensorView* gemmOut() const { return gemm_seg_.outputs.at(0); }
@@ -138,16 +127,11 @@ class PairLowering {
     return n;
   }
 
-  // The loop of collective-based pairs: iterations rotate through the stream pool, each after
-  // the main stream's state at the loop's start; the main stream joins them at the end.
+  // The loop of collective-based pairs: independent iterations, on the stream pool
+  // (assign-streams places them: each after the main stream's state at the loop's start, joined
+  // at the end).
   void collectiveLoop(std::vector<HostNode> body, std::vector<HostNode>& out) {
-    const int64_t start = state_.events++, done = state_.events++;
-    out.push_back(event(HostNodeKind::RecordEvent, start));
-    body.insert(body.begin(), {onStream(1, pool_), event(HostNodeKind::WaitEvent, start)});
-    body.push_back(event(HostNodeKind::RecordEvent, done, {1}));
-    out.push_back(loop(s_, std::move(body)));
-    out.push_back(onStream(0));
-    out.push_back(node(HostNodeKind::Synchronize));
+    out.push_back(poolLoop(s_, pool_, std::move(body)));
   }
 
   void allgatherCollective(std::vector<HostNode>& out) {
@@ -217,7 +201,8 @@ class PairLowering {
     // The last step k = n - 1: block r + 1, nothing left to forward.
     std::vector<HostNode> last;
     last.push_back(event(HostNodeKind::WaitEvent, arrived, {1}, (n_ - 2) * c));
-    last.push_back(gemm(block(y_, nc, {1}, c, -(n_ - 1) * c, axis_), block(gemmOut(), nc, {1}, c, -(n_ - 1) * c, axis_)));
+    last.push_back(
+        gemm(block(y_, nc, {1}, c, -(n_ - 1) * c, axis_), block(gemmOut(), nc, {1}, c, -(n_ - 1) * c, axis_)));
     out.push_back(loop(c, std::move(last)));
     out.push_back(node(HostNodeKind::Synchronize));
   }
@@ -288,7 +273,8 @@ class PairLowering {
     reduceScatterRingInto(block(y_, nc, {1}, c, 0, axis_), out);
     int64_t h = 0;
     std::vector<HostNode> step;
-    step.push_back(comm(CommKind::SendRecv, block(y_, nc, {-c, 1}, c, 0, axis_), block(y_, nc, {-c, 1}, c, -c, axis_), &h));
+    step.push_back(
+        comm(CommKind::SendRecv, block(y_, nc, {-c, 1}, c, 0, axis_), block(y_, nc, {-c, 1}, c, -c, axis_), &h));
     step.push_back(wait(h));
     out.push_back(loop(n_ - 1, {loop(c, std::move(step))}));
   }

@@ -4,7 +4,9 @@
 // guarantees: every computed TensorView is allocated before it is written; every `set` that
 //   changes a sharding is one Communication (+ its Wait) or a ShardSlice; Gemm segments are
 //   Gemm nodes, kernel segments LaunchKernel nodes; a set marked by decompose-for-overlap and
-//   its GEMM become one Stream-parallel loop (lower_overlap.h).
+//   its GEMM become one Stream-parallel loop (lower_overlap.h); a GEMM whose output rows the
+//   schedule splits on Stream (and that no collective is paired with) runs as a loop over those
+//   chunks, its iterations on the stream pool (assign-streams places them).
 #include <algorithm>
 #include <map>
 #include <set>
@@ -14,6 +16,7 @@
 #include "lower/lower_segment.h"
 #include "meshfuse/host_ir.h"
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/placement.h"
 #include "propagation/sharding.h"
 
 namespace meshfuse {
@@ -76,6 +79,32 @@ HostNode allocateNode(const TensorView* tv, int64_t chunk_blocks) {
   return n;
 }
 
+HostNode gemmOnRows(const Segment& seg, int64_t index, const BlockRef& row_in, const BlockRef& row_out) {
+  HostNode n;
+  n.kind = HostNodeKind::Gemm;
+  n.segment = index;
+  const Expr* gemm = seg.exprs.at(0);
+  MF_CHECK(gemm->info().category == OpCategory::Gemm &&
+               std::find(seg.inputs.begin(), seg.inputs.end(), gemm->input(size_t{0})) != seg.inputs.end(),
+           "a GEMM launched on row blocks must read its row operand from outside its segment");
+  for (const TensorView* in : seg.inputs) n.views.push_back(in == gemm->input(size_t{0}) ? row_in : BlockRef::of(in));
+  for (const TensorView* o : seg.outputs) {
+    BlockRef b = row_out;
+    if (b.tv == seg.outputs.at(0)) b.tv = o;  // (a ring writes its last partial straight into the result)
+    n.views.push_back(b);
+  }
+  return n;
+}
+
+HostNode poolLoop(int64_t trips, int64_t stream_pool, std::vector<HostNode> body) {
+  HostNode n;
+  n.kind = HostNodeKind::ForLoop;
+  n.trip_count = trips;
+  n.stream_pool = stream_pool;
+  n.body = std::move(body);
+  return n;
+}
+
 std::vector<HostNode> segmentNodes(const Segment& seg, int64_t index, int64_t& handles) {
   HostNode n;
   n.segment = index;
@@ -108,6 +137,26 @@ bool overlapped(const Segment& seg) {
   return seg.kind == Segment::Kind::Communication && seg.exprs.at(0)->attr<std::string>("overlap") != "none";
 }
 
+// The stream chunks of a GEMM segment whose output rows the user's schedule splits (a Stream
+// split of dim 0; decompose-for-overlap checked it), or 1.
+int64_t streamChunks(const Segment& seg) {
+  if (seg.kind != Segment::Kind::Gemm || seg.exprs.at(0)->info().category != OpCategory::Gemm) return 1;
+  std::optional<StreamSplit> s = streamSplitOf(seg.exprs[0]->output());
+  return s && s->dim == 0 ? s->chunks : 1;
+}
+
+// A GEMM on stream chunks of its rows: iteration i computes rows [i of s] of the output from
+// rows [i of s] of the row operand, the iterations on the stream pool.
+void lowerStreamChunks(const Segment& seg, int64_t index, int64_t chunks, int64_t pool, std::vector<HostNode>& out) {
+  for (const TensorView* o : seg.outputs) out.push_back(allocateNode(o));
+  BlockRef rows = BlockRef::of(static_cast<const TensorView*>(seg.exprs.at(0)->input(size_t{0})));
+  rows.blocks = chunks;
+  rows.loop_coeffs = {1};
+  BlockRef result = rows;
+  result.tv = seg.outputs.at(0);
+  out.push_back(poolLoop(chunks, pool, {gemmOnRows(seg, index, rows, result)}));
+}
+
 }  // namespace
 
 HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& overlap) {
@@ -136,8 +185,9 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
     partner[std::min<int64_t>(g, i)] = std::max<int64_t>(g, i);
   }
   if (isMicrobatched(*fusion)) {
-    MF_USER_CHECK(partner.empty(), ErrorKind::Unsupported, "overlap decomposition inside a microbatched pipeline is not "
-                                                           "supported");
+    MF_USER_CHECK(partner.empty(), ErrorKind::Unsupported,
+                  "overlap decomposition inside a microbatched pipeline is not "
+                  "supported");
     lowerMicrobatched(*fusion, *segments, p.nodes);
     return p;
   }
@@ -150,6 +200,10 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
       int64_t comm = overlapped(seg) ? i : it->second, gemm = overlapped(seg) ? it->second : i;
       lowerOverlappedPair((*segments)[comm], (*segments)[gemm], gemm, overlap.streams, state, p.nodes);
       done.insert(it->second);
+      continue;
+    }
+    if (int64_t chunks = streamChunks(seg); chunks > 1) {
+      lowerStreamChunks(seg, static_cast<int64_t>(i), chunks, overlap.streams, p.nodes);
       continue;
     }
     for (const TensorView* out : seg.outputs) p.nodes.push_back(allocateNode(out));

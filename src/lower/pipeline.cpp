@@ -32,7 +32,7 @@ const std::vector<FusionPass>& fusionPasses() {
       {"propagate-streams", "carry the inputs' microbatch split (Stream) to every tensor computed from their rows",
        plain(propagateStreams)},
       {"decompose-for-overlap", "pipeline collectives with their GEMMs in chunks (collective- or ring-based)",
-       [](Fusion& f, const PipelineOptions& o) { decomposeForOverlap(f, o.overlap); }},
+       [](Fusion& f, const PipelineOptions& o) { decomposeForOverlap(f, o.overlap, o.sizes); }},
   };
   return passes;
 }

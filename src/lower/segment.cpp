@@ -95,7 +95,10 @@ class Segmenter {
     for (const Expr* u : gemm->output()->uses())
       if (overlapped(u)) return;
     const bool linear = gemm->kind() == OpKind::Linear;
+    // A GEMM on stream chunks of its rows launches on row blocks of operand 0 likewise.
+    const bool row_chunks = streamSplitOf(gemm->output()).has_value();
     for (size_t i = 0; i < 2; ++i) {
+      if (i == 0 && row_chunks) continue;
       const auto* tv = static_cast<const TensorView*>(gemm->input(i));
       const Expr* p = tv->definition();
       if (p == nullptr || p->kind() != OpKind::Permute || groups_[group_of_.at(p)].exprs.size() != 1) continue;

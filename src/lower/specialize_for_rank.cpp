@@ -46,6 +46,7 @@ bool specialize(const HostProgram& p, const std::vector<HostNode>& in, int64_t r
       case HostNodeKind::SetCurrentStream:
       case HostNodeKind::RecordEvent:
       case HostNodeKind::WaitEvent:
+      case HostNodeKind::HostWaitEvent:
       case HostNodeKind::Synchronize:
         out.push_back(n);
         continue;

@@ -1,6 +1,8 @@
 // CpuStreams: stream 0 inline on the host thread, every other stream a worker thread (see
 // streams.h). A failed task does not leave waiters hanging: the stream skips its later work
-// tasks but still fires its events, and the failure is rethrown by synchronize().
+// tasks but still fires its events, and the failure is rethrown by synchronize(). Timelines
+// hold every task that takes time: kernels, GEMMs, copies, collectives, and a stream's waits
+// for events (TaskKind::Wait).
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -42,6 +44,7 @@ struct Task {
   std::string name;
   std::function<void()> fn;
   bool always = false;  // runs even after a failure (event bookkeeping)
+  bool traced = true;   // appears in timelines (not: recording an event, which takes no time)
 };
 
 class CpuStreams final : public Streams {
@@ -63,12 +66,12 @@ class CpuStreams final : public Streams {
 
   std::shared_ptr<Event> record(int64_t stream) override {
     auto e = std::make_shared<CpuEvent>();
-    enqueue(stream, {TaskKind::Wait, "record", [e] { e->set(); }, true});
+    enqueue(stream, {TaskKind::Wait, "record", [e] { e->set(); }, true, false});
     return e;
   }
 
   void wait(int64_t stream, std::shared_ptr<Event> event) override {
-    enqueue(stream, {TaskKind::Wait, "wait event", [event] { event->wait(); }, true});
+    enqueue(stream, {TaskKind::Wait, "wait for an event", [event] { event->wait(); }, true});
   }
 
   void synchronize() override {
@@ -149,7 +152,7 @@ class CpuStreams final : public Streams {
       bool tracing = tracing_;
       auto begin = Clock::now();
       t.fn();
-      if (tracing && t.kind != TaskKind::Wait) {
+      if (tracing && t.traced) {
         auto end = Clock::now();
         std::lock_guard<std::mutex> lk(trace_mu_);
         trace_.push_back({t.name, t.kind, stream, std::chrono::duration<double, std::micro>(begin - epoch_).count(),

@@ -200,6 +200,9 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
     values_[{f.inputs()[i], 0}] = local_inputs[i].defined() && local_inputs[i].device() != backend_.device()
                                       ? backend_.upload(local_inputs[i])
                                       : local_inputs[i];
+  // A traced run starts with a barrier of the world: every rank's timeline then has (nearly)
+  // the same origin, so a merged multi-rank trace lines up.
+  if (tracing_ && comm_.size() > 1) comm_.barrier();
   streams_.setTracing(tracing_);
   try {
     execute(program_.nodes);
@@ -302,6 +305,15 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         auto it = events_.find({n.event, instance});
         MF_CHECK(it != events_.end(), "wait for instance {} of event e{}, which was never recorded", instance, n.event);
         streams_.wait(stream_, it->second);
+        break;
+      }
+      case HostNodeKind::HostWaitEvent: {
+        int64_t instance = eventInstance(n);
+        if (instance < 0) break;
+        auto it = events_.find({n.event, instance});
+        MF_CHECK(it != events_.end(), "host wait for instance {} of event e{}, which was never recorded", instance,
+                 n.event);
+        it->second->wait();  // blocks this (the host) thread; the streams go on
         break;
       }
       case HostNodeKind::Synchronize:

@@ -7,16 +7,19 @@
 // collective and its team. A rank that fails calls abort(), which is MPI_Abort: mpirun then
 // terminates every other rank at once instead of leaving them waiting in a collective.
 //
-// Thread safety: MPI is initialized with MPI_THREAD_MULTIPLE when available; otherwise every
-// MPI call is serialized by a mutex, so a communication thread may wait while another issues.
+// Thread safety: stream worker threads call MPI (a communication issues on one thread and is
+// waited for on another), so MPI must provide at least MPI_THREAD_SERIALIZED. meshfuse asks for
+// MPI_THREAD_MULTIPLE when it initializes MPI (initializeMpi()); with SERIALIZED every MPI call
+// is serialized by a mutex. A process that initialized MPI itself with less (plain MPI_Init
+// gives MPI_THREAD_SINGLE with OpenMPI) is refused with an error saying how to fix it.
 #define OMPI_SKIP_MPICXX 1  // the C API only: no libmpi_cxx
 #include <mpi.h>
 
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -45,6 +48,16 @@ struct MpiType {
   MPI_Datatype type;
   MPI_Op sum, max;
 };
+
+const char* threadLevelName(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "(unknown)";
+}
 
 // Initializes MPI once per process (unless someone else, e.g. mpi4py or a test's main, did) and
 // finalizes it at exit only if it initialized it.
@@ -81,6 +94,12 @@ class MpiProcess {
         if (!finalized) MPI_Finalize();
       });
     }
+    MF_USER_CHECK(provided_ >= MPI_THREAD_SERIALIZED, ErrorKind::Runtime,
+                  "MPI provides thread support {} but meshfuse's MPI communicator needs at least "
+                  "MPI_THREAD_SERIALIZED (its stream threads call MPI){}: initialize MPI with "
+                  "MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) or meshfuse::initializeMpi() instead "
+                  "of MPI_Init, or let meshfuse initialize it",
+                  threadLevelName(provided_), initialized ? ", and MPI was initialized before meshfuse" : "");
     // Errors come back as return codes, so they become exceptions with a message, not a crash.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Op_create(&reduce16<bf16BitsToFloat, floatToBf16Bits, false>, 1, &bf16_sum_);
@@ -117,8 +136,8 @@ class Watchdog {
       std::lock_guard<std::mutex> lk(mu_);
       armed_ = true;
       what_ = what;
-      deadline_ = std::chrono::steady_clock::now() +
-                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s_));
+      deadline_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                         std::chrono::duration<double>(timeout_s_));
     }
     cv_.notify_all();
     auto disarm = [this] {
@@ -142,9 +161,10 @@ class Watchdog {
       if (armed_ && std::chrono::steady_clock::now() > deadline_) {
         std::string what = what_;
         lk.unlock();
-        on_expiry_(fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): a peer rank failed, hangs, "
-                               "or runs a different program",
-                               what, timeout_s_));
+        on_expiry_(
+            fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): a peer rank failed, hangs, "
+                        "or runs a different program",
+                        what, timeout_s_));
         lk.lock();
       }
       cv_.wait_for(lk, std::chrono::milliseconds(100));
@@ -271,9 +291,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort(const std::string& reason) override {
-    std::cerr << fmt::format("meshfuse: rank {} of {} fails: {}\nmeshfuse: aborting every rank (MPI_Abort) so that no "
-                             "peer waits forever\n",
-                             rank_, size_, reason)
+    std::cerr << fmt::format(
+                     "meshfuse: rank {} of {} fails: {}\nmeshfuse: aborting every rank (MPI_Abort) so that no "
+                     "peer waits forever\n",
+                     rank_, size_, reason)
               << std::flush;
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);  // MPI_Abort does not return; this is for the compiler
@@ -353,14 +374,16 @@ class MpiWork final : public Work {
         auto lk = comm_.lock();
         rc = MPI_Test(&req_, &done, MPI_STATUS_IGNORE);
       }
-      MF_USER_CHECK(rc == MPI_SUCCESS, ErrorKind::Runtime, "{} failed on rank {} (MPI error {})", what_, comm_.rank(), rc);
+      MF_USER_CHECK(rc == MPI_SUCCESS, ErrorKind::Runtime, "{} failed on rank {} (MPI error {})", what_, comm_.rank(),
+                    rc);
       if (done) return;
       // Check the watchdog now and then; yield so that oversubscribed ranks make progress.
       if (spins % 1024 == 0 && comm_.timeoutSeconds() > 0 &&
           std::chrono::duration<double>(Clock::now() - start).count() > comm_.timeoutSeconds())
-        comm_.abort(fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): a peer rank failed, hangs, or "
-                                "runs a different program",
-                                what_, comm_.timeoutSeconds()));
+        comm_.abort(
+            fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): a peer rank failed, hangs, or "
+                        "runs a different program",
+                        what_, comm_.timeoutSeconds()));
       std::this_thread::yield();
     }
   }
@@ -379,12 +402,14 @@ std::unique_ptr<Work> MpiCommunicator::issue(const char* what, const Team& team,
     auto lk = lock();
     rc = start(work->request());
   }
-  MF_USER_CHECK(rc == MPI_SUCCESS, ErrorKind::Runtime, "{} on team [{}] failed to start on rank {} (MPI error {})", what,
-                fmt::join(team, ", "), rank_, rc);
+  MF_USER_CHECK(rc == MPI_SUCCESS, ErrorKind::Runtime, "{} on team [{}] failed to start on rank {} (MPI error {})",
+                what, fmt::join(team, ", "), rank_, rc);
   return work;
 }
 
 }  // namespace
+
+void initializeMpi() { MpiProcess::get(); }
 
 std::unique_ptr<Communicator> makeMpiCommunicator() {
   return std::make_unique<MpiCommunicator>(readRuntimeEnvironment().comm_timeout_s);

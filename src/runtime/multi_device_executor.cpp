@@ -2,6 +2,7 @@
 // caches per input layout, and runs this rank's host program.
 #include <typeinfo>
 
+#include "decompose/decompose_for_overlap.h"
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
@@ -15,11 +16,44 @@ struct MultiDeviceExecutor::Entry {
   // The inputs' meshes and placements (no data). Dtypes are the definition's: a local tensor of
   // another dtype is an error, not another program.
   std::vector<ShardedTensor> layouts;
+  // Chunked programs (overlap, microbatches) are compiled for the sizes of each run: their
+  // chunk counts are checked against, or chosen for, the sizes (decompose_for_overlap.h).
+  bool sized = false;
+  SymbolBindings sizes;  // what a sized entry was compiled for
 
   bool matches(const std::vector<ShardedTensor>& inputs) const {
     if (inputs.size() != layouts.size()) return false;
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].mesh != layouts[i].mesh || inputs[i].placements != layouts[i].placements) return false;
+    return true;
+  }
+  // The sizes the inputs bind: their global shapes where given, else their local blocks times
+  // their shards; nullopt without either (plan() of layouts alone). Mismatches are the run's to
+  // report (bindLocalInputs), with names.
+  std::optional<SymbolBindings> sizesOf(const std::vector<ShardedTensor>& inputs, int64_t rank) const {
+    const Fusion& f = *compiled.fusion;
+    SymbolBindings sizes;
+    for (size_t i = 0; i < inputs.size() && i < f.inputs().size(); ++i) {
+      const TensorView* tv = f.inputs()[i];
+      const std::vector<Extent> shape = tv->shape();
+      std::vector<int64_t> global = inputs[i].global_shape;
+      const bool held = tv->mesh() == nullptr || tv->mesh()->contains(rank);
+      if (global.empty() && held && inputs[i].local.defined() &&
+          static_cast<size_t>(inputs[i].local.rank()) == shape.size()) {
+        global = inputs[i].local.shape();
+        std::vector<int64_t> factors = shardFactors(tv);
+        for (size_t d = 0; d < global.size(); ++d) global[d] *= factors[d];
+      }
+      if (global.size() != shape.size()) return std::nullopt;
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (!shape[d].isStatic()) sizes.emplace(shape[d].symbol(), global[d]);
+    }
+    return sizes;
+  }
+  // Whether this program is the one for `sizes` (an unsized one is for any).
+  bool fits(const SymbolBindings& run_sizes) const {
+    for (const auto& [symbol, value] : run_sizes)
+      if (sized && (!sizes.count(symbol) || sizes.at(symbol) != value)) return false;
     return true;
   }
 };
@@ -90,10 +124,23 @@ MultiDeviceExecutor::~MultiDeviceExecutor() = default;
 
 MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs) {
   // Training loops call with the same layouts every step: check the last entry first.
-  if (last_ != nullptr && last_->matches(inputs)) return *last_;
+  if (last_ != nullptr && last_->matches(inputs) && !last_->sized) return *last_;
   std::string key;
   for (const ShardedTensor& in : inputs)
     key += fmt::format("{}{};", in.mesh.toString(), placementsToString(in.placements));
+  Entry& e = entryFor(inputs, key, options_.pipeline.sizes);
+  if (!e.sized) return e;
+  std::optional<SymbolBindings> sizes = e.sizesOf(inputs, comm_.rank());
+  if (!sizes || e.fits(*sizes)) return e;  // without data: the program for the sizes known so far
+  std::string sized_key = key;
+  for (const auto& [symbol, value] : *sizes) sized_key += fmt::format(" {}={}", symbol, value);
+  SymbolBindings all = options_.pipeline.sizes;
+  all.insert(sizes->begin(), sizes->end());
+  return entryFor(inputs, sized_key, all);
+}
+
+MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs,
+                                                          const std::string& key, const SymbolBindings& sizes) {
   auto it = cache_.find(key);
   if (it != cache_.end()) return *(last_ = it->second.get());
   // Every check below fails identically on every rank (they all compile the same program).
@@ -105,7 +152,12 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
                     i, inputs[i].mesh.toString(), d, comm_.size(), comm_.size(), inputs[i].mesh.size(),
                     inputs[i].mesh.size());
   auto e = std::make_unique<Entry>();
-  e->compiled = compile(placeInputs(*definition_, inputs), options_.pipeline, options_.keep_stages);
+  PipelineOptions pipeline = options_.pipeline;
+  pipeline.sizes = sizes;
+  std::unique_ptr<Fusion> placed = placeInputs(*definition_, inputs);
+  e->sized = chunkingDependsOnSizes(*placed, pipeline.overlap);
+  e->sizes = sizes;
+  e->compiled = compile(std::move(placed), pipeline, options_.keep_stages);
   e->program = programForRank(e->compiled, comm_.rank());
   e->evaluator = std::make_unique<HostIrEvaluator>(e->program, *backend_, comm_);
   e->evaluator->setTracing(options_.trace);

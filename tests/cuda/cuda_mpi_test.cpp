@@ -150,7 +150,7 @@ TEST(CudaMultiRank, NcclWhenEachRankHasItsOwnGpu) {
 }  // namespace meshfuse
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  meshfuse::initializeMpi();  // MPI_Init_thread: stream threads call MPI
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ::testing::InitGoogleTest(&argc, argv);

@@ -10,18 +10,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// The message of the UserError `fn` throws (and its kind), or "" when it throws none.
-std::string errorOf(ErrorKind kind, const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    EXPECT_EQ(e.kind(), kind) << e.message();
-    return e.message();
-  }
-  ADD_FAILURE() << "expected a " << errorKindName(kind);
-  return "";
-}
-
 std::vector<ShardedTensor> mlpInputs(const DeviceMesh& mesh, int64_t t) {
   return {{Tensor(DataType::Float, {t, 16}), mesh, {R}},
           {Tensor(DataType::Float, {64 / mesh.size(), 16}), mesh, {S(0)}},

@@ -1,12 +1,14 @@
-// main() of the multi-rank tests: MPI_Init/MPI_Finalize around GoogleTest (gtest_main never
-// finalizes MPI), and only rank 0 prints test progress so the log stays readable.
+// main() of the multi-rank tests: MPI initialized as the runtime needs it (initializeMpi():
+// MPI_Init_thread, since stream threads call MPI) and finalized around GoogleTest (gtest_main
+// never finalizes MPI), and only rank 0 prints test progress so the log stays readable.
 #define OMPI_SKIP_MPICXX 1
+#include "mpi_test_main.h"
+
 #include <mpi.h>
 
 #include <cmath>
 
 #include "meshfuse/ir/parser.h"
-#include "mpi_test_main.h"
 
 namespace meshfuse::testing {
 namespace {
@@ -37,6 +39,9 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
   }
   run.local_outputs = exec.run(inputs);
   run.collectives = exec.lastCollectives();
+  run.reported = collectives(exec.programFor(inputs), sizes);
+  run.peak_estimate = peakMemoryBytes(exec.programFor(inputs), sizes);
+  for (const ShardedTensor& in : inputs) run.input_bytes += in.local.defined() ? in.local.nbytes() : 0;
   run.trace = exec.lastTrace();
   // Gather every output's blocks on every rank (all blocks of an output have one shape).
   Team everyone(worldSize());
@@ -46,7 +51,8 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
     Tensor all(local.dtype(), {worldSize() * std::max<int64_t>(local.numel(), 1)});
     world().allgather(local.data(), all.data(), local.numel(), local.dtype(), everyone)->wait();
     std::vector<Tensor> blocks;
-    for (int64_t r = 0; r < worldSize(); ++r) blocks.push_back(all.slice0(r * local.numel(), local.numel()).reshaped(local.shape()));
+    for (int64_t r = 0; r < worldSize(); ++r)
+      blocks.push_back(all.slice0(r * local.numel(), local.numel()).reshaped(local.shape()));
     run.gathered.push_back(assembleGlobal(plan.fusion->outputs()[i], blocks));
   }
   return run;
@@ -77,13 +83,51 @@ void expectMatchesReference(const ShardedRun& run) {
   }
 }
 
+Tensor CountingBackend::allocate(DataType dtype, const std::vector<int64_t>& shape) {
+  Tensor t = inner_->allocate(dtype, shape);
+  const auto bytes = static_cast<int64_t>(t.nbytes());
+  const int64_t live = counts_->live += bytes;
+  for (int64_t peak = counts_->peak; live > peak && !counts_->peak.compare_exchange_weak(peak, live);) {
+  }
+  // The returned tensor (and every view of it) shares an owner that gives the bytes back when the
+  // last holder lets go; it keeps the inner buffer alive until then.
+  std::shared_ptr<void> owner(new Tensor(t), [counts = counts_, bytes](void* p) {
+    counts->live -= bytes;
+    delete static_cast<Tensor*>(p);
+  });
+  return Tensor::wrap(t.data(), dtype, shape, owner, t.device());
+}
+
+void expectSameCollectives(const std::vector<CollectiveInfo>& reported, const std::vector<CollectiveInfo>& executed) {
+  ASSERT_EQ(kinds(reported), kinds(executed));
+  for (size_t i = 0; i < executed.size(); ++i) {
+    SCOPED_TRACE(fmt::format("collective {}: {} {} -> {}", i, commKindName(executed[i].kind), executed[i].source,
+                             executed[i].tensor));
+    EXPECT_EQ(reported[i].bytes, executed[i].bytes);
+    EXPECT_EQ(reported[i].team, executed[i].team);
+    EXPECT_EQ(reported[i].mesh_axis, executed[i].mesh_axis);
+    EXPECT_EQ(reported[i].source, executed[i].source);
+    EXPECT_EQ(reported[i].tensor, executed[i].tensor);
+    EXPECT_EQ(reported[i].provenance, executed[i].provenance);
+  }
+}
+
+std::string errorOf(ErrorKind kind, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.kind(), kind) << e.message();
+    return e.message();
+  }
+  ADD_FAILURE() << "expected a " << errorKindName(kind);
+  return "";
+}
+
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
   // (UnitTest::current_test_info() would deadlock inside OnTestPartResult: gtest holds its lock.)
-  void OnTestStart(const ::testing::TestInfo& t) override {
-    test_ = std::string(t.test_suite_name()) + "." + t.name();
-  }
+  void OnTestStart(const ::testing::TestInfo& t) override { test_ = std::string(t.test_suite_name()) + "." + t.name(); }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
     std::fprintf(stderr, "[rank %d] %s: %s:%d: %s\n", rank_, test_.c_str(), r.file_name() ? r.file_name() : "?",
@@ -98,7 +142,7 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace meshfuse::testing
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  meshfuse::initializeMpi();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ::testing::InitGoogleTest(&argc, argv);

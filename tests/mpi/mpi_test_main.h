@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -39,10 +40,13 @@ inline const Placement P = Placement::partial();
 
 struct ShardedRun {
   std::vector<Tensor> full_inputs;
-  std::vector<Tensor> reference;   // single-device outputs of the definition
-  std::vector<Tensor> gathered;    // the sharded outputs, assembled from every rank's block
+  std::vector<Tensor> reference;  // single-device outputs of the definition
+  std::vector<Tensor> gathered;   // the sharded outputs, assembled from every rank's block
   std::vector<ShardedTensor> local_outputs;
   std::vector<CollectiveInfo> collectives;  // executed by this rank
+  std::vector<CollectiveInfo> reported;     // this rank's program's static report (collectives())
+  int64_t peak_estimate = 0;                // peakMemoryBytes of this rank's program
+  int64_t input_bytes = 0;                  // this rank's blocks of the inputs
   std::shared_ptr<Fusion> compiled;         // the decomposed fusion
   std::vector<TraceEvent> trace;            // with options.trace
 };
@@ -57,5 +61,36 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
 std::vector<std::string> kinds(const std::vector<CollectiveInfo>& cs);
 // Asserts every gathered output matches the reference within dtype tolerance.
 void expectMatchesReference(const ShardedRun& run);
+
+// The CPU backend, counting the bytes of the buffers it handed out that are still alive (a
+// buffer lives while any tensor or task holds it): what a rank really holds, to hold
+// peakMemoryBytes against. The counts outlive the backend (an executor owns it).
+struct MemoryCounts {
+  std::atomic<int64_t> live{0}, peak{0};
+};
+class CountingBackend final : public Backend {
+ public:
+  explicit CountingBackend(std::shared_ptr<MemoryCounts> counts) : counts_(std::move(counts)) {}
+  std::string name() const override { return "counting cpu"; }
+  Tensor allocate(DataType dtype, const std::vector<int64_t>& shape) override;
+  void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
+                  const ShapeFn& shape_of) override {
+    inner_->runSegment(seg, inputs, outputs, shape_of);
+  }
+  void copy(Tensor& dst, const Tensor& src) override { inner_->copy(dst, src); }
+  void accumulate(Tensor& dst, const Tensor& src) override { inner_->accumulate(dst, src); }
+  Streams& streams() override { return inner_->streams(); }
+
+ private:
+  std::unique_ptr<Backend> inner_ = makeCpuBackend();
+  std::shared_ptr<MemoryCounts> counts_;
+};
+
+// Asserts a static collectives report (meshfuse collectives) lists what a run executed: the
+// same collectives in the same order, with the same teams, bytes, tensors and provenance.
+void expectSameCollectives(const std::vector<CollectiveInfo>& reported, const std::vector<CollectiveInfo>& executed);
+
+// The message of the UserError `fn` throws (and checks its kind), or "" when it throws none.
+std::string errorOf(ErrorKind kind, const std::function<void()>& fn);
 
 }  // namespace meshfuse::testing

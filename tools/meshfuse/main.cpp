@@ -213,7 +213,9 @@ int main(int argc, char** argv) {
         if (!dump_each) std::cout << mf::printFusion(*fusion);
       } else if (*dump) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/false);
-        mf::CompiledProgram p = mf::compile(std::move(fusion), pipeline, /*keep_stages=*/true);
+        mf::PipelineOptions o = pipeline;
+        o.sizes = run_opts.sizes;  // chunk counts for the sizes given (symbolic otherwise)
+        mf::CompiledProgram p = mf::compile(std::move(fusion), o, /*keep_stages=*/true);
         if (stage == "kernels" || stage == "llvm") {
           std::cout << mf::dumpKernels(p, std::max<int64_t>(dump_rank, 0), sizes, stage == "llvm");
         } else if (stage == "hostir") {
@@ -223,7 +225,9 @@ int main(int argc, char** argv) {
         }
       } else if (*coll) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
-        mf::CompiledProgram p = mf::compile(std::move(fusion), pipeline);
+        mf::PipelineOptions o = pipeline;
+        o.sizes = sizes;  // chunk counts as `run` chooses them for these sizes
+        mf::CompiledProgram p = mf::compile(std::move(fusion), o);
         std::cout << cli::collectiveReport(p, report_rank < 0 ? std::vector<int64_t>{} : std::vector<int64_t>{report_rank},
                                            sizes);
       } else if (*run) {

@@ -82,13 +82,14 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
     MF_USER_CHECK(world == covered, ErrorKind::Mesh,
                   "world size {} != mesh size {}: the meshes of {} name ranks 0..{}; launch with mpirun -np {}", world,
                   covered, definition.numMeshes() == 1 ? "the fusion" : "its tensors", covered - 1, covered);
+    sizes = completeBindings(definition, o.sizes, rank == 0);
     ExecutorOptions options{.pipeline = o.pipeline, .trace = !o.trace_file.empty()};
+    options.pipeline.sizes = sizes;  // chunk counts checked (or chosen) here, on every rank alike
     std::unique_ptr<Backend> backend = makeBackend(o.device);
     // Device buffers travel by NCCL, or through pinned host memory when ranks share a GPU.
     if (backend->device() == Device::Cuda) comm = makeCudaCommunicator(std::move(comm));
     exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm, std::move(backend), options);
     exec->plan(inputs);
-    sizes = completeBindings(definition, o.sizes, rank == 0);
     full = makeInputs(definition, o.npy_inputs, sizes, o.seed);
   } catch (const UserError& e) {
     if (rank == 0) std::cerr << "meshfuse: " << errorKindName(e.kind()) << ": " << e.message() << "\n";

@@ -75,8 +75,15 @@ class Communicator {
 // World size 1: every team is {0}; collectives are copies; send/recv to self are errors.
 std::unique_ptr<Communicator> makeSelfCommunicator();
 // OpenMPI over MPI_COMM_WORLD. Calls MPI_Init_thread if MPI is not initialized yet, and
-// registers MPI_Finalize at exit. Throws RuntimeError when MPI is unavailable.
+// registers MPI_Finalize at exit. Throws RuntimeError when MPI is unavailable, or when MPI was
+// initialized (by the application) with less than MPI_THREAD_SERIALIZED thread support: stream
+// worker threads call MPI.
 std::unique_ptr<Communicator> makeMpiCommunicator();
+// Initializes MPI as makeMpiCommunicator() needs it (MPI_Init_thread asking for
+// MPI_THREAD_MULTIPLE; MPI_Finalize at exit unless the program finalizes first), if it is not
+// initialized yet. For programs that call MPI themselves (test mains, benchmarks): call it
+// instead of MPI_Init. Throws RuntimeError when MPI provides less than MPI_THREAD_SERIALIZED.
+void initializeMpi();
 // `mpi` when launched by mpirun/srun (or when MPI is already initialized), else `self`.
 std::unique_ptr<Communicator> makeDefaultCommunicator();
 

@@ -26,7 +26,8 @@ struct TraceEvent {
   std::string name;
   TaskKind kind;
   int64_t stream;
-  double begin_us, end_us;  // since the evaluator's epoch
+  double begin_us, end_us;  // since the run started (a traced multi-rank run starts with a world
+                            // barrier: the ranks' origins agree, so their timelines line up)
 };
 
 class Event {
