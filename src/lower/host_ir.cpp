@@ -127,8 +127,9 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
           if (n.recv_from >= 0) line += fmt::format(" from rank {}", n.recv_from);
         }
         if (n.mesh_axis >= 0) line += fmt::format(" axis {}", n.mesh_axis);
-        if (n.comm == CommKind::Allgather || n.comm == CommKind::AllToAll) line += fmt::format(" from dim {}", n.in_dim);
-        if (n.comm == CommKind::ReduceScatter || n.comm == CommKind::AllToAll) line += fmt::format(" to dim {}", n.out_dim);
+        if (n.in_dim >= 0) line += fmt::format(" from dim {}", n.in_dim);
+        if (n.out_dim >= 0) line += fmt::format(" to dim {}", n.out_dim);
+        if (n.root >= 0) line += fmt::format(" root {}", n.root);
         if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
         break;
       }
@@ -201,9 +202,11 @@ void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const Sym
       continue;
     }
     if (n.kind != HostNodeKind::Communication) continue;
+    // Only the root of a broadcast or scatter sends.
+    const bool sends = (n.comm != CommKind::Broadcast && n.comm != CommKind::Scatter) || n.root == p.rank;
     for (int64_t t = 0; t < trips; ++t)
-      out.push_back({n.comm, n.mesh_axis, n.team, localBytes(n.in.tv, b, n.in.blocks), p.fusion->displayName(n.out.tv),
-                     p.fusion->displayName(n.in.tv), n.out.tv->provenance()});
+      out.push_back({n.comm, n.mesh_axis, n.team, sends ? localBytes(n.in.tv, b, n.in.blocks) : 0,
+                     p.fusion->displayName(n.out.tv), p.fusion->displayName(n.in.tv), n.out.tv->provenance(), n.root});
   }
 }
 
