@@ -187,6 +187,24 @@ TEST(Stages, BroadcastToAMeshWithoutTheRootSendsFirst) {
       expectedFor({{"send_recv team [0, 1]"}, {"broadcast team [1, 2] root 1"}, {"broadcast team [1, 2] root 1"}}));
 }
 
+// A replicated value needs no collective to reach one device: a copy where that device holds it,
+// else one send from its mesh's first device.
+TEST(Stages, ReplicatedValueIsCopiedOrSentToOneDevice) {
+  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+  StagedRun run = runStaged(R"(fusion {
+  mesh @src = [0, 1]
+  mesh @inside = [1]
+  mesh @outside = [2]
+  %x = input f32[8, 12] @src {}
+  %y = set(%x) : f32[8, 12] @inside {}
+  %z = set(%x) : f32[8, 12] @outside {}
+  output %y
+  output %z
+})");
+  expectMatches(run);
+  EXPECT_EQ(described(run.collectives), expectedFor({{"send_recv team [0, 2]"}}));
+}
+
 // x [12, 24] on rank 0, scattered over every rank along `dim`.
 StagedRun scatterAlong(int64_t dim) {
   const int64_t n = worldSize();
@@ -267,6 +285,30 @@ TEST(Stages, DataOnRank0ModelOnEveryRankResultsOnRank0) {
   // Only the root sends a broadcast; everyone sends its block of a gather.
   EXPECT_EQ(run.collectives[0].bytes, worldRank() == 0 ? 8 * 16 * 4 : 0);
   EXPECT_EQ(run.collectives[1].bytes, 8 * 24 / n * 4);
+}
+
+// A GPipe pipeline whose second stage is tensor-parallel: each microbatch goes from rank 0 to
+// the second stage's first device, which broadcasts it over the stage.
+TEST(Stages, PipelineIntoATensorParallelStage) {
+  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+  StagedRun run = runStaged(R"(fusion {
+  mesh @s0 = [0]
+  mesh @s1 = [1, 2]
+  %inp = input f32[32, 16] @s0 {split(0, 4), parallelize(0, Stream)}
+  %up0 = input f32[16, 16] @s0 {}
+  %up1 = input f32[64, 16] @s1 {split(0, 2), parallelize(0, DIDx)}
+  %down1 = input f32[16, 64] @s1 {split(1, 2), parallelize(1, DIDx)}
+  %a0 = linear(%inp, %up0)
+  %b0 = gelu(%a0, approximate="tanh")
+  %a1 = linear(%b0, %up1)
+  %b1 = gelu(%a1, approximate="tanh")
+  %out1 = linear(%b1, %down1)
+  output %out1
+})");
+  expectMatches(run);
+  Strs stage1;
+  for (int i = 0; i < 4; ++i) stage1.insert(stage1.end(), {"broadcast team [1, 2] root 1", "allreduce team [1, 2]"});
+  EXPECT_EQ(described(run.collectives), expectedFor({Strs(4, "send_recv team [0, 1]"), stage1, stage1}));
 }
 
 TEST(Stages, MovingBetweenTwoMultiDeviceMeshesOfDifferentShapesIsUnsupported) {
