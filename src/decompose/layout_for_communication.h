@@ -1,12 +1,11 @@
 // layout-for-communication: every collective moves contiguous per-rank chunks.
 //
 // An allgather, reduce-scatter, gather or scatter exchanges one block per rank along its
-// sharded dim. The blocks
-// are contiguous in a row-major buffer only when that dim is outermost (or every dim before it
-// has extent 1); otherwise the runtime would have to pack and unpack strided blocks around the
-// collective. This pass makes the layout explicit instead: it moves the sharded dim outermost
-// with a `permute` before the collective and back after it, so the host program's collectives
-// always run on dim 0, directly on the tensors' buffers. Nothing is inserted when the dim is
+// sharded dim. The blocks are contiguous in a row-major buffer only when that dim is outermost
+// (or every dim before it has extent 1); otherwise the runtime would have to pack and unpack
+// strided blocks around the collective. This pass makes the layout explicit instead: it moves
+// the sharded dim outermost with a `permute` before the collective and back after it, so the
+// host program's collectives always run on dim 0, directly on the tensors' buffers. Nothing is inserted when the dim is
 // already outermost ("copy only when required"). All-to-all keeps its runtime packing (its send
 // and receive blocks run along different dims, so no single permutation makes both contiguous).
 //

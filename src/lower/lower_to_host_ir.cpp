@@ -208,8 +208,7 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
   }
   if (isMicrobatched(*fusion)) {
     MF_USER_CHECK(partner.empty(), ErrorKind::Unsupported,
-                  "overlap decomposition inside a microbatched pipeline is not "
-                  "supported");
+                  "overlap decomposition inside a microbatched pipeline is not supported");
     lowerMicrobatched(*fusion, *segments, p.nodes);
     return p;
   }
