@@ -168,10 +168,11 @@ struct CollectiveInfo {
   CommKind kind;
   int64_t mesh_axis;
   Team team;
-  int64_t bytes;  // bytes this rank contributes (its send buffer)
+  int64_t bytes;           // bytes this rank contributes (0: a broadcast's or scatter's non-root)
   std::string tensor;      // the output's name
   std::string source;      // the input's name
   std::string provenance;  // why this collective exists
+  int64_t root = -1;       // broadcast, scatter, gather, reduce: the root's global rank
 };
 std::vector<CollectiveInfo> collectives(const HostProgram& program, const SymbolBindings& bindings);
 

@@ -58,43 +58,46 @@ std::string whyNoPendingSum(const Fusion& f, const Expr* e, const ShardingRule& 
   return "";
 }
 
-// Inserts `set`s before `e` that take `from` to `target` one mesh axis at a time, in the order
-// reshardingSteps plans. `why` holds one "{}" for `from`.
-TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target, const std::string& why) {
+// Whether the mesh axes of `from` and `to` correspond (one mesh, or stages of one shape).
+bool axesCorrespond(const Fusion& f, const Sharding& from, const Sharding& to) {
+  return f.mesh(from.mesh).shape() == f.mesh(to.mesh).shape();
+}
+
+// `from`'s state on mesh axis `a` of `to`'s mesh, for errors: the axis's state when the meshes'
+// axes correspond, else the whole sharding and its mesh.
+std::string stateOn(const Fusion& f, const Sharding& from, const Sharding& to, size_t a) {
+  if (axesCorrespond(f, from, to)) return from.axes[a].toString();
+  return fmt::format("{} on mesh {}", toString(from), f.mesh(from.mesh).toString());
+}
+
+// Inserts one `set` before `e` per step of `steps`, starting from `from`. `why` holds one "{}"
+// for `from`.
+TensorView* insertSteps(Fusion& f, Expr* e, TensorView* from, const std::vector<ReshardingStep>& steps,
+                        const std::string& why) {
   TensorView* cur = from;
-  Sharding s = readSharding(from);
-  for (size_t a = 0; a < target.axes.size(); ++a)
-    MF_USER_CHECK(target.axes[a].kind != Placement::Partial || s.axes[a] == target.axes[a], ErrorKind::Unsupported,
-                  "{}: {} needs {} but a {} value cannot become a pending sum", e->name(), f.displayName(from),
-                  target.axes[a].toString(), s.axes[a].toString());
   f.setInsertionPoint(e);
-  Sharding axes_target = target;
-  axes_target.mesh = s.mesh;  // the stage move comes last, below
-  for (const Sharding& next_state : reshardingSteps(s, axes_target)) {
-    size_t a = 0;
-    while (next_state.axes[a] == s.axes[a]) ++a;
-    std::string step = fmt::format("{} -> {} on mesh axis {}", s.axes[a].toString(), next_state.axes[a].toString(), a);
-    s = next_state;
+  for (const ReshardingStep& step : steps) {
     TensorView* next = ops::set(cur);
-    writeSharding(next, s);
+    writeSharding(next, step.to);
     next->setPinned(false);
-    next->setProvenance({fmt::format("{}: {}", why, step), {from}});
-    cur = next;
-  }
-  // Last, the move to the consumer's pipeline stage (the same sharding on another mesh).
-  if (s.mesh != target.mesh) {
-    const Fusion& cf = f;
-    std::string step =
-        fmt::format("moved from stage {} to stage {}", cf.mesh(s.mesh).toString(), cf.mesh(target.mesh).toString());
-    s.mesh = target.mesh;
-    TensorView* next = ops::set(cur);
-    writeSharding(next, s);
-    next->setPinned(false);
-    next->setProvenance({fmt::format("{}: {}", why, step), {from}});
+    next->setProvenance({fmt::format("{}: {}", why, step.what), {from}});
     cur = next;
   }
   f.setInsertionPoint(nullptr);
   return cur;
+}
+
+// Inserts `set`s before `e` that take `from` to `target` one mesh axis (or one move between
+// meshes) at a time, in the order planResharding plans. `why` holds one "{}" for `from`.
+TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target, const std::string& why) {
+  Sharding s = readSharding(from);
+  for (size_t a = 0; a < target.axes.size(); ++a)
+    MF_USER_CHECK(
+        target.axes[a].kind != Placement::Partial || (axesCorrespond(f, s, target) && s.axes[a] == target.axes[a]),
+        ErrorKind::Unsupported, "{}: {} needs {} but a {} value cannot become a pending sum", e->name(),
+        f.displayName(from), target.axes[a].toString(), stateOn(f, s, target, a));
+  std::string name = fmt::format("{} (for {})", f.displayName(from), f.displayName(e->output()));
+  return insertSteps(f, e, from, planResharding(f, s, target, name), why);
 }
 
 // Resharded copies made so far, so that several consumers needing the same sharding of a value
@@ -112,26 +115,24 @@ class ReshardCache {
   std::map<std::pair<TensorView*, std::string>, TensorView*> done_;
 };
 
-// A set that changes several axes (or axes and the stage) becomes a chain of sets that change one
-// each (in reshardingSteps' order): the axes first, on the source stage; the move to the stage
-// last. The set itself keeps the last step.
+// A set that changes several axes, or moves between meshes in several steps, becomes a chain of
+// sets that each make one step (planResharding's). The set itself keeps the last step.
 void decomposeSet(Fusion& f, Expr* e) {
   TensorView* in = tensorAt(e, 0);
   Sharding from = readSharding(in), to = readSharding(e->output());
   MF_CHECK(from.decided() && to.decided(), "decompose-reshardings requires propagate-shardings first");
   for (size_t a = 0; a < to.axes.size(); ++a)
-    MF_USER_CHECK(to.axes[a].kind != Placement::Partial || from.axes[a].kind == Placement::Partial,
+    MF_USER_CHECK(to.axes[a].kind != Placement::Partial ||
+                      (axesCorrespond(f, from, to) && from.axes[a].kind == Placement::Partial),
                   ErrorKind::Unsupported,
                   "set: {} is pinned {} on mesh axis {} but its input {} is {}; a set cannot make a pending sum "
                   "(Partial) of a value that has none",
-                  f.displayName(e->output()), to.axes[a].toString(), a, f.displayName(in), from.axes[a].toString());
-  Sharding axes_to = to;
-  axes_to.mesh = from.mesh;
-  std::vector<Sharding> steps = reshardingSteps(from, axes_to);
-  int64_t count = static_cast<int64_t>(steps.size()) + (from.mesh != to.mesh ? 1 : 0);
-  if (count > 1) {
-    Sharding mid = from.mesh != to.mesh ? axes_to : steps[steps.size() - 2];
-    TensorView* staged = reshard(f, e, in, mid, fmt::format("staged for {} of {{}}", e->name()));
+                  f.displayName(e->output()), to.axes[a].toString(), a, f.displayName(in), stateOn(f, from, to, a));
+  std::vector<ReshardingStep> steps =
+      planResharding(f, from, to, fmt::format("{} (for {})", f.displayName(in), f.displayName(e->output())));
+  if (steps.size() > 1) {
+    steps.pop_back();
+    TensorView* staged = insertSteps(f, e, in, steps, fmt::format("staged for {} of {{}}", e->name()));
     f.replaceOperand(e, in, staged);
   }
 }
@@ -202,8 +203,8 @@ void decomposeCompute(Fusion& f, Expr* e, const ShardingRule& rule, ReshardCache
     if (in == nullptr) continue;
     Sharding actual = readSharding(in);
     MF_CHECK(actual.decided(), "{} has no mesh", f.displayName(in));
-    Sharding need = actual;
-    need.mesh = out->meshIndex();  // operands come to the op's pipeline stage
+    // Operands come to the op's pipeline stage (whose mesh may have another shape).
+    Sharding need{out->meshIndex(), std::vector<AxisState>(axes, Placement::replicate())};
     for (int64_t a = 0; a < axes; ++a) need.axes[a] = *requiredOperandState(e, rule, choices[a], i);
     if (need == actual) continue;
     TensorView* fixed = cache.get(f, e, in, need, fmt::format("{} needs {{}} as {}", e->name(), toString(need)));

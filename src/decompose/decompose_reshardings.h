@@ -9,14 +9,25 @@
 //     Shard(a) -> Shard(b): all-to-all      Partial -> Replicate: allreduce
 //     Partial -> Shard(d): reduce-scatter
 //   and a set that only changes the mesh (a pipeline stage boundary) is a send/recv between the
-//   devices at the same coordinates of the two meshes. An output pinned sharded along a dim no
-//   operand dim becomes (softmax's normalized dim) is computed whole on that mesh axis and
-//   sliced to the pin by a set after the op. A pinned Partial that no operand can give (a scalar
-//   added, a non-linear op) is a user error saying why.
+//   devices at the same coordinates of the two meshes. Between meshes of different shapes a set
+//   is one rooted collective with its root in its team (resharding_steps.h):
+//     one device -> mesh B: broadcast (B Replicate) or scatter (Shard on B's one axis)
+//     mesh A -> one device: gather (Shard on one axis of A) or reduce (Partial on one axis),
+//                           or a send from A's first device (a local copy) of a replicated value
+//   (an operand on another mesh than its op's output moves there the same way; a root outside
+//   the team is reached by a send/recv through a single-device mesh added to the fusion). An
+//   output pinned sharded along a dim no operand dim becomes (softmax's normalized dim) is
+//   computed whole on that mesh axis and sliced to the pin by a set after the op. A pinned
+//   Partial that no operand can give (a scalar added, a non-linear op) is a user error saying
+//   why.
 //
 //   before: %out = linear(%inp, %up_w) : @m {Shard(1)}     with %inp Shard(0)
 //   after:  %0 = set(%inp) : @m {}                          (allgather of %inp)
 //           %out = linear(%0, %up_w) : @m {Shard(1)}
+//
+//   before: %y = set(%x) : @three {}       with %x Shard(0) on @two = [0, 1], and @three = [3]
+//   after:  %0 = set(%x) : @m2 {}          (gather to rank 0: a new mesh @m2 = [0])
+//           %y = set(%0) : @three {}       (send/recv 0 -> 3)
 #pragma once
 
 namespace meshfuse {

@@ -10,13 +10,24 @@
 namespace meshfuse {
 namespace {
 
-// The dims() index a single-axis resharding `set` exchanges blocks along, when it is an
-// allgather (Shard(d) -> Replicate) or a reduce-scatter (Partial -> Shard(d)); else -1.
+// The dims() index a resharding `set` exchanges blocks along, when it is an allgather
+// (Shard(d) -> Replicate), a reduce-scatter (Partial -> Shard(d)), or between meshes of
+// different shapes a gather (Shard(d) on the source mesh, one device after) or a scatter (one
+// device before, Shard(d) on the target mesh); else -1.
 int64_t exchangedDim(const Expr* e) {
   if (e->kind() != OpKind::Set) return -1;
   const auto* in = static_cast<const TensorView*>(e->input(size_t{0}));
   Sharding from = readSharding(in), to = readSharding(e->output());
-  if (!from.decided() || !to.decided() || from.mesh != to.mesh) return -1;
+  if (!from.decided() || !to.decided()) return -1;
+  if (from.mesh != to.mesh) {
+    const DeviceMesh &a = *in->mesh(), &b = *e->output()->mesh();
+    if (a.shape() == b.shape()) return -1;  // a send/recv of whole local blocks
+    // decompose-reshardings leaves at most one Shard on the side with several devices.
+    const std::vector<AxisState>& spread = a.size() == 1 ? to.axes : from.axes;
+    for (const Placement& p : spread)
+      if (p.kind == Placement::Shard) return p.dim;
+    return -1;
+  }
   for (size_t a = 0; a < to.axes.size(); ++a) {
     const Placement& f = from.axes[a];
     const Placement& t = to.axes[a];

@@ -1,17 +1,17 @@
 // layout-for-communication: every collective moves contiguous per-rank chunks.
 //
-// An allgather or reduce-scatter exchanges one block per rank along its sharded dim. The blocks
-// are contiguous in a row-major buffer only when that dim is outermost (or every dim before it
-// has extent 1); otherwise the runtime would have to pack and unpack strided blocks around the
-// collective. This pass makes the layout explicit instead: it moves the sharded dim outermost
-// with a `permute` before the collective and back after it, so the host program's collectives
-// always run on dim 0, directly on the tensors' buffers. Nothing is inserted when the dim is
+// An allgather, reduce-scatter, gather or scatter exchanges one block per rank along its
+// sharded dim. The blocks are contiguous in a row-major buffer only when that dim is outermost
+// (or every dim before it has extent 1); otherwise the runtime would have to pack and unpack
+// strided blocks around the collective. This pass makes the layout explicit instead: it moves
+// the sharded dim outermost with a `permute` before the collective and back after it, so the
+// host program's collectives always run on dim 0, directly on the tensors' buffers. Nothing is inserted when the dim is
 // already outermost ("copy only when required"). All-to-all keeps its runtime packing (its send
 // and receive blocks run along different dims, so no single permutation makes both contiguous).
 //
 // requires: decompose-reshardings (each resharding `set` changes one mesh axis).
-// guarantees: every allgather / reduce-scatter `set` is sharded on a dim preceded only by
-//   static size-1 dims.
+// guarantees: every allgather / reduce-scatter / gather / scatter `set` is sharded on a dim
+//   preceded only by static size-1 dims.
 //
 //   before: %g = set(%x) : f32[2, 8, 32] @m {}                       %x is Shard(1)
 //   after:  %0 = permute(%x, dims=[1, 0, 2]) : f32[8, 2, 32] @m {split(0, 2), parallelize(0, DIDx)}

@@ -2,6 +2,9 @@
 #include "decompose/resharding_steps.h"
 
 #include <map>
+#include <optional>
+
+#include "meshfuse/ir/fusion.h"
 
 namespace meshfuse {
 
@@ -54,6 +57,117 @@ std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to) 
   for (size_t a = 0; a < n; ++a)
     if (cur.axes[a] != to.axes[a]) step(a, to.axes[a]);
   return steps;
+}
+
+namespace {
+
+Sharding replicated(int64_t mesh, int64_t axes) { return {mesh, std::vector<AxisState>(axes, Placement::replicate())}; }
+
+// The axis a scatter from one device over `mesh` can give `to` along: Shard on that axis, which
+// is the mesh's only axis of more than one device, and Replicate on every other.
+std::optional<size_t> scatterAxis(const DeviceMesh& mesh, const Sharding& to) {
+  std::optional<size_t> axis;
+  for (size_t a = 0; a < to.axes.size(); ++a) {
+    if (to.axes[a].kind == Placement::Replicate) continue;
+    if (to.axes[a].kind != Placement::Shard || axis.has_value()) return std::nullopt;
+    axis = a;
+  }
+  for (size_t a = 0; a < to.axes.size(); ++a)
+    if (axis.has_value() && a != *axis && mesh.size(static_cast<int64_t>(a)) > 1) return std::nullopt;
+  return axis;
+}
+
+class Planner {
+ public:
+  Planner(Fusion& f, const Sharding& from) : f_(f), cur_(from) {}
+
+  // The per-axis steps to `target` on the current mesh.
+  void onMesh(const Sharding& target) {
+    Sharding t = target;
+    t.mesh = cur_.mesh;
+    for (const Sharding& next : reshardingSteps(cur_, t)) {
+      size_t a = 0;
+      while (next.axes[a] == cur_.axes[a]) ++a;
+      add(next, fmt::format("{} -> {} on mesh axis {}", cur_.axes[a].toString(), next.axes[a].toString(), a));
+    }
+  }
+  // One step to `next`; `what` may name the current stage ({0}) and the next ({1}).
+  void move(const Sharding& next, const std::string& what) {
+    add(next, fmt::format(fmt::runtime(what), stage(cur_.mesh), stage(next.mesh)));
+  }
+  // A single-device mesh of `device` with the shape of mesh `like` (so that a same-shape stage
+  // move joins it to that mesh).
+  int64_t hop(int64_t device, int64_t like) { return f_.addMesh(DeviceMesh({device}, f_.mesh(like).shape())); }
+
+  const Sharding& current() const { return cur_; }
+  std::vector<ReshardingStep> take() { return std::move(steps_); }
+
+ private:
+  void add(const Sharding& next, std::string what) {
+    steps_.push_back({next, std::move(what)});
+    cur_ = next;
+  }
+  std::string stage(int64_t mesh) const { return f_.mesh(mesh).toString(); }
+
+  Fusion& f_;
+  Sharding cur_;
+  std::vector<ReshardingStep> steps_;
+};
+
+}  // namespace
+
+std::vector<ReshardingStep> planResharding(Fusion& f, const Sharding& from, const Sharding& to,
+                                           const std::string& name) {
+  Planner p(f, from);
+  const DeviceMesh& a = f.mesh(from.mesh);
+  const DeviceMesh& b = f.mesh(to.mesh);
+  if (from.mesh == to.mesh || a.shape() == b.shape()) {
+    p.onMesh(to);
+    if (from.mesh != to.mesh) p.move(to, "moved from stage {} to stage {}");
+    return p.take();
+  }
+  const Sharding whole = replicated(to.mesh, b.rank());
+  if (a.size() == 1) {
+    // The value is whole on its device (axes of size 1 shard nothing: local copies).
+    p.onMesh(replicated(from.mesh, a.rank()));
+    if (!b.contains(a.devices()[0]))
+      p.move({p.hop(b.devices()[0], from.mesh), p.current().axes}, "moved from stage {} to stage {}");
+    if (scatterAxis(b, to).has_value()) {
+      p.move(to, "scattered from stage {} over stage {}");
+    } else {
+      p.move(whole, "broadcast from stage {} to stage {}");
+      p.onMesh(to);
+    }
+    return p.take();
+  }
+  MF_USER_CHECK(b.size() == 1, ErrorKind::Unsupported,
+                "{}: cannot move from {} on mesh {} to {} on mesh {}: between meshes of different shapes a value "
+                "moves only to or from a single device (gather or reduce to it, broadcast or scatter from it)",
+                name, toString(from), a.toString(), toString(to), b.toString());
+  const int64_t root = b.devices()[0];
+  // Only the outermost axis that splits the value over several devices is left to the rooted
+  // collective (inner splits go first, which the per-axis planner does plainly); replicas along
+  // the other axes stay out of its team.
+  std::optional<size_t> keep;
+  for (size_t i = 0; i < from.axes.size() && !keep; ++i)
+    if (from.axes[i].kind != Placement::Replicate && a.size(static_cast<int64_t>(i)) > 1) keep = i;
+  Sharding rooted = replicated(from.mesh, a.rank());
+  if (keep) rooted.axes[*keep] = from.axes[*keep];
+  p.onMesh(rooted);
+  if (!keep) {
+    // One copy is enough: from the root itself, else from the first device.
+    p.move(whole, a.contains(root) ? "copied from stage {} to stage {}" : "sent from stage {} to stage {}");
+  } else {
+    const std::string how = from.axes[*keep].kind == Placement::Partial ? "reduced" : "gathered";
+    if (a.contains(root)) {
+      p.move(whole, how + " from stage {} to stage {}");
+    } else {
+      p.move({p.hop(a.devices()[0], to.mesh), whole.axes}, how + " from stage {} to stage {}");
+      p.move(whole, "moved from stage {} to stage {}");
+    }
+  }
+  p.onMesh(to);
+  return p.take();
 }
 
 }  // namespace meshfuse

@@ -1,4 +1,5 @@
-// The order of single-axis steps that takes one sharding to another.
+// The order of single-axis steps that takes one sharding to another, and the steps of a move
+// between meshes.
 //
 // Several mesh axes may shard one dim; they nest in mesh-axis order (axis 0 outermost, as
 // applyPlacements splits). A single-axis step is only a plain collective or local slice when it
@@ -12,16 +13,49 @@
 //
 //   [Replicate, Shard(1)] -> [Shard(1), Replicate] on a 2x2 mesh:
 //     allgather on axis 1 ([Replicate, Replicate]), then slice on axis 0.
+//
+// Between meshes (planResharding), each step is one `set` that lower-to-host-ir makes one
+// communication (or a local slice or copy):
+//   same shape (pipeline stages): the per-axis steps on the source mesh, then a send/recv from
+//     each device to the device at its coordinates in the target mesh;
+//   from one device r: broadcast from r over the target mesh, or a scatter when the target is
+//     Shard(d) on its only axis of more than one device; an N-d target with Shard axes is
+//     broadcast and then sliced locally (Replicate -> Shard needs no communication);
+//   to one device r: the per-axis steps on the source mesh down to at most one non-Replicate
+//     axis (its outermost), then a gather (Shard) or reduce (Partial) to r over that axis's
+//     slice of the source mesh, or, for a replicated value, a send from the source mesh's first
+//     device (a local copy when r is in it);
+//   a root outside the team goes through a single-device mesh that the planner adds to the
+//     fusion: {B[0]} before a broadcast/scatter over mesh B, {A[0]} after a gather/reduce over
+//     mesh A, joined to r by a same-shape send/recv. So every rooted collective's root is in
+//     its team.
+//   Both meshes of more than one device and of different shapes: an UnsupportedError.
+//
+//   [0, 1] {Shard(0)} -> [3] {}:  gather to [0] (new mesh), then send/recv [0] -> [3].
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "propagation/sharding.h"
 
 namespace meshfuse {
 
-// The shardings after each step (the last is `to`, except for its mesh: the mesh change of a
-// pipeline stage boundary is left to the caller). Empty when `from` and `to` agree on every axis.
+class Fusion;
+
+// The shardings after each step (the last is `to`, except for its mesh: this plans on one
+// mesh). Empty when `from` and `to` agree on every axis.
 std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to);
+
+struct ReshardingStep {
+  Sharding to;       // the sharding after the step (mesh included)
+  std::string what;  // for provenance: "Shard(0) -> Replicate() on mesh axis 0", "gathered to stage [2]"
+};
+
+// Every step from `from` to `to`, on one mesh or between two (see above). May add single-device
+// meshes to `f`. `name` names the value in the error for a move it cannot make. Neither side
+// may ask for a pending sum the other does not have (callers check that first, with context).
+std::vector<ReshardingStep> planResharding(Fusion& f, const Sharding& from, const Sharding& to,
+                                           const std::string& name);
 
 }  // namespace meshfuse

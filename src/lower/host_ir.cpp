@@ -123,10 +123,9 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
           if (n.recv_from >= 0) line += fmt::format(" from rank {}", n.recv_from);
         }
         if (n.mesh_axis >= 0) line += fmt::format(" axis {}", n.mesh_axis);
-        if (n.comm == CommKind::Allgather || n.comm == CommKind::AllToAll)
-          line += fmt::format(" from dim {}", n.in_dim);
-        if (n.comm == CommKind::ReduceScatter || n.comm == CommKind::AllToAll)
-          line += fmt::format(" to dim {}", n.out_dim);
+        if (n.in_dim >= 0) line += fmt::format(" from dim {}", n.in_dim);
+        if (n.out_dim >= 0) line += fmt::format(" to dim {}", n.out_dim);
+        if (n.root >= 0) line += fmt::format(" root {}", n.root);
         if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
         break;
       }
@@ -213,9 +212,9 @@ void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, 
 }
 
 // The collectives in the order the evaluator issues them (loops unrolled), with the bytes this
-// rank sends: a block of `blocks` of the buffer, which is itself one block of `chunk_blocks` when
-// a loop allocates it per iteration. A stage boundary's receiving side sends nothing (and the
-// evaluator does not count it either).
+// rank contributes: a block of `blocks` of the buffer, which is itself one block of
+// `chunk_blocks` when a loop allocates it per iteration. A stage boundary's receiving side
+// reports what it receives, so every rank of a send/recv lists it (as the evaluator does).
 void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const SymbolBindings& b,
              const std::map<std::pair<const TensorView*, int64_t>, int64_t>& chunk_blocks,
              std::vector<CollectiveInfo>& out) {
@@ -225,21 +224,29 @@ void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const Sym
       continue;
     }
     if (n.kind != HostNodeKind::Communication) continue;
-    if (n.comm == CommKind::SendRecv && n.shift == 0 && n.send_to < 0) continue;
-    auto it = chunk_blocks.find({n.in.tv, n.in.slot});
-    const int64_t blocks = n.in.blocks * (it == chunk_blocks.end() ? 1 : it->second);
     Team team = n.team;
-    if (n.comm == CommKind::SendRecv && p.rank >= 0) {  // the pair (this rank, the rank it sends to)
+    int64_t bytes = 0;
+    if (n.comm == CommKind::SendRecv && p.rank >= 0) {
+      // The pair (sender, receiver): a ring step sends `shift` places ahead in the team and
+      // counts once per rank; a stage boundary counts on both sides, with the bytes that cross.
       int64_t to = n.send_to;
-      if (n.shift != 0 && !n.team.empty()) {  // a ring step: `shift` places ahead in the team
+      if (n.shift != 0 && !n.team.empty()) {
         const int64_t size = static_cast<int64_t>(n.team.size());
         const int64_t me = std::find(n.team.begin(), n.team.end(), p.rank) - n.team.begin();
         to = n.team.at((me + n.shift % size + size) % size);
       }
-      team = {p.rank, to};
+      const bool sends = to >= 0;
+      team = sends ? Team{p.rank, to} : Team{n.recv_from, p.rank};
+      const BlockRef& moved = sends ? n.in : n.out;
+      auto it = chunk_blocks.find({moved.tv, moved.slot});
+      bytes = localBytes(moved.tv, b, moved.blocks * (it == chunk_blocks.end() ? 1 : it->second));
+    } else if ((n.comm != CommKind::Broadcast && n.comm != CommKind::Scatter) || n.root == p.rank) {
+      // What this rank contributes (a broadcast's or scatter's non-root contributes nothing).
+      auto it = chunk_blocks.find({n.in.tv, n.in.slot});
+      bytes = localBytes(n.in.tv, b, n.in.blocks * (it == chunk_blocks.end() ? 1 : it->second));
     }
-    out.push_back({n.comm, n.mesh_axis, team, localBytes(n.in.tv, b, blocks), p.fusion->displayName(n.out.tv),
-                   p.fusion->displayName(n.in.tv), n.out.tv->provenance()});
+    out.push_back({n.comm, n.mesh_axis, team, bytes, p.fusion->displayName(n.out.tv), p.fusion->displayName(n.in.tv),
+                   n.out.tv->provenance(), n.root});
   }
 }
 

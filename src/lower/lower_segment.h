@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "meshfuse/host_ir.h"
+#include "meshfuse/ir/device_mesh.h"
 
 namespace meshfuse {
 
@@ -17,6 +18,11 @@ HostNode gemmOnRows(const Segment& seg, int64_t index, const BlockRef& row_in, c
 // A ForLoop of `trips` iterations whose iterations are independent: assign-streams runs them on
 // a pool of `stream_pool` streams.
 HostNode poolLoop(int64_t trips, int64_t stream_pool, std::vector<HostNode> body);
+// The mesh whose devices a Communication node's team is drawn from: the source mesh of a gather
+// or reduce, the target mesh of everything else. The team is that mesh's slice along
+// `mesh_axis` through the root (through this rank when there is none), or the whole mesh when
+// mesh_axis < 0.
+const DeviceMesh& teamMesh(const HostNode& n);
 // The nodes that run segment `index`: a Gemm or LaunchKernel node; a Communication and its
 // Wait (taking the next handle); or a local slice.
 std::vector<HostNode> segmentNodes(const Segment& seg, int64_t index, int64_t& handles);

@@ -1,8 +1,12 @@
 // lower-to-host-ir: one host node sequence for a decomposed fusion (all ranks together).
 //
-// requires: decompose-reshardings (each `set` changes at most one mesh axis).
+// requires: decompose-reshardings (each `set` changes at most one mesh axis, or moves between
+//   meshes in one step).
 // guarantees: every computed TensorView is allocated before it is written; every `set` that
-//   changes a sharding is one Communication (+ its Wait) or a ShardSlice; Gemm segments are
+//   changes a sharding is one Communication (+ its Wait) or a ShardSlice, except one among a
+//   single device, which is a copy kernel; a set between meshes of different shapes is a
+//   broadcast, scatter, gather or reduce with its root (a global rank) in its team, or a
+//   send/recv of a replicated value to a single device; Gemm segments are
 //   Gemm nodes, kernel segments LaunchKernel nodes; a set marked by decompose-for-overlap and
 //   its GEMM become one Stream-parallel loop (lower_overlap.h); a GEMM whose output rows the
 //   schedule splits on Stream (and that no collective is paired with) runs as a loop over those
@@ -22,6 +26,55 @@
 namespace meshfuse {
 namespace {
 
+// The one axis of `s` that is not Replicate, or -1 when every axis is.
+int64_t soleNonReplicateAxis(const Sharding& s) {
+  int64_t axis = -1;
+  for (size_t a = 0; a < s.axes.size(); ++a) {
+    if (s.axes[a].kind == Placement::Replicate) continue;
+    MF_CHECK(axis < 0, "a move between meshes from or to {}: run decompose-reshardings first", toString(s));
+    axis = static_cast<int64_t>(a);
+  }
+  return axis;
+}
+
+// Fills `n` for a set between meshes of different shapes, which decompose-reshardings makes one
+// rooted collective whose root is in its team: from one device, a broadcast (to Replicate) or a
+// scatter (to Shard on one axis); to one device, a gather (from Shard on one axis), a reduce
+// (from Partial), or a send/recv of a replicated value from the source mesh's first device.
+void classifyRooted(const TensorView* in, const TensorView* out, const Sharding& from, const Sharding& to,
+                    HostNode& n) {
+  const DeviceMesh &a = *in->mesh(), &b = *out->mesh();
+  n.kind = HostNodeKind::Communication;
+  if (a.size() == 1) {
+    MF_CHECK(soleNonReplicateAxis(from) < 0, "a broadcast or scatter of {}, which is not whole on its device",
+             toString(from));
+    n.root = a.devices()[0];
+    MF_CHECK(b.contains(n.root), "a broadcast or scatter whose root {} is outside mesh {}", n.root, b.toString());
+    n.mesh_axis = soleNonReplicateAxis(to);
+    if (n.mesh_axis < 0) {
+      n.comm = CommKind::Broadcast;  // over every device of b
+      return;
+    }
+    MF_CHECK(to.axes[n.mesh_axis].kind == Placement::Shard, "a move from one device to {}", toString(to));
+    n.comm = CommKind::Scatter;
+    n.out_dim = to.axes[n.mesh_axis].dim;
+    return;
+  }
+  MF_CHECK(b.size() == 1, "a move between meshes {} and {} of different shapes and several devices", a.toString(),
+           b.toString());
+  MF_CHECK(soleNonReplicateAxis(to) < 0, "a gather or reduce to {}", toString(to));
+  n.mesh_axis = soleNonReplicateAxis(from);
+  if (n.mesh_axis < 0) {
+    n.comm = CommKind::SendRecv;  // a replicated value: specialize-for-rank picks the sender
+    return;
+  }
+  n.root = b.devices()[0];
+  MF_CHECK(a.contains(n.root), "a gather or reduce whose root {} is outside mesh {}", n.root, a.toString());
+  const Placement& p = from.axes[n.mesh_axis];
+  n.comm = p.kind == Placement::Partial ? CommKind::Reduce : CommKind::Gather;
+  if (p.kind == Placement::Shard) n.in_dim = p.dim;
+}
+
 // Fills `n` for the resharding set `e`; returns false when the set moves no data (a copy).
 bool classifySet(const Expr* e, HostNode& n) {
   const TensorView* in = static_cast<const TensorView*>(e->input(size_t{0}));
@@ -31,6 +84,10 @@ bool classifySet(const Expr* e, HostNode& n) {
   n.in = BlockRef::of(in);
   n.out = BlockRef::of(out);
   if (*in->mesh() != *out->mesh()) {
+    if (in->mesh()->shape() != out->mesh()->shape()) {
+      classifyRooted(in, out, from, to, n);
+      return true;
+    }
     // A stage boundary: the same sharding, on another mesh (decompose-reshardings guarantees it).
     MF_CHECK(from.axes == to.axes, "a set that changes both the mesh and the sharding");
     n.kind = HostNodeKind::Communication;
@@ -69,7 +126,22 @@ bool classifySet(const Expr* e, HostNode& n) {
   return true;
 }
 
+// Whether the communication `n` moves no data: its team is one device (a size-1 mesh axis), or
+// the device sending a replicated value to a single-device mesh is that device itself.
+bool movesNoData(const HostNode& n) {
+  if (n.kind == HostNodeKind::Communication && n.comm == CommKind::SendRecv) {
+    const DeviceMesh &a = *n.in.tv->mesh(), &b = *n.out.tv->mesh();
+    return a.shape() != b.shape() && a.contains(b.devices()[0]);
+  }
+  const DeviceMesh& m = teamMesh(n);
+  return (n.mesh_axis >= 0 ? m.size(n.mesh_axis) : m.size()) == 1;
+}
+
 }  // namespace
+
+const DeviceMesh& teamMesh(const HostNode& n) {
+  return n.comm == CommKind::Gather || n.comm == CommKind::Reduce ? *n.in.tv->mesh() : *n.out.tv->mesh();
+}
 
 HostNode allocateNode(const TensorView* tv, int64_t chunk_blocks) {
   HostNode n;
@@ -163,11 +235,10 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
   HostProgram p;
   p.fusion = fusion;
   auto segments = std::make_shared<std::vector<Segment>>(segmentFusion(*fusion));
-  // A resharding on a mesh axis of one device moves no data: a local copy kernel.
+  // A resharding among one device moves no data: a local copy kernel.
   for (Segment& seg : *segments) {
     HostNode n;
-    if (seg.kind == Segment::Kind::Communication && classifySet(seg.exprs.at(0), n) && n.mesh_axis >= 0 &&
-        seg.exprs[0]->output()->mesh()->size(n.mesh_axis) == 1)
+    if (seg.kind == Segment::Kind::Communication && classifySet(seg.exprs.at(0), n) && movesNoData(n))
       seg.kind = Segment::Kind::Kernel;
   }
   p.segments = segments;
@@ -186,8 +257,7 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
   }
   if (isMicrobatched(*fusion)) {
     MF_USER_CHECK(partner.empty(), ErrorKind::Unsupported,
-                  "overlap decomposition inside a microbatched pipeline is not "
-                  "supported");
+                  "overlap decomposition inside a microbatched pipeline is not supported");
     lowerMicrobatched(*fusion, *segments, p.nodes);
     return p;
   }

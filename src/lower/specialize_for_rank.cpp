@@ -3,11 +3,13 @@
 //
 // requires: lower-to-host-ir.   guarantees: every node's TensorViews live on a mesh containing
 //   `rank` (a stage-boundary SendRecv is kept by both its sender and its receiver, with the side
-//   this rank does not take part in cleared, and its team the ranks it exchanges with); every
-//   other Communication has its team (the mesh slice along its axis through `rank`); loops whose
-//   bodies hold no work of this rank are dropped.
+//   this rank does not take part in cleared, and its team the ranks it exchanges with); a
+//   broadcast, scatter, gather or reduce between meshes is kept by the members of its team (the
+//   slice through its root); every other Communication has its team (the mesh slice along its
+//   axis through `rank`); loops whose bodies hold no work of this rank are dropped.
 #include <algorithm>
 
+#include "lower/lower_segment.h"
 #include "meshfuse/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 
@@ -52,19 +54,19 @@ bool specialize(const HostProgram& p, const std::vector<HostNode>& in, int64_t r
         continue;
       case HostNodeKind::Communication:
         if (n.comm == CommKind::SendRecv && n.mesh_axis < 0) {  // a stage boundary between meshes
-          // This rank sends to the device at its coordinates in the next stage's mesh, and
-          // receives from the device at its coordinates in the previous stage's mesh.
+          // Between stages of one shape, this rank sends to the device at its coordinates in the
+          // next stage's mesh and receives from the device at its coordinates in the previous
+          // one; a replicated value goes to a single-device mesh from its mesh's first device.
           const DeviceMesh& src = *n.in.tv->mesh();
           const DeviceMesh& dst = *n.out.tv->mesh();
-          bool sends = src.contains(rank), receives = dst.contains(rank);
-          if (!sends && !receives) continue;
+          const bool paired = src.shape() == dst.shape();
+          auto index = [rank](const DeviceMesh& m) {
+            return std::find(m.devices().begin(), m.devices().end(), rank) - m.devices().begin();
+          };
           HostNode s = n;
-          s.send_to = sends ? dst.devices()[std::find(src.devices().begin(), src.devices().end(), rank) -
-                                            src.devices().begin()]
-                            : -1;
-          s.recv_from = receives ? src.devices()[std::find(dst.devices().begin(), dst.devices().end(), rank) -
-                                                 dst.devices().begin()]
-                                 : -1;
+          if (src.contains(rank) && (paired || index(src) == 0)) s.send_to = dst.devices()[paired ? index(src) : 0];
+          if (dst.contains(rank)) s.recv_from = src.devices()[paired ? index(dst) : 0];
+          if (s.send_to < 0 && s.recv_from < 0) continue;
           // The team is the ranks this rank exchanges with (and itself), so reports name them.
           for (int64_t r : {s.recv_from, rank, s.send_to})
             if (r >= 0 && std::find(s.team.begin(), s.team.end(), r) == s.team.end()) s.team.push_back(r);
@@ -75,8 +77,22 @@ bool specialize(const HostProgram& p, const std::vector<HostNode>& in, int64_t r
           continue;
         }
         break;
-      default:
-        break;
+      default: break;
+    }
+    if (n.kind == HostNodeKind::Communication && n.root >= 0) {
+      // A rooted collective between meshes: its team is the slice of the mesh with several
+      // devices through the root (root and team are the same on every rank), and only the
+      // team takes part. A gather's or reduce's output lives on the root alone, a broadcast's or
+      // scatter's input too (their Allocate nodes follow the output's mesh).
+      const DeviceMesh& m = teamMesh(n);
+      Team team = n.mesh_axis >= 0 ? m.team(n.root, n.mesh_axis) : m.devices();
+      if (std::find(team.begin(), team.end(), rank) == team.end()) continue;
+      HostNode s = n;
+      s.team = std::move(team);
+      out.push_back(std::move(s));
+      handles.push_back(n.handle);
+      work = true;
+      continue;
     }
     const TensorView* tv = anchorOf(p, n);
     if (!onRank(tv, rank)) continue;  // another rank's (or stage's) work

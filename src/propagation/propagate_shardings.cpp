@@ -28,9 +28,9 @@ struct TvState {
 
 class Propagator {
  public:
-  // `mesh`: the mesh of tensors nothing else decides; every mesh has its shape (pipeline stages).
+  // `mesh`: the mesh of tensors nothing else decides.
   Propagator(Fusion& f, int64_t mesh, const PropagationOptions& options)
-      : f_(f), mesh_index_(mesh), mesh_(f.mesh(mesh)), options_(options) {}
+      : f_(f), mesh_index_(mesh), options_(options) {}
 
   void run() {
     for (TensorView* tv : f_.tensorViews())
@@ -49,7 +49,8 @@ class Propagator {
     for (TensorView* tv : f_.tensorViews()) {
       if (decided(tv)) continue;
       TvState s = fresh(mesh_index_);
-      for (int64_t a = 0; a < mesh_.rank(); ++a) s.why[a] = Provenance::literal("Replicate(): nothing decides it");
+      for (int64_t a = 0; a < f_.mesh(mesh_index_).rank(); ++a)
+        s.why[a] = Provenance::literal("Replicate(): nothing decides it");
       states_[tv] = s;
     }
     write();
@@ -58,12 +59,21 @@ class Propagator {
 
  private:
   TvState fresh(int64_t mesh) const {
+    const int64_t axes = f_.mesh(mesh).rank();
     TvState s;
-    s.sharding = {mesh, std::vector<AxisState>(mesh_.rank(), Placement::replicate())};
-    s.partial_dims.assign(mesh_.rank(), -1);
-    s.hints.assign(mesh_.rank(), std::nullopt);
-    s.why.assign(mesh_.rank(), Provenance{});
+    s.sharding = {mesh, std::vector<AxisState>(axes, Placement::replicate())};
+    s.partial_dims.assign(axes, -1);
+    s.hints.assign(axes, std::nullopt);
+    s.why.assign(axes, Provenance{});
     return s;
+  }
+
+  // Whether decided `tv`'s mesh axes correspond to those of `mesh` (the same mesh, or a stage of
+  // the same shape: data moves between equal coordinates). A tensor on a mesh of another shape
+  // says nothing about how an op on `mesh` is sharded: decomposition moves it (a broadcast,
+  // scatter, gather or reduce) to whatever sharding the op needs, at the same cost for any.
+  bool aligned(const TensorView* tv, const DeviceMesh& mesh) const {
+    return f_.mesh(states_.at(tv).sharding.mesh).shape() == mesh.shape();
   }
 
   void pin(TensorView* tv) {
@@ -72,11 +82,11 @@ class Propagator {
     // Not printed with the IR (a pin is the user's own text), but reported as the reason for a
     // collective that produces it (a redistributing set).
     tv->setProvenance(pinnedProvenance(tv));
-    for (int64_t a = 0; a < mesh_.rank(); ++a) {
+    for (int64_t a = 0; a < tv->mesh()->rank(); ++a) {
       // A pinned op output that is Partial keeps its contraction dim; one pinned on a dim of its
       // own (applyPlacements) means the op's contraction.
       if (s.sharding.axes[a].kind == Placement::Partial && tv->definition() != nullptr) {
-        int64_t logical = tv->logicalAxisOf(tv->loopAxisOf(mesh_.parallelTypeOfAxis(a)));
+        int64_t logical = tv->logicalAxisOf(tv->loopAxisOf(tv->mesh()->parallelTypeOfAxis(a)));
         ShardingRule rule = shardingRuleOf(tv->definition());
         s.partial_dims[a] = rule.fromOperands(logical) ? logical : rule.contracted_dim;
       }
@@ -115,7 +125,7 @@ class Propagator {
         TensorView* in = tensorAt(e, i);
         if (in == nullptr || decided(in) || open.count(in) == 0) continue;
         TvState s = fresh(states_.at(e->output()).sharding.mesh);
-        for (int64_t a = 0; a < mesh_.rank(); ++a) {
+        for (int64_t a = 0; a < f_.mesh(s.sharding.mesh).rank(); ++a) {
           AxisState req = requiredOperandState(e, rule, outputChoice(e, a), i).value_or(Placement::replicate());
           // A computed value is placed only as its own op can give it locally (no pending sum, no
           // dim its operands do not have).
@@ -231,12 +241,13 @@ class Propagator {
       return true;
     }
     TvState s = fresh(meshFor(e, rule));
-    for (int64_t a = 0; a < mesh_.rank(); ++a) {
-      std::vector<OutputChoice> cands = candidates(e, rule, a);
+    const DeviceMesh& mesh = f_.mesh(s.sharding.mesh);
+    for (int64_t a = 0; a < mesh.rank(); ++a) {
+      std::vector<OutputChoice> cands = candidates(e, rule, mesh, a);
       int64_t best_cost = kInfinite;
       const OutputChoice* best = nullptr;
       for (const OutputChoice& c : cands) {
-        int64_t cost = candidateCost(e, rule, c, a);
+        int64_t cost = candidateCost(e, rule, mesh, c, a);
         // On a tie, a settled value beats a pending sum, which costs a reduction later (mul(%q,
         // %r) reads the %q another consumer already reduced rather than staying Partial).
         bool settles = best != nullptr && best->state.kind == Placement::Partial && c.state.kind != Placement::Partial;
@@ -245,23 +256,23 @@ class Propagator {
       MF_CHECK(best != nullptr, "no feasible sharding for {} on mesh axis {}", e->name(), a);
       for (size_t i = 0; i < e->inputs().size(); ++i) {
         const TensorView* in = tensorAt(e, i);
-        if (in == nullptr || !decided(in)) continue;
+        if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
         AxisState req = *requiredOperandState(e, rule, *best, i);
         if (req != states_.at(in).sharding.axes[a] && !planned(in, a, req)) planned_.push_back({in, a, req});
       }
       s.sharding.axes[a] = best->state;
       s.partial_dims[a] = best->contraction_dim;
       s.why[a] = best->why;
-      s.hints[a] = hintFor(e, rule, a, best->state);
+      s.hints[a] = hintFor(e, rule, mesh, a, best->state);
     }
     states_[out] = s;
     return true;
   }
 
-  // Whether dim `dim` (a dims() index) of `tv` splits evenly over mesh axis `a`.
-  bool shardable(const TensorView* tv, int64_t dim, int64_t a) const {
+  // Whether dim `dim` (a dims() index) of `tv` splits evenly over `n` devices.
+  bool shardable(const TensorView* tv, int64_t dim, int64_t n) const {
     const IterDomain* id = tv->dims().at(dim);
-    return !id->isBroadcast() && id->extent().divisible(mesh_.size(a));
+    return !id->isBroadcast() && id->extent().divisible(n);
   }
 
   // Whether an earlier decision already moves `tv` to `state` on axis `a`.
@@ -273,7 +284,8 @@ class Propagator {
   // kInfinite when some operand cannot give it (a scalar added to a pending sum, a dim that does
   // not divide). A value read by several operands that need the same state is moved once, and a
   // move an earlier decision already makes is free (decomposition shares it between consumers).
-  int64_t candidateCost(const Expr* e, const ShardingRule& rule, const OutputChoice& c, int64_t a) const {
+  int64_t candidateCost(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, const OutputChoice& c,
+                        int64_t a) const {
     int64_t cost = 0;
     std::vector<std::pair<const Val*, AxisState>> moved;
     for (size_t i = 0; i < e->inputs().size(); ++i) {
@@ -282,10 +294,11 @@ class Propagator {
       if (!req.has_value()) return kInfinite;
       TensorView* in = tensorAt(e, i);
       if (in == nullptr) continue;  // a scalar is the same value on every device
-      if (req->kind == Placement::Shard && !shardable(in, req->dim, a)) return kInfinite;
-      if (!decided(in)) {
-        // An open value is placed as this op needs it, for free, but never as a pending sum
-        // (an open input's value is whole on the devices that hold it).
+      if (req->kind == Placement::Shard && !shardable(in, req->dim, mesh.size(a))) return kInfinite;
+      if (!decided(in) || !aligned(in, mesh)) {
+        // An open value is placed as this op needs it, for free, and a value on a mesh of
+        // another shape is moved anyway; neither becomes a pending sum (an open input's value
+        // is whole on the devices that hold it; no move between meshes makes one).
         if (req->kind == Placement::Partial) return kInfinite;
         continue;
       }
@@ -302,10 +315,11 @@ class Propagator {
     return cost;
   }
 
-  std::vector<OutputChoice> candidates(const Expr* e, const ShardingRule& rule, int64_t a) const {
+  std::vector<OutputChoice> candidates(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
+                                       int64_t a) const {
     std::vector<OutputChoice> out;
     const TensorView* o = e->output();
-    const int64_t n = mesh_.size(a);
+    const int64_t n = mesh.size(a);
     auto add = [&](OutputChoice c) {
       for (const OutputChoice& x : out)
         if (x.state == c.state && x.contraction_dim == c.contraction_dim) return;
@@ -316,7 +330,7 @@ class Propagator {
     // [2, 16] into [32] cannot carry a 4-way split of the 32 back to the 2.
     auto fromDim = [&](size_t i, int64_t d, const char* how) {
       int64_t ol = rule.operand_maps[i][d];
-      if (ol < 0 || !shardable(tensorAt(e, i), d, a)) return;
+      if (ol < 0 || !shardable(tensorAt(e, i), d, n)) return;
       const IterDomain* id = o->logical()[ol];
       if (!id->extent().divisible(n) || id->isBroadcast()) return;
       OutputChoice c;
@@ -335,7 +349,7 @@ class Propagator {
     };
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       const TensorView* in = tensorAt(e, i);
-      if (in == nullptr || !decided(in)) continue;
+      if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
       const AxisState& st = states_.at(in).sharding.axes[a];
       if (st.kind == Placement::Shard)
         fromDim(i, st.dim, static_cast<int64_t>(i) == rule.weight_operand ? "weight" : "sharded");
@@ -354,7 +368,7 @@ class Propagator {
     // Dims sharded upstream (hints) are candidates too: the place a pending sum is scattered to.
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       const TensorView* in = tensorAt(e, i);
-      if (in == nullptr || !decided(in)) continue;
+      if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
       if (std::optional<int64_t> h = states_.at(in).hints[a]; h && *h < in->rank()) fromDim(i, *h, "sharded upstream");
     }
     OutputChoice rep;
@@ -363,13 +377,14 @@ class Propagator {
     return out;
   }
 
-  std::optional<int64_t> hintFor(const Expr* e, const ShardingRule& rule, int64_t a, const AxisState& chosen) const {
+  std::optional<int64_t> hintFor(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, int64_t a,
+                                 const AxisState& chosen) const {
     // A dim other than the chosen one that is sharded on this axis upstream: where a later
     // pending sum can be scattered to.
     const TensorView* o = e->output();
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       const TensorView* in = tensorAt(e, i);
-      if (in == nullptr || !decided(in)) continue;
+      if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
       const TvState& s = states_.at(in);
       std::vector<int64_t> upstream;
       if (s.sharding.axes[a].kind == Placement::Shard) upstream.push_back(s.sharding.axes[a].dim);
@@ -377,11 +392,11 @@ class Propagator {
       for (int64_t d : upstream) {
         if (d >= static_cast<int64_t>(rule.operand_maps[i].size())) continue;
         int64_t ol = rule.operand_maps[i][d];
-        if (ol < 0 || o->logical()[ol]->isReduction() || !shardable(in, d, a)) continue;
+        if (ol < 0 || o->logical()[ol]->isReduction() || !shardable(in, d, mesh.size(a))) continue;
         int64_t dim = dimIndexOfLogical(o, ol);
         // Only a dim that can be sharded is worth remembering (a head count the mesh does not
         // divide is not).
-        if (!shardable(o, dim, a)) continue;
+        if (!shardable(o, dim, mesh.size(a))) continue;
         if (chosen.kind != Placement::Shard || chosen.dim != dim) return dim;
       }
     }
@@ -392,10 +407,11 @@ class Propagator {
   bool wouldBePartial(const Expr* e) const {
     ShardingRule rule = shardingRuleOf(e);
     const TensorView* out = e->output();
-    for (int64_t a = 0; a < mesh_.rank(); ++a)
+    const DeviceMesh& mesh = f_.mesh(meshFor(e, rule));
+    for (int64_t a = 0; a < mesh.rank(); ++a)
       for (size_t i = 0; i < 2; ++i) {
         const TensorView* in = tensorAt(e, i);
-        if (!decided(in)) continue;
+        if (!decided(in) || !aligned(in, mesh)) continue;
         const AxisState& st = states_.at(in).sharding.axes[a];
         if (st.kind == Placement::Partial) return true;
         if (st.kind != Placement::Shard) continue;
@@ -450,15 +466,16 @@ class Propagator {
       if (o->pinned()) continue;
       const TvState& s = states_.at(o);
       Sharding target = s.sharding;
+      const DeviceMesh& mesh = f_.mesh(target.mesh);
       std::vector<Provenance> why;
       bool partial = false;
-      for (int64_t a = 0; a < mesh_.rank(); ++a) {
+      for (int64_t a = 0; a < mesh.rank(); ++a) {
         if (target.axes[a].kind != Placement::Partial) continue;
         partial = true;
         std::optional<int64_t> h = s.hints[a];
         bool taken = false;
-        for (int64_t b = 0; b < mesh_.rank(); ++b) taken |= b != a && h && target.axes[b] == Placement::shard(*h);
-        if (h && !taken && o->shape()[*h].divisible(mesh_.size(a))) {
+        for (int64_t b = 0; b < mesh.rank(); ++b) taken |= b != a && h && target.axes[b] == Placement::shard(*h);
+        if (h && !taken && o->shape()[*h].divisible(mesh.size(a))) {
           target.axes[a] = Placement::shard(*h);
           why.push_back(Provenance::literal(
               fmt::format("output materialized: Partial() reduce-scattered to Shard({}) on mesh axis {}, as dim {} is "
@@ -486,7 +503,6 @@ class Propagator {
 
   Fusion& f_;
   int64_t mesh_index_;
-  const DeviceMesh& mesh_;
   PropagationOptions options_;
   std::map<const TensorView*, TvState> states_;
   // Moves that decided ops need of their operands (tensor, mesh axis, state).
@@ -502,17 +518,11 @@ class Propagator {
 }  // namespace
 
 void propagateShardings(Fusion& f, const PropagationOptions& options) {
+  // Meshes may differ in shape: decomposition moves a value between them (see
+  // decompose_reshardings.h for the moves it supports).
   int64_t mesh = -1;
-  for (TensorView* tv : f.tensorViews()) {
-    if (tv->meshIndex() < 0) continue;
-    if (mesh < 0) mesh = tv->meshIndex();
-    // Pipeline stages are meshes of one shape: a stage's tensors move to the next stage's
-    // devices at the same coordinates.
-    MF_USER_CHECK(f.mesh(mesh).shape() == tv->mesh()->shape(), ErrorKind::Unsupported,
-                  "{} is on mesh {} but other tensors are on {}: pipeline stages on meshes of different shapes are not "
-                  "supported",
-                  f.displayName(tv), tv->mesh()->toString(), f.mesh(mesh).toString());
-  }
+  for (TensorView* tv : f.tensorViews())
+    if (mesh < 0 && tv->meshIndex() >= 0) mesh = tv->meshIndex();
   if (mesh < 0) return;  // nothing placed: a single-device fusion
   Propagator(f, mesh, options).run();
 }

@@ -1,6 +1,6 @@
 // propagate-shardings: gives every TensorView a mesh and DID axes.
 //
-// requires: the user's pins (input placements, schedule-API meshes), on meshes of one shape.
+// requires: the user's pins (input placements, schedule-API meshes).
 // guarantees: every TensorView has a mesh and records its provenance (which operand and rule
 //   decided it; for a pinned one, the user's pin); no op is given an output a Partial operand
 //   cannot pass to (requiredOperandState: a pending sum is never added to a scalar or passed
@@ -19,7 +19,10 @@
 // consumer), and on equal cost a settled output beats a Partial one (which costs a reduction
 // later). Tensors on different meshes are pipeline stages: an op's output goes to its
 // parameter's mesh, else to the mesh of its latest-computed operand; decomposition moves data
-// between stages. Forward and backward sweeps repeat until nothing changes; when they stall on
+// between stages. An operand on a mesh of the output's shape carries its sharding across (axes
+// correspond); one on a mesh of another shape proposes nothing and costs the same whatever the
+// op needs of it (it is broadcast, scattered, gathered or reduced to it), except a pending sum,
+// which no move between meshes makes. Forward and backward sweeps repeat until nothing changes; when they stall on
 // an op waiting for an input the user left open, that op decides from its placed operands and
 // the backward sweep gives the open input what the op needs. Anything left is replicated.
 //

@@ -363,14 +363,27 @@ void HostIrEvaluator::launch(const HostNode& n) {
   });
 }
 
+namespace {
+
+// Whether `rank` holds a buffer of `tv`: a gather's or reduce's output, and a broadcast's or
+// scatter's input, live on the root alone.
+bool holds(const TensorView* tv, int64_t rank) { return tv->mesh() == nullptr || tv->mesh()->contains(rank); }
+
+}  // namespace
+
 void HostIrEvaluator::communicate(const HostNode& n) {
-  Tensor in = view(n.in), out = view(n.out);
+  const int64_t me = comm_.rank();
+  // Where this rank holds no buffer, an empty tensor: the Communicator reads or writes only the
+  // root's (its null data pointer is what MPI and NCCL ignore on the other ranks).
+  Tensor in = holds(n.in.tv, me) ? view(n.in) : Tensor(), out = holds(n.out.tv, me) ? view(n.out) : Tensor();
   const int64_t team = static_cast<int64_t>(n.team.size());
-  const DataType dt = in.dtype();
+  const DataType dt = n.in.tv->dtype();
   auto h = std::make_shared<Handle>();
   h->buffers = {in, out};
   handles_[{n.handle, iteration()}] = h;
-  executed_.push_back(collectiveInfo(n, n.comm, n.team, static_cast<int64_t>(in.nbytes())));
+  CollectiveInfo info = collectiveInfo(n, n.comm, n.team, in.defined() ? static_cast<int64_t>(in.nbytes()) : 0);
+  info.root = n.root;
+  executed_.push_back(std::move(info));
   Communicator* comm = &comm_;
   std::function<void()> issue;
   switch (n.comm) {
@@ -420,7 +433,36 @@ void HostIrEvaluator::communicate(const HostNode& n) {
       };
       break;
     }
-    default: userError(ErrorKind::Unsupported, "{} communications are not lowered yet", commKindName(n.comm));
+    case CommKind::Broadcast: {
+      // The root's output is the buffer it sends from (the root is in the team: its output
+      // lives there too); every other member receives into its output.
+      MF_CHECK(out.defined() && (n.root != me || in.defined()), "broadcast {}: rank {} lacks a buffer",
+               program_.fusion->displayName(n.out.tv), me);
+      Backend* backend = &backend_;
+      issue = [=]() mutable {
+        if (n.root == me) backend->copy(out, in);
+        h->work = comm->broadcast(out.data(), out.numel(), dt, n.root, n.team);
+      };
+      break;
+    }
+    case CommKind::Scatter:
+      // layout-for-communication made the scattered dim outermost: member j receives the root's
+      // j-th contiguous chunk.
+      MF_CHECK(!in.defined() || contiguousBlocks(in.shape(), n.out_dim), "scatter along non-outermost dim {}",
+               n.out_dim);
+      issue = [=]() mutable { h->work = comm->scatter(in.data(), out.data(), out.numel(), dt, n.root, n.team); };
+      break;
+    case CommKind::Gather:
+      MF_CHECK(!out.defined() || contiguousBlocks(out.shape(), n.in_dim), "gather along non-outermost dim {}",
+               n.in_dim);
+      issue = [=]() mutable { h->work = comm->gather(in.data(), out.data(), in.numel(), dt, n.root, n.team); };
+      break;
+    case CommKind::Reduce:
+      issue = [=]() mutable {
+        h->work = comm->reduce(in.data(), out.data(), in.numel(), dt, ReduceOp::Sum, n.root, n.team);
+      };
+      break;
+    case CommKind::SendRecv: MF_CHECK(false, "send/recv is not a collective (sendRecv() runs it)");
   }
   submitCommunication(taskName(n), std::move(issue));
 }
@@ -459,8 +501,14 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
   }
   Tensor in = to >= 0 ? view(n.in) : Tensor(), out = from >= 0 ? view(n.out) : Tensor();
   h->buffers = {in, out};
-  if (to >= 0)
+  // Reported once per rank, as the pair (sender, receiver): what a rank sends, or on the receiving
+  // side of a stage boundary what it receives (collectives() reports the same).
+  if (to >= 0) {
     executed_.push_back(collectiveInfo(n, CommKind::SendRecv, {comm_.rank(), to}, static_cast<int64_t>(in.nbytes())));
+  } else if (from >= 0) {
+    executed_.push_back(
+        collectiveInfo(n, CommKind::SendRecv, {from, comm_.rank()}, static_cast<int64_t>(out.nbytes())));
+  }
   // Tags tell a pipeline's successive microbatches (and ring steps) apart.
   const int64_t tag = n.handle * 1024 + iteration() % 1024;
   Communicator* comm = &comm_;

@@ -17,16 +17,20 @@ std::string compileError(ErrorKind kind, const std::string& text, PipelineOption
   return userErrorMessage(kind, [&] { compile(parseFusion(text, "bad.mf"), options); });
 }
 
-TEST(CompileErrors, PipelineStagesOnMeshesOfDifferentShapes) {
+// Between meshes of different shapes a value moves only to or from a single device (a gather,
+// reduce, broadcast or scatter); here the operand of an op on the weight's mesh would need both.
+TEST(CompileErrors, OperandOnAMultiDeviceMeshOfAnotherShape) {
   EXPECT_THAT(compileError(ErrorKind::Unsupported, R"(fusion {
   mesh @a = [0, 1]
-  mesh @b = [2]
-  %x = input f32[4, 8] @a {}
-  %w = input f32[8, 8] @b {}
+  mesh @b = [2, 3, 4]
+  %x = input f32[4, 8] @a {split(0, 2), parallelize(0, DIDx)}
+  %w = input f32[6, 8] @b {}
   %y = linear(%x, %w)
   output %y
 })"),
-              HasSubstr("pipeline stages on meshes of different shapes are not supported"));
+              HasSubstr("%x (for %y): cannot move from [Shard(0)] on mesh [0, 1] to [Replicate()] on mesh [2, 3, 4]: "
+                        "between meshes of different shapes a value moves only to or from a single device (gather or "
+                        "reduce to it, broadcast or scatter from it)"));
 }
 
 TEST(CompileErrors, MicrobatchesThroughAReductionOverTheRows) {
@@ -90,14 +94,16 @@ TEST(CompileErrors, ASetCannotMakeAPendingSum) {
 }
 
 TEST(CompileErrors, SetAttributesAreChecked) {
-  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [] {
-                parseFusion("fusion {\n  %x = input f32[4]\n  %y = set(%x, overlap=\"sometimes\")\n}\n", "bad.mf");
-              }),
-              HasSubstr("bad.mf:3:8: set: overlap must be \"none\", \"collective\" or \"ring\" but is \"sometimes\""));
-  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [] {
-                parseFusion("fusion {\n  %x = input f32[4]\n  %y = gelu(%x, approximate=\"fast\")\n}\n", "bad.mf");
-              }),
-              HasSubstr("gelu: approximate must be \"none\" or \"tanh\" but is \"fast\""));
+  EXPECT_THAT(
+      userErrorMessage(
+          ErrorKind::Value,
+          [] { parseFusion("fusion {\n  %x = input f32[4]\n  %y = set(%x, overlap=\"sometimes\")\n}\n", "bad.mf"); }),
+      HasSubstr("bad.mf:3:8: set: overlap must be \"none\", \"collective\" or \"ring\" but is \"sometimes\""));
+  EXPECT_THAT(
+      userErrorMessage(
+          ErrorKind::Value,
+          [] { parseFusion("fusion {\n  %x = input f32[4]\n  %y = gelu(%x, approximate=\"fast\")\n}\n", "bad.mf"); }),
+      HasSubstr("gelu: approximate must be \"none\" or \"tanh\" but is \"fast\""));
 }
 
 }  // namespace

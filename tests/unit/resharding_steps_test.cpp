@@ -1,8 +1,12 @@
 // The order of single-axis resharding steps: splits of one dim nest in mesh-axis order, so they
 // are taken away inner axes first and added outer axes first.
+#include "decompose/resharding_steps.h"
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "decompose/resharding_steps.h"
+#include "meshfuse/ir/fusion.h"
+#include "test_helpers.h"
 
 namespace meshfuse {
 
@@ -50,6 +54,67 @@ TEST(ReshardingSteps, IndependentDimsAndPendingSums) {
   // An all-to-all stays one step only when no other axis splits either dim.
   EXPECT_EQ(steps({S(0), S(1)}, {S(1), S(1)}), (std::vector<Ps>{{S(0), R}, {R, R}, {S(1), R}, {S(1), S(1)}}));
   EXPECT_EQ(steps({S(0), R}, {S(1), R}), (std::vector<Ps>{{S(1), R}}));
+}
+
+// planResharding between meshes: each step as "<mesh> <placements>: <what>".
+std::vector<std::string> plan(Fusion& f, const DeviceMesh& a, const Ps& from, const DeviceMesh& b, const Ps& to) {
+  std::vector<std::string> out;
+  for (const ReshardingStep& s : planResharding(f, {f.addMesh(a), from}, {f.addMesh(b), to}, "%x"))
+    out.push_back(fmt::format("{} {}: {}", f.mesh(s.to.mesh).toString(), toString(s.to), s.what));
+  return out;
+}
+
+using Strs = std::vector<std::string>;
+
+TEST(PlanResharding, FromOneDeviceBroadcastsOrScatters) {
+  Fusion f;
+  const DeviceMesh one({0}), four({0, 1, 2, 3}), grid({0, 1, 2, 3}, {2, 2});
+  EXPECT_EQ(plan(f, one, {R}, four, {R}),
+            (Strs{"[0, 1, 2, 3] [Replicate()]: broadcast from stage [0] to stage [0, 1, 2, 3]"}));
+  EXPECT_EQ(plan(f, one, {R}, four, {S(1)}),
+            (Strs{"[0, 1, 2, 3] [Shard(1)]: scattered from stage [0] over stage [0, 1, 2, 3]"}));
+  // N-d with Shard axes: broadcast, then local slices (outer axis first).
+  EXPECT_EQ(plan(f, one, {R}, grid, {S(0), S(1)}),
+            (Strs{"[[0, 1], [2, 3]] [Replicate(), Replicate()]: broadcast from stage [0] to stage [[0, 1], [2, 3]]",
+                  "[[0, 1], [2, 3]] [Shard(0), Replicate()]: Replicate() -> Shard(0) on mesh axis 0",
+                  "[[0, 1], [2, 3]] [Shard(0), Shard(1)]: Replicate() -> Shard(1) on mesh axis 1"}));
+}
+
+TEST(PlanResharding, ARootOutsideTheTeamIsReachedThroughASingleDeviceMesh) {
+  Fusion f;
+  const DeviceMesh zero({0}), rest({1, 2, 3}), two({0, 1}), three({3});
+  EXPECT_EQ(plan(f, zero, {R}, rest, {R}),
+            (Strs{"[1] [Replicate()]: moved from stage [0] to stage [1]",
+                  "[1, 2, 3] [Replicate()]: broadcast from stage [1] to stage [1, 2, 3]"}));
+  EXPECT_EQ(plan(f, two, {S(0)}, three, {R}), (Strs{"[0] [Replicate()]: gathered from stage [0, 1] to stage [0]",
+                                                    "[3] [Replicate()]: moved from stage [0] to stage [3]"}));
+  EXPECT_EQ(plan(f, two, {P}, DeviceMesh({1}), {R}),
+            (Strs{"[1] [Replicate()]: reduced from stage [0, 1] to stage [1]"}));
+  // A replicated value: a copy on a device of the mesh, else one send from its first device.
+  EXPECT_EQ(plan(f, two, {R}, DeviceMesh({1}), {R}),
+            (Strs{"[1] [Replicate()]: copied from stage [0, 1] to stage [1]"}));
+  EXPECT_EQ(plan(f, two, {R}, three, {R}), (Strs{"[3] [Replicate()]: sent from stage [0, 1] to stage [3]"}));
+}
+
+TEST(PlanResharding, ToOneDeviceKeepsOnlyTheOutermostSplitForTheGather) {
+  Fusion f;
+  const DeviceMesh grid({0, 1, 2, 3}, {2, 2}), zero({0});
+  EXPECT_EQ(plan(f, grid, {S(0), S(1)}, zero, {R}),
+            (Strs{"[[0, 1], [2, 3]] [Shard(0), Replicate()]: Shard(1) -> Replicate() on mesh axis 1",
+                  "[0] [Replicate()]: gathered from stage [[0, 1], [2, 3]] to stage [0]"}));
+  // A pending sum on the inner axis is reduced over it alone; the replicas along axis 0 stay out.
+  EXPECT_EQ(plan(f, grid, {R, P}, zero, {R}),
+            (Strs{"[0] [Replicate()]: reduced from stage [[0, 1], [2, 3]] to stage [0]"}));
+}
+
+TEST(PlanResharding, TwoMultiDeviceMeshesOfDifferentShapesAreUnsupported) {
+  Fusion f;
+  EXPECT_THAT(
+      testing_helpers::userErrorMessage(ErrorKind::Unsupported,
+                                        [&] {
+                                          plan(f, DeviceMesh({0, 1}), {S(0)}, DeviceMesh({0, 1, 2}), {R});
+                                        }),
+      ::testing::HasSubstr("%x: cannot move from [Shard(0)] on mesh [0, 1] to [Replicate()] on mesh [0, 1, 2]"));
 }
 
 }  // namespace
