@@ -50,7 +50,8 @@ class Plan:
     def collectives(self, rank: int | None = None) -> list:
         """The communications of `rank`'s host program, in order: each has ``kind`` (allgather,
         reduce_scatter, allreduce, all_to_all, send_recv, broadcast, reduce, gather, scatter),
-        ``mesh_axis``, ``team`` (global ranks), ``bytes`` (this rank's send buffer),
+        ``mesh_axis``, ``team`` (global ranks), ``root`` (the root's global rank for broadcast,
+        scatter, gather and reduce, else None), ``bytes`` (what this rank contributes),
         ``tensor``/``source`` (names) and ``provenance`` (why it exists)."""
         return self._program.collectives(rank)
 

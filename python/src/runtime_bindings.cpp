@@ -214,10 +214,13 @@ void bindPrograms(py::module_& m) {
       .def_readonly("tensor", &CollectiveInfo::tensor)
       .def_readonly("source", &CollectiveInfo::source)
       .def_readonly("provenance", &CollectiveInfo::provenance)
+      .def_property_readonly(
+          "root", [](const CollectiveInfo& c) { return c.root >= 0 ? py::object(py::int_(c.root)) : py::none(); },
+          "The root's global rank (broadcast, scatter, gather, reduce), else None.")
       .def("__repr__", [](const CollectiveInfo& c) {
-        return fmt::format("Collective({} {} -> {}, mesh_axis={}, team=[{}], bytes={}, provenance={:?})",
-                           commKindName(c.kind), c.source, c.tensor, c.mesh_axis, fmt::join(c.team, ", "), c.bytes,
-                           c.provenance);
+        return fmt::format("Collective({} {} -> {}, mesh_axis={}, team=[{}]{}, bytes={}, provenance={:?})",
+                           commKindName(c.kind), c.source, c.tensor, c.mesh_axis, fmt::join(c.team, ", "),
+                           c.root >= 0 ? fmt::format(", root={}", c.root) : "", c.bytes, c.provenance);
       });
 
   py::class_<PyProgram>(m, "CompiledProgram", "What meshfuse compiled for one input signature.")

@@ -317,3 +317,33 @@ def test_a_contraction_over_a_sharded_dim_times_a_scalar_reduces_once_before_the
         allreduce = next(i for i, line in enumerate(lines) if "allreduce" in line)
         relu = next(i for i, line in enumerate(lines) if "relu" in line)
         assert allreduce < relu, plan.host_ir()
+
+
+def test_data_on_rank_0_is_scattered_and_the_result_gathered_back(rng):
+    """Stages of different shapes: the input lives on rank 0 only, the work is spread over every
+    rank (a scatter), and the result comes back to rank 0 (a gather)."""
+    n = meshfuse.world_size()
+    if n < 2:
+        pytest.skip("a scatter needs a second rank")
+    root, world = DeviceMesh([0]), H.world_mesh()
+    x = H.randn(rng, 4 * n, 6)
+
+    def define(fd):
+        t = fd.define_tensor([4 * n, 6])
+        spread = fd.ops.set(t)
+        spread.set_device_mesh(world)
+        spread.split(0, n)
+        spread.axis(0).parallelize(ParallelType.mesh_x)
+        back = fd.ops.set(fd.ops.relu(spread))
+        back.set_device_mesh(root)
+        fd.add_output(back)
+
+    fdw = FusionDefinitionWrapper(define)
+    inputs = [meshfuse.distribute_tensor(x, root, [R])]
+    plan = fdw.plan(inputs)
+    assert H.kinds(plan) == ["scatter", "gather"]
+    assert [(c.root, c.team) for c in plan.collectives()] == [(0, list(range(n)))] * 2
+    (out,) = fdw(inputs)
+    assert out.device_mesh == root
+    if meshfuse.rank() == 0:
+        H.assert_close(out.to_local(), np.maximum(x, 0))
