@@ -1,6 +1,4 @@
 // Reference executor: one straightforward loop nest per op over row-major double arrays.
-#include "meshfuse/reference.h"
-
 #include <cblas.h>
 
 #include <algorithm>
@@ -8,9 +6,9 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <numeric>
 
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/reference.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
 namespace meshfuse {
@@ -25,10 +23,6 @@ std::vector<int64_t> stridesOf(const std::vector<int64_t>& shape) {
   std::vector<int64_t> s(shape.size(), 1);
   for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
   return s;
-}
-
-int64_t numel(const std::vector<int64_t>& shape) {
-  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
 }
 
 // Calls f(out_flat, index) for every multi-index of `shape` in row-major order.
@@ -94,11 +88,7 @@ class Evaluator {
   void set(const Val* v, Array a) { values_[v] = std::move(a); }
   const Array& get(const Val* v) const { return values_.at(v); }
 
-  std::vector<int64_t> shapeOf(const TensorView* tv) const {
-    std::vector<int64_t> s;
-    for (const Extent& e : tv->shape()) s.push_back(e.evaluate(bindings_));
-    return s;
-  }
+  std::vector<int64_t> shapeOf(const TensorView* tv) const { return tv->evaluateShape(bindings_); }
 
   // An operand broadcast to `shape` (same rank; size-1 dims and scalars repeat).
   std::function<double(const std::vector<int64_t>&)> reader(const Val* v) const {
@@ -148,15 +138,9 @@ class Evaluator {
         break;
       }
       case OpCategory::Cast:
-      case OpCategory::Set:
-        out.data = in(e, 0).data;
-        break;
-      case OpCategory::Reduction:
-        reduce(e, out);
-        break;
-      case OpCategory::Gemm:
-        gemm(e, out);
-        break;
+      case OpCategory::Set: out.data = in(e, 0).data; break;
+      case OpCategory::Reduction: reduce(e, out); break;
+      case OpCategory::Gemm: gemm(e, out); break;
       case OpCategory::BroadcastInDim: {
         const Array& x = in(e, 0);
         const auto& bd = e->attr<std::vector<int64_t>>("broadcast_dims");
@@ -168,9 +152,7 @@ class Evaluator {
         });
         break;
       }
-      case OpCategory::Reshape:
-        out.data = in(e, 0).data;
-        break;
+      case OpCategory::Reshape: out.data = in(e, 0).data; break;
       case OpCategory::Permute: {
         const Array& x = in(e, 0);
         const auto& perm = e->attr<std::vector<int64_t>>("dims");
@@ -202,22 +184,17 @@ class Evaluator {
           std::vector<int64_t> ost = stridesOf(out.shape);
           forEachIndex(x.shape, [&](int64_t flat, const auto& idx) {
             int64_t off = 0;
-            for (size_t d = 0; d < idx.size(); ++d) off += (idx[d] + (static_cast<int64_t>(d) == dim ? base : 0)) * ost[d];
+            for (size_t d = 0; d < idx.size(); ++d)
+              off += (idx[d] + (static_cast<int64_t>(d) == dim ? base : 0)) * ost[d];
             out.data[off] = x.data[flat];
           });
           base += x.shape[dim];
         }
         break;
       }
-      case OpCategory::Softmax:
-        softmax(e, out);
-        break;
-      case OpCategory::Norm:
-        norm(e, out);
-        break;
-      case OpCategory::Attention:
-        attention(e, out);
-        break;
+      case OpCategory::Softmax: softmax(e, out); break;
+      case OpCategory::Norm: norm(e, out); break;
+      case OpCategory::Attention: attention(e, out); break;
     }
     for (double& v : out.data) v = roundToDtype(v, out_tv->dtype());
     return out;

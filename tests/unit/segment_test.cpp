@@ -182,8 +182,7 @@ TEST(Segment, TensorParallelMlpKeepsCollectivesApartAndFusesTheBiasAfterTheAllre
 
 TEST(Segment, TensorParallelDecoderLayer) {
   // examples/decoder_layer.mf: Megatron tensor parallelism on 4 ranks.
-  std::string path =
-      std::string(__FILE__).substr(0, std::string(__FILE__).rfind("tests/unit")) + "examples/decoder_layer.mf";
+  std::string path = MESHFUSE_SOURCE_DIR "/examples/decoder_layer.mf";
   std::ifstream in(path);
   ASSERT_TRUE(in) << path;
   std::stringstream text;

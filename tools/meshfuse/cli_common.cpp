@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -25,7 +26,6 @@ std::string readText(const std::string& path) {
 }
 
 std::string displayPath(const std::string& path) { return path == "-" ? "<stdin>" : path; }
-
 
 std::vector<std::string> splitInput(const std::string& text, bool split) {
   if (!split) return {text};
@@ -61,7 +61,9 @@ SymbolBindings completeBindings(const Fusion& f, SymbolBindings b, bool warn) {
     for (const Extent& e : tv->shape()) {
       if (e.isStatic() || b.count(e.symbol())) continue;
       b[e.symbol()] = 8;
-      if (warn) std::cerr << fmt::format("note: size ?{} is not given; using 8 (set it with --size {}=N)\n", e.symbol(), e.symbol());
+      if (warn)
+        std::cerr << fmt::format("note: size ?{} is not given; using 8 (set it with --size {}=N)\n", e.symbol(),
+                                 e.symbol());
     }
   return b;
 }
@@ -83,11 +85,15 @@ std::vector<Tensor> makeInputs(const Fusion& f, const std::vector<std::string>& 
   }
   for (size_t i = 0; i < f.inputs().size(); ++i) {
     const TensorView* tv = f.inputs()[i];
-    std::vector<int64_t> shape;
-    for (const Extent& e : tv->shape()) shape.push_back(e.evaluate(sizes));
-    inputs.push_back(Tensor::random(tv->dtype(), shape, seed + i));
+    inputs.push_back(Tensor::random(tv->dtype(), tv->evaluateShape(sizes), seed + i));
   }
   return inputs;
+}
+
+void createOutputDirectory(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  MF_USER_CHECK(!ec, ErrorKind::Runtime, "--save-outputs {}: cannot create the directory: {}", dir, ec.message());
 }
 
 std::string summary(const Tensor& t) {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "meshfuse/ir/fusion.h"
 #include "meshfuse/host_ir.h"
+#include "meshfuse/ir/fusion.h"
 #include "meshfuse/pipeline.h"
 #include "meshfuse/tensor.h"
 
@@ -27,6 +27,8 @@ SymbolBindings completeBindings(const Fusion& f, SymbolBindings sizes, bool warn
 // Full (global) inputs: seeded random (input i uses seed + i), or read from .npy files.
 std::vector<Tensor> makeInputs(const Fusion& f, const std::vector<std::string>& npy_files, const SymbolBindings& sizes,
                                uint64_t seed);
+// Creates --save-outputs' directory (RuntimeError naming it and the system's reason on failure).
+void createOutputDirectory(const std::string& dir);
 // "mean .. std .. min .. max .. sum .." of a tensor.
 std::string summary(const Tensor& t);
 
@@ -37,10 +39,10 @@ struct ShardedRunOptions {
   bool check = false;
   bool print_hostir = false;
   std::string save_dir;
-  std::string trace_file;      // --trace: Chrome/Perfetto timeline of every rank
+  std::string trace_file;       // --trace: Chrome/Perfetto timeline of every rank
   std::string device = "auto";  // --device
-  PipelineOptions pipeline;    // --overlap, --chunks, --streams
-  int64_t fail_on_rank = -1;  // --inject-failure-on-rank: this rank throws before running
+  PipelineOptions pipeline;     // --overlap, --chunks, --streams
+  int64_t fail_on_rank = -1;    // --inject-failure-on-rank: this rank throws before running
 };
 // Runs `definition` (inputs carry placements) on this process's rank; rank 0 gathers the
 // outputs and, with `check`, compares them with single-device execution. Returns the exit code.

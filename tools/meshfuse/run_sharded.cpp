@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -120,16 +119,17 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
                                  o.trace_file);
         for (size_t r = 0; r < traces.size(); ++r) {
           OverlapSummary sum = summarizeOverlap(traces[r]);
-          std::cout << fmt::format("  rank {}: compute {:.0f} us, communication {:.0f} us, {:.0f}% of it hidden "
-                                   "behind compute\n",
-                                   r, sum.compute_us, sum.communication_us, 100 * sum.hiddenFraction());
+          std::cout << fmt::format(
+              "  rank {}: compute {:.0f} us, communication {:.0f} us, {:.0f}% of it hidden "
+              "behind compute\n",
+              r, sum.compute_us, sum.communication_us, 100 * sum.hiddenFraction());
         }
       }
     }
     std::vector<Tensor> reference;
     if (o.check && rank == 0) reference = evaluateReference(definition, full);
     bool ok = true;
-    if (!o.save_dir.empty() && rank == 0) std::filesystem::create_directories(o.save_dir);
+    if (!o.save_dir.empty() && rank == 0) createOutputDirectory(o.save_dir);
     for (size_t i = 0; i < outs.size(); ++i) {
       const TensorView* tv = compiled.fusion->outputs()[i];
       Tensor local = outs[i].local.defined() ? exec->backend().download(outs[i].local) : outs[i].local;
@@ -141,8 +141,8 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
       if (!o.save_dir.empty()) writeNpy(fmt::format("{}/output{}.npy", o.save_dir, i), global);
       if (!o.check) continue;
       Comparison c = compare(global, reference[i]);
-      std::cout << fmt::format("  vs single device: max abs err {:.3g}, max rel err {:.3g}: {}\n", c.max_abs,
-                               c.max_rel, c.pass ? "OK" : "MISMATCH");
+      std::cout << fmt::format("  vs single device: max abs err {:.3g}, max rel err {:.3g}: {}\n", c.max_abs, c.max_rel,
+                               c.pass ? "OK" : "MISMATCH");
       ok &= c.pass;
     }
     if (o.check && rank == 0) std::cout << (ok ? "check passed\n" : "check FAILED\n") << std::flush;

@@ -67,8 +67,8 @@ struct Provenance {
 struct ScheduleStep {
   enum Kind { Split, Merge, Parallelize } kind;
   int64_t axis = 0;
-  int64_t factor = 0;          // Split
-  bool inner_split = false;    // Split
+  int64_t factor = 0;                         // Split
+  bool inner_split = false;                   // Split
   ParallelType ptype = ParallelType::Serial;  // Parallelize
   bool operator==(const ScheduleStep&) const = default;
 };
@@ -85,6 +85,12 @@ class TensorView : public Val {
   std::vector<IterDomain*> dims() const;
   std::vector<Extent> shape() const;
   int64_t rank() const { return static_cast<int64_t>(dims().size()); }
+  // The global shape with symbolic sizes bound by `bindings`. Throws ShapeError naming this
+  // tensor and the op that defines it when a size is unbound or not an integer, or when the
+  // element count or byte size does not fit in an int64.
+  std::vector<int64_t> evaluateShape(const SymbolBindings& bindings) const;
+  // "%y = reshape(%x, shape=[-1, 3])", or "input %x": where a tensor comes from, for messages.
+  std::string describe() const;
 
   // Device mesh (nullptr: not yet decided). Owned by the Fusion's mesh table.
   const DeviceMesh* mesh() const;

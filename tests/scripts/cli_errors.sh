@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Bad input to the `meshfuse` CLI: each case must exit with status 1 (a user error, reported on
+# stderr with the expected text), never crash (abort, segfault), hang or exit 0.
+# Usage: cli_errors.sh MESHFUSE
+set -uo pipefail
+meshfuse=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+failures=0
+
+# expect_error NAME EXPECTED_STDERR_TEXT ARGS...: runs `meshfuse ARGS` (with a time limit).
+expect_error() {
+  local name=$1 text=$2
+  shift 2
+  local out code
+  out=$(timeout 60 "$meshfuse" "$@" 2>&1 >/dev/null)
+  code=$?
+  if [ $code -ne 1 ]; then
+    echo "FAIL $name: exit status $code (want 1; 124 = hung, >128 = crashed): $out"
+    failures=$((failures + 1))
+  elif ! grep -qF -- "$text" <<<"$out"; then
+    echo "FAIL $name: stderr lacks '$text': $out"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name: $out"
+  fi
+}
+
+# write NAME: the .mf text on stdin goes to $dir/NAME.mf.
+write() { cat >"$dir/$1.mf"; }
+
+write one <<'MF'
+fusion {
+  %a = input f32[4]
+  %b = neg(%a)
+  output %b
+}
+MF
+expect_error save-outputs-unwritable "RuntimeError: --save-outputs /proc/nope: cannot create the directory" \
+  run "$dir/one.mf" --save-outputs /proc/nope
+
+# Element counts that overflow an int64 (they used to abort, wrap to 0 or hang).
+for shape in "4611686018427387904, 4611686018427387904" "3037000500, 3037000500" "4294967296, 4294967297"; do
+  printf 'fusion {\n  %%a = input f32[%s]\n  %%b = neg(%%a)\n  output %%b\n}\n' "$shape" >"$dir/big.mf"
+  expect_error "overflow [$shape]" "ShapeError: $dir/big.mf:2:3: input %a: shape [$shape] of f32 has more elements" \
+    run "$dir/big.mf"
+done
+write sym <<'MF'
+fusion {
+  %a = input f32[?t, ?u]
+  %b = neg(%a)
+  output %b
+}
+MF
+expect_error symbolic-overflow "ShapeError: input %a: shape [4294967296, 4294967297] of f32 has more elements" \
+  run "$dir/sym.mf" --size t=4294967296 --size u=4294967297
+
+# A mesh nested 50,000 deep (used to overflow the parser's stack).
+{
+  printf 'fusion {\n  mesh @m = '
+  head -c 50000 /dev/zero | tr '\0' '['
+  printf 0
+  head -c 50000 /dev/zero | tr '\0' ']'
+  printf '\n}\n'
+} >"$dir/deep.mf"
+expect_error deep-mesh "MeshError: $dir/deep.mf:2:16: malformed mesh: nested more than 3 deep" print "$dir/deep.mf"
+
+[ $failures -eq 0 ] || { echo "$failures case(s) failed"; exit 1; }
+echo "every bad input gave a clear error and exit status 1"
