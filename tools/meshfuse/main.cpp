@@ -58,9 +58,8 @@ void reportTiming(const mf::Fusion& definition, const cli::ShardedRunOptions& o,
   mf::Backend* backend = owned.get();
   mf::MultiDeviceExecutor exec(mf::cloneFusion(definition), *comm, std::move(owned),
                                {.pipeline = pipeline, .trace = true});
+  // (A single-device fusion compiles to the program of a one-device mesh.)
   std::vector<mf::ShardedTensor> inputs = mf::inputLayouts(definition);
-  if (definition.numMeshes() == 0)  // a single-device fusion: the program of a one-device mesh
-    for (mf::ShardedTensor& in : inputs) in = {{}, mf::DeviceMesh({0}), {mf::Placement::replicate()}};
   auto t0 = Clock::now();
   const mf::CompiledProgram& compiled = exec.plan(inputs);
   auto t1 = Clock::now();
@@ -230,6 +229,8 @@ int main(int argc, char** argv) {
         if (timing) o.timing = &std::cerr;
         mf::runPasses(*fusion, passes, o);
         if (!dump_each) std::cout << mf::printFusion(*fusion);
+      } else if (*dump && stage == "fusion") {  // the parsed fusion: nothing to compile
+        std::cout << mf::printFusion(*fusion);
       } else if (*dump) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/false);
         mf::CompiledProgram p = mf::compile(std::move(fusion), pipeline, /*keep_stages=*/true);
