@@ -123,10 +123,16 @@ TensorView* Fusion::apply(OpKind kind, std::vector<Val*> inputs, Attributes attr
   }
 
   InferredOutput out = inferOutput(*this, kind, inputs, attrs);
-  checkStaticSize(out.logical, out.dtype, fmt::format("{}: the output", info.name));
+  std::vector<IterDomain*> logical;
+  for (const InferredDim& d : out.logical) logical.push_back(newIterDomain(d.extent, d.type));
+  checkStaticSize(logical, out.dtype, fmt::format("{}: the output", info.name));
   checkNewName(*this, out_name);
-  auto* tv = new TensorView(this, out.dtype, out.logical, std::move(out_name));
+  auto* tv = new TensorView(this, out.dtype, logical, std::move(out_name));
   vals_.emplace_back(tv);
+  for (ExtentConstraint& c : out.constraints) {
+    c.out = tv;
+    extent_constraints_.push_back(std::move(c));
+  }
   auto* e = new Expr(kind, std::move(inputs), std::move(attrs));
   expr_storage_.emplace_back(e);
   e->outputs_.push_back(tv);
@@ -264,7 +270,8 @@ std::string Fusion::displayName(const Val* v) const {
 void Fusion::checkExtentConstraints(const SymbolBindings& bindings) const {
   for (const ExtentConstraint& c : extent_constraints_) {
     int64_t a = c.a.evaluate(bindings), b = c.b.evaluate(bindings);
-    MF_USER_CHECK(a == b, ErrorKind::Shape, "{}: {} mismatch: {} has {} = {} but {} has {} = {}", c.op, c.what,
+    MF_USER_CHECK(a == b, ErrorKind::Shape, "{}: {} mismatch: {} has {} = {} but {} has {} = {}",
+                  c.out != nullptr && c.out->definition() != nullptr ? c.out->describe() : c.op, c.what,
                   displayName(c.ta), c.a.toString(), a, displayName(c.tb), c.b.toString(), b);
   }
 }

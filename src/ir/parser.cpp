@@ -8,6 +8,7 @@
 #include "ir/lexer.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/printer.h"
+#include "meshfuse/ir/verifier.h"
 
 namespace meshfuse {
 namespace {
@@ -41,7 +42,8 @@ class Parser {
                     "{}: expected '}}' to close the fusion but found end of input", where(peek()));
       statement();
     }
-    expectPunct("}");
+    const Token& close = expectPunct("}");
+    requireOutputs(*fusion_, where(close) + ": ");
     if (peek().kind != Token::End) fail(peek(), "end of input after the fusion");
     return std::move(fusion_);
   }

@@ -82,6 +82,7 @@ const std::vector<std::string>& pipelineStages() {
 
 CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& options, bool keep_stages) {
   CompiledProgram out;
+  requireOutputs(*fusion);
   if (keep_stages) out.stages["fusion"] = printFusion(*fusion);
   // A single-device fusion (no mesh anywhere) is the program of a one-device mesh.
   if (fusion->numMeshes() == 0)

@@ -122,6 +122,13 @@ TEST(CompileErrors, PassesRunOutOfOrderSayWhichPassMustComeFirst) {
   EXPECT_NO_THROW(runPasses(*f, {"propagate-shardings", "decompose-reshardings"}));
 }
 
+TEST(CompileErrors, AFusionWithoutOutputs) {
+  auto f = std::make_unique<Fusion>();
+  f->apply(OpKind::Neg, {f->defineTensor({4}, DataType::Float, "a")});
+  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { compile(std::move(f)); }),
+              HasSubstr("the fusion has no outputs: nothing it computes would be returned"));
+}
+
 TEST(CompileErrors, AFusionWithoutMeshesCompilesForOneDevice) {
   // Not an error: the issue's own demo (examples/mlp_block.mf) has no mesh; it is the program of
   // the one-device mesh [0], without collectives.

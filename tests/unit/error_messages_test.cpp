@@ -193,7 +193,8 @@ TEST(ErrorMessages, MeshNestedBeyondTheRankLimitStopsAtTheFourthBracket) {
   EXPECT_EQ(parseError(ErrorKind::Mesh, deep),
             "bad.mf:2:16: malformed mesh: nested more than 3 deep, but at most 3 mesh axes (DIDz, DIDy, DIDx) are "
             "supported");
-  EXPECT_NO_THROW(parseFusion("fusion {\n  mesh @m = [[[0, 1]], [[2, 3]]]\n}\n", "ok.mf"));
+  EXPECT_NO_THROW(
+      parseFusion("fusion {\n  mesh @m = [[[0, 1]], [[2, 3]]]\n  %x = input f32[2] @m\n  output %x\n}\n", "ok.mf"));
 }
 
 TEST(ErrorMessages, DeviceIdsBeforeANestedListAreMalformed) {
@@ -247,14 +248,10 @@ TEST(ErrorMessages, PlacementsThatDoNotFit) {
             "shards (Shard(0))");
 }
 
-TEST(ErrorMessages, VerifierRejectsADidWithoutAMesh) {
-  std::unique_ptr<Fusion> f =
-      parseFusion("fusion {\n  %x = input f32[4] {split(0, 2), parallelize(0, DIDx)}\n  output %x\n}\n");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Placement, [&] { verify(*f); }),
-            "%x: loop axis 0 is parallelized on DIDx but the tensor has no mesh");
-  std::unique_ptr<Fusion> g = parseFusion("fusion {\n  %x = input f32[4]\n}\n");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Placement, [&] { verify(*g, {.require_meshes = true}); }),
-            "%x has no device mesh");
+TEST(ErrorMessages, AFusionWithoutOutputs) {
+  EXPECT_EQ(parseError(ErrorKind::Value, "fusion {\n  %a = input f32[4]\n  %b = neg(%a)\n}\n"),
+            "bad.mf:4:1: the fusion has no outputs: nothing it computes would be returned (mark results with "
+            "`output %x` or add_output)");
 }
 
 // ---- parse errors at known positions -------------------------------------------------

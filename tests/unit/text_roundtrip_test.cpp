@@ -156,6 +156,7 @@ TEST(TextRoundTrip, ParsedShardingMatchesTheText) {
   mesh @grid = [[0, 1], [2, 3]]
   %x = input f32[8, 6, r2] @grid {split(1, 2), parallelize(1, DIDx), parallelize(3, DIDy)}
   %0 = neg(%x) : f32[8, 6] @grid {split(0, 2), parallelize(0, DIDy)} from "because"
+  output %0
 }
 )");
   TensorView* x = f->findTensor("%x");
@@ -258,6 +259,7 @@ TEST(TextRoundTrip, UnnamedMeshDoesNotCollideWithAUserMeshName) {
   f.addMesh(DeviceMesh({0, 1}), "m1");  // index 0, user-named m1
   TensorView* x = f.defineTensor({4}, DataType::Float, "x");
   x->setDeviceMesh(DeviceMesh({0, 1, 2, 3}));  // index 1, unnamed: printed as @m1 too
+  f.addOutput(x);
   expectRoundTrip(f);
 }
 
@@ -267,6 +269,7 @@ TEST(TextRoundTrip, ProvenanceWithANewline) {
   x->setDeviceMesh(DeviceMesh({0, 1}));
   x->setPinned(false);
   x->setProvenance(Provenance::literal("first rule\nthen second rule"));
+  f.addOutput(x);
   expectRoundTrip(f);
 }
 
