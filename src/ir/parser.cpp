@@ -2,6 +2,9 @@
 #include "meshfuse/ir/parser.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 
@@ -85,13 +88,17 @@ class Parser {
     if (t.text == "inf") return std::numeric_limits<double>::infinity();
     if (t.text == "-inf") return -std::numeric_limits<double>::infinity();
     if (t.text == "nan") return std::numeric_limits<double>::quiet_NaN();
-    try {
-      size_t used = 0;
-      double v = std::stod(t.text, &used);
-      if (used == t.text.size()) return v;
-    } catch (const std::exception&) {
-    }
-    userError(ErrorKind::Parse, "{}: {} is not a valid floating-point number", where(t), t.describe());
+    // strtod, not stod: stod rejects subnormals (ERANGE), which the printer writes (5e-324).
+    errno = 0;
+    char* end = nullptr;
+    double v = std::strtod(t.text.c_str(), &end);
+    bool whole = end == t.text.c_str() + t.text.size();
+    bool overflow = errno == ERANGE && std::isinf(v);
+    bool underflow_to_zero = errno == ERANGE && v == 0;  // a nonzero literal below the subnormals
+    MF_USER_CHECK(whole && !overflow && !underflow_to_zero, ErrorKind::Parse,
+                  "{}: {} is not a valid floating-point number{}", where(t), t.describe(),
+                  whole ? " (out of the range of a double)" : "");
+    return v;
   }
 
   // Re-throws a user error from the IR with this token's location.
@@ -149,6 +156,7 @@ class Parser {
     const OpInfo& info = opInfo(*kind);
     std::vector<Val*> operands;
     Attributes attrs;
+    bool named = false;  // a `name=` argument was seen: positional operands must come first
     expectPunct("(");
     while (!isPunct(")")) {
       if (!operands.empty() || !attrs.empty()) {
@@ -160,6 +168,8 @@ class Parser {
         next();
         int64_t operand = info.findOperand(key.text);
         if (operand >= 0) {
+          MF_USER_CHECK(static_cast<size_t>(operand) >= operands.size() || operands[operand] == nullptr,
+                        ErrorKind::Parse, "{}: {}: operand '{}' is given twice", where(key), info.name, key.text);
           const Token& vt = expectKind(Token::Value, "a value name");
           operands.resize(std::max<size_t>(operands.size(), operand + 1), nullptr);
           operands[operand] = lookup(vt);
@@ -167,9 +177,14 @@ class Parser {
           const AttrSpec* spec = info.findAttr(key.text);
           MF_USER_CHECK(spec != nullptr, ErrorKind::Value, "{}: {} has no operand or attribute named '{}'", where(key),
                         info.name, key.text);
+          MF_USER_CHECK(!attrs.count(key.text), ErrorKind::Parse, "{}: {}: attribute '{}' is given twice", where(key),
+                        info.name, key.text);
           attrs[key.text] = attrValue(*spec);
         }
+        named = true;
       } else {
+        MF_USER_CHECK(!named, ErrorKind::Parse, "{}: {}: a positional operand after named arguments", where(peek()),
+                      info.name);
         operands.push_back(operandValue());
       }
     }

@@ -150,7 +150,7 @@ InferredOutput pointwise(const Ctx& c) {
       if (c.kind == OpKind::Gelu) {
         const auto& a = c.attr<std::string>("approximate");
         MF_USER_CHECK(a == "none" || a == "tanh", ErrorKind::Value,
-                      "gelu: approximate must be \"none\" or \"tanh\" but is \"{}\"", a);
+                      "gelu: approximate must be \"none\" or \"tanh\" but is {}", quoteString(a));
       }
       MF_USER_CHECK(dt != DataType::Bool || c.kind == OpKind::Abs, ErrorKind::Dtype,
                     "{}: not defined for bool tensor {}", c.op(), c.name(tvs[0]));
@@ -440,7 +440,7 @@ InferredOutput inferByCategory(const Ctx& c) {
     case OpCategory::Set: {
       const auto& overlap = c.attr<std::string>("overlap");
       MF_USER_CHECK(overlap == "none" || overlap == "collective" || overlap == "ring", ErrorKind::Value,
-                    "set: overlap must be \"none\", \"collective\" or \"ring\" but is \"{}\"", overlap);
+                    "set: overlap must be \"none\", \"collective\" or \"ring\" but is {}", quoteString(overlap));
       MF_USER_CHECK(c.attr<int64_t>("chunks") >= 1, ErrorKind::Value, "set: chunks must be at least 1 but is {}",
                     c.attr<int64_t>("chunks"));
       return {c.tv(0)->dtype(), c.copyDims(c.tv(0))};

@@ -65,5 +65,14 @@ expect_error symbolic-overflow "ShapeError: input %a: shape [4294967296, 4294967
 } >"$dir/deep.mf"
 expect_error deep-mesh "MeshError: $dir/deep.mf:2:16: malformed mesh: nested more than 3 deep" print "$dir/deep.mf"
 
+# Files that are not .mf text.
+mkdir -p "$dir/a_directory"
+expect_error directory "RuntimeError: cannot read $dir/a_directory: it is a directory, not a .mf file" \
+  print "$dir/a_directory"
+expect_error missing-file "RuntimeError: cannot open $dir/missing.mf: No such file or directory" print "$dir/missing.mf"
+printf '\xef\xbb\xbffusion {\n}\n' >"$dir/bom.mf"
+expect_error byte-order-mark 'bom.mf:1:1: the file starts with a UTF-8 byte-order mark (bytes \xEF\xBB\xBF)' \
+  print "$dir/bom.mf"
+
 [ $failures -eq 0 ] || { echo "$failures case(s) failed"; exit 1; }
 echo "every bad input gave a clear error and exit status 1"

@@ -254,6 +254,40 @@ TEST(ErrorMessages, AFusionWithoutOutputs) {
             "`output %x` or add_output)");
 }
 
+TEST(ErrorMessages, ArgumentsGivenTwiceAreRejectedAtTheSecond) {
+  const std::string head = "fusion {\n  %x = input f32[2, 4]\n  %w = input f32[3, 4]\n  %b = input f32[3]\n";
+  EXPECT_EQ(parseError(ErrorKind::Parse, head + "  %y = linear(%x, %w, bias=%b, bias=%b)\n  output %y\n}\n"),
+            "bad.mf:5:32: linear: operand 'bias' is given twice");
+  EXPECT_EQ(parseError(ErrorKind::Parse, head + "  %y = sum(%x, dims=[0], dims=[5])\n  output %y\n}\n"),
+            "bad.mf:5:26: sum: attribute 'dims' is given twice");
+  EXPECT_EQ(parseError(ErrorKind::Parse, head + "  %y = linear(%x, bias=%b, %w)\n  output %y\n}\n"),
+            "bad.mf:5:28: linear: a positional operand after named arguments");
+}
+
+TEST(ErrorMessages, UnknownStringEscapesAreRejectedWithTheirLocation) {
+  EXPECT_EQ(
+      parseError(ErrorKind::Parse, "fusion {\n  %x = input f32[4]\n  %y = gelu(%x, approximate=\"ta\\qnh\")\n}\n"),
+      "bad.mf:3:32: unknown escape '\\q' in a string (known: \\\\ \\\" \\n \\t \\r \\xNN)");
+  // The escapes the printer writes are read back.
+  std::unique_ptr<Fusion> f =
+      parseFusion("fusion {\n  %x = input f32[4]\n  %y = gelu(%x, approximate=\"\\x74a\\x6eh\")\n  output %y\n}\n");
+  EXPECT_EQ(f->exprs()[0]->attr<std::string>("approximate"), "tanh");
+}
+
+TEST(ErrorMessages, MessagesEscapeBytesThatAreNotPrintable) {
+  EXPECT_EQ(parseError(ErrorKind::Parse, "\x01\x02"), "bad.mf:1:1: unexpected character '\\x01'");
+  EXPECT_EQ(parseError(ErrorKind::Parse, "fusion {\n  %x = input f32[4]\n  \xC3\xA9\n}\n"),
+            "bad.mf:3:3: unexpected character '\\xC3'");
+  EXPECT_EQ(parseError(ErrorKind::Parse,
+                       "\xEF\xBB\xBF"
+                       "fusion {\n}\n"),
+            "bad.mf:1:1: the file starts with a UTF-8 byte-order mark (bytes \\xEF\\xBB\\xBF); save it without one");
+  EXPECT_EQ(parseError(ErrorKind::Value, "fusion {\n  %x = input f32[4]\n  %y = gelu(%x, approximate=\"a\tb\")\n}\n"),
+            "bad.mf:3:8: gelu: approximate must be \"none\" or \"tanh\" but is \"a\\tb\"");
+  EXPECT_EQ(parseError(ErrorKind::Parse, "fusion {\n  %x = input f32[4]\n  output \"a\x1b[31m\"\n}\n"),
+            "bad.mf:3:10: expected a value name like %3 but found string \"a\\x1B[31m\"");
+}
+
 // ---- parse errors at known positions -------------------------------------------------
 
 TEST(ErrorMessages, ParseErrorsPointAtTheOffendingToken) {

@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,10 +20,16 @@ namespace meshfuse::cli {
 
 std::string readText(const std::string& path) {
   if (path == "-") return std::string(std::istreambuf_iterator<char>(std::cin), {});
-  std::ifstream in(path);
-  MF_USER_CHECK(in.good(), ErrorKind::Runtime, "cannot open {}", path);
+  std::error_code ec;
+  MF_USER_CHECK(!std::filesystem::is_directory(path, ec), ErrorKind::Runtime,
+                "cannot read {}: it is a directory, not a .mf file", path);
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  MF_USER_CHECK(in.good(), ErrorKind::Runtime, "cannot open {}: {}", path,
+                errno != 0 ? std::strerror(errno) : "unknown reason");
   std::stringstream ss;
   ss << in.rdbuf();
+  MF_USER_CHECK(!in.bad(), ErrorKind::Runtime, "cannot read {}", path);
   return ss.str();
 }
 

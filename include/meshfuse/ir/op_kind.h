@@ -21,8 +21,22 @@ enum class OpKind {
 
 // Ops of one category share shape inference, sharding rules and kernels.
 enum class OpCategory {
-  Unary, Binary, Compare, Ternary, Cast, Set, Reduction, Gemm, BroadcastInDim, Reshape, Permute,
-  Slice, Cat, Softmax, Norm, Attention
+  Unary,
+  Binary,
+  Compare,
+  Ternary,
+  Cast,
+  Set,
+  Reduction,
+  Gemm,
+  BroadcastInDim,
+  Reshape,
+  Permute,
+  Slice,
+  Cat,
+  Softmax,
+  Norm,
+  Attention
 };
 
 enum class AttrType { Int, Ints, Float, Bool, Str, Dtype };
@@ -57,7 +71,8 @@ const std::vector<OpKind>& allOpKinds();
 std::string_view attrTypeName(AttrType t);
 bool attrHasType(const AttrValue& v, AttrType t);
 std::string formatAttr(const AttrValue& v);  // the .mf literal form
-std::string formatFloat(double v);          // shortest text that parses back exactly
-std::string quoteString(const std::string& s);  // "..." with \\, \" and \n escaped
+std::string formatFloat(double v);           // shortest text that parses back exactly
+// "..." with \\, \", \n, \t, \r and other control bytes (\xNN) escaped: what the lexer reads.
+std::string quoteString(const std::string& s);
 
 }  // namespace meshfuse
