@@ -21,7 +21,8 @@ struct PipelineOptions {
   PropagationOptions propagation;    // propagate-shardings (e.g. FSDP: gather parameters)
   OverlapOptions overlap;            // decompose-for-overlap and the stream pool of its loops
   bool verify = true;                // run the verifier after every pass
-  std::ostream* dump = nullptr;      // when set, print the IR after each pass here
+  std::ostream* dump = nullptr;      // when set, print the IR after each pass here, each headed
+                                     // by "# ----- IR after <pass>" (readable with --split-input-file)
   std::ostream* timing = nullptr;    // when set, print each pass's wall time here
 };
 

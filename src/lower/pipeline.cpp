@@ -71,7 +71,8 @@ void runPasses(Fusion& fusion, const std::vector<std::string>& names, const Pipe
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
     if (options.verify) verify(fusion);
     if (options.timing) *options.timing << fmt::format("pass {:<28} {:>8} us\n", name, us);
-    if (options.dump) *options.dump << "// ----- IR after " << name << "\n" << printFusion(fusion);
+    // "# -----" lines split a file into cases (meshfuse --split-input-file): the dump reads back.
+    if (options.dump) *options.dump << "# ----- IR after " << name << "\n" << printFusion(fusion);
   }
 }
 

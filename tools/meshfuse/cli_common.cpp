@@ -38,16 +38,23 @@ std::string displayPath(const std::string& path) { return path == "-" ? "<stdin>
 std::vector<std::string> splitInput(const std::string& text, bool split) {
   if (!split) return {text};
   std::vector<std::string> pieces(1);
+  std::vector<bool> has_code(1, false);
   int64_t line_no = 0;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line); ++line_no) {
-    if (line == "# -----") {
+    if (line == "# -----" || line.starts_with("# ----- ")) {
       pieces.emplace_back(static_cast<size_t>(line_no + 1), '\n');  // keep later line numbers
+      has_code.push_back(false);
       continue;
     }
+    size_t first = line.find_first_not_of(" \t\r");
+    has_code.back() = has_code.back() || (first != std::string::npos && line[first] != '#');
     pieces.back() += line + "\n";
   }
-  return pieces;
+  std::vector<std::string> cases;
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (has_code[i]) cases.push_back(std::move(pieces[i]));
+  return cases;
 }
 
 SymbolBindings parseSizes(const std::vector<std::string>& args) {

@@ -14,9 +14,11 @@
 namespace meshfuse::cli {
 
 std::string readText(const std::string& path);
-// The texts of FILE's cases: the whole file, or with `split` the pieces between lines that are
-// exactly "# -----" (as MLIR's --split-input-file). Each piece keeps its line numbers (earlier
-// lines become blank), so errors point into the original file.
+// The texts of FILE's cases: the whole file, or with `split` the pieces between separator lines:
+// "# -----", optionally followed by a space and a comment ("# ----- IR after propagate-shardings",
+// as --dump-after-each writes), like MLIR's --split-input-file. Pieces with nothing but blank and
+// comment lines (before a leading separator) are dropped. Each piece keeps its line numbers
+// (earlier lines become blank), so errors point into the original file.
 std::vector<std::string> splitInput(const std::string& text, bool split);
 // The name parse errors use for `path`.
 std::string displayPath(const std::string& path);

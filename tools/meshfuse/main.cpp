@@ -120,7 +120,9 @@ int main(int argc, char** argv) {
   std::string pass_help = "passes to run, in order (comma-separated):";
   for (const mf::FusionPass& p : mf::fusionPasses()) pass_help += "\n  " + p.name + ": " + p.description;
   opt->add_option("--pass", passes, pass_help)->delimiter(',')->required();
-  opt->add_flag("--dump-after-each", dump_each, "print the IR after every pass");
+  opt->add_flag("--dump-after-each", dump_each,
+                "print the IR after every pass, each headed by a line '# ----- IR after PASS' (so the output reads "
+                "back with --split-input-file)");
   opt->add_flag("--timing", timing, "print each pass's wall time to stderr");
 
   std::string stage = "hostir";
@@ -197,8 +199,8 @@ int main(int argc, char** argv) {
   bool split = false;
   for (CLI::App* sub : {print, opt, dump, coll})
     sub->add_flag("--split-input-file", split,
-                  "FILE holds several cases separated by lines '# -----'; handle each "
-                  "on its own and print '# -----' between the results");
+                  "FILE holds several cases separated by lines '# -----' (the rest of such a line is a comment); "
+                  "handle each on its own and print '# -----' between the results");
 
   CLI11_PARSE(app, argc, argv);
 
