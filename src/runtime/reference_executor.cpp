@@ -355,4 +355,24 @@ std::vector<Tensor> evaluateReference(const Fusion& f, const std::vector<Tensor>
   return outs;
 }
 
+ReferenceComparison compareWithReference(const Tensor& actual, const Tensor& reference) {
+  ReferenceComparison c;
+  std::vector<double> a = actual.toValues(), r = reference.toValues();
+  for (double x : r)
+    if (std::isfinite(x)) c.max_ref = std::max(c.max_ref, std::fabs(x));
+  const double eps = dtypeEpsilon(reference.dtype());
+  c.allowed_abs = kReferenceToleranceEps * eps * c.max_ref;
+  c.pass = actual.shape() == reference.shape();
+  for (size_t k = 0; k < a.size() && k < r.size(); ++k) {
+    // Equal values (infinities included) and NaN against NaN agree; any other NaN or infinity
+    // is an infinite error.
+    double err = a[k] == r[k] || (std::isnan(a[k]) && std::isnan(r[k])) ? 0 : std::fabs(a[k] - r[k]);
+    if (std::isnan(err)) err = INFINITY;
+    c.max_abs_err = std::max(c.max_abs_err, err);
+    c.max_rel_err = std::max(c.max_rel_err, err / std::max(std::fabs(r[k]), 1e-30));
+    c.pass &= err <= c.allowed_abs + kReferenceToleranceEps * eps * (std::isfinite(r[k]) ? std::fabs(r[k]) : 0);
+  }
+  return c;
+}
+
 }  // namespace meshfuse

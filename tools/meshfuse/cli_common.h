@@ -50,17 +50,6 @@ struct ShardedRunOptions {
 // outputs and, with `check`, compares them with single-device execution. Returns the exit code.
 int runSharded(const Fusion& definition, const ShardedRunOptions& options);
 
-// Dtype-appropriate tolerances: |a - b| <= atol + rtol * |b|.
-struct Tolerance {
-  double rtol, atol;
-};
-Tolerance toleranceFor(DataType dt);
-struct Comparison {
-  double max_abs = 0, max_rel = 0;
-  bool pass = false;
-};
-Comparison compare(const Tensor& actual, const Tensor& expected);
-
 // "allreduce  axis 0  team [0, 1]  4096 bytes  -> %5  (why)".
 std::string formatCollective(const CollectiveInfo& c);
 // Every rank's collectives (or only `ranks`') without running, for `meshfuse collectives`.

@@ -161,7 +161,13 @@ int main(int argc, char** argv) {
   run->add_option("--inputs", run_opts.npy_inputs, "read the full inputs from .npy files instead (comma-separated)")
       ->delimiter(',');
   run->add_option("--save-outputs", save_dir, "write each (gathered) output to DIR/output<i>.npy");
-  run->add_flag("--check", run_opts.check, "compare the sharded result with single-device execution");
+  run->add_flag("--check", run_opts.check,
+                fmt::format("compare the sharded result with single-device execution (the reference executor): "
+                            "element i passes when |out_i - ref_i| <= {:g} eps x (max|ref| + |ref_i|), eps the "
+                            "dtype's machine epsilon (f32 2^-23, bf16 2^-7, f16 2^-10; i64/bool exact), because a "
+                            "sharded program sums in another order, with an error that scales with the output's "
+                            "largest values",
+                            mf::kReferenceToleranceEps));
   run->add_flag("--print-hostir", run_opts.print_hostir, "print rank 0's host program before running");
   run->add_flag("--reference", reference, "ignore placements: run on one device with the reference executor");
   bool run_timing = false;

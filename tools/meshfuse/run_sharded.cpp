@@ -42,29 +42,6 @@ Tensor gatherGlobal(Communicator& comm, const TensorView* tv, const Tensor& loca
 
 }  // namespace
 
-Tolerance toleranceFor(DataType dt) {
-  switch (dt) {
-    case DataType::BFloat16: return {2e-2, 2e-2};
-    case DataType::Half: return {5e-3, 5e-3};
-    case DataType::Float: return {1e-4, 1e-5};
-    default: return {0, 0};
-  }
-}
-
-Comparison compare(const Tensor& actual, const Tensor& expected) {
-  Comparison c;
-  Tolerance tol = toleranceFor(expected.dtype());
-  std::vector<double> a = actual.toValues(), b = expected.toValues();
-  c.pass = actual.shape() == expected.shape();
-  for (size_t k = 0; k < a.size() && k < b.size(); ++k) {
-    double err = std::fabs(a[k] - b[k]);
-    c.max_abs = std::max(c.max_abs, err);
-    c.max_rel = std::max(c.max_rel, err / std::max(std::fabs(b[k]), 1e-30));
-    c.pass &= err <= tol.atol + tol.rtol * std::fabs(b[k]);
-  }
-  return c;
-}
-
 int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
   std::unique_ptr<Communicator> comm = makeDefaultCommunicator();
   const int64_t rank = comm->rank(), world = comm->size();
@@ -140,9 +117,13 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
                                summary(global));
       if (!o.save_dir.empty()) writeNpy(fmt::format("{}/output{}.npy", o.save_dir, i), global);
       if (!o.check) continue;
-      Comparison c = compare(global, reference[i]);
-      std::cout << fmt::format("  vs single device: max abs err {:.3g}, max rel err {:.3g}: {}\n", c.max_abs, c.max_rel,
-                               c.pass ? "OK" : "MISMATCH");
+      ReferenceComparison c = compareWithReference(global, reference[i]);
+      std::cout << fmt::format(
+          "  vs single device: max abs err {:.3g} (max rel err {:.3g}); allowed per element "
+          "{:g} eps x (max|ref| + |ref|) with eps({}) = {:.3g}, max|ref| = {:.3g}: {:.3g} + {:.3g} "
+          "x |ref|: {}\n",
+          c.max_abs_err, c.max_rel_err, kReferenceToleranceEps, dtypeName(tv->dtype()), dtypeEpsilon(tv->dtype()),
+          c.max_ref, c.allowed_abs, kReferenceToleranceEps * dtypeEpsilon(tv->dtype()), c.pass ? "OK" : "MISMATCH");
       ok &= c.pass;
     }
     if (o.check && rank == 0) std::cout << (ok ? "check passed\n" : "check FAILED\n") << std::flush;
