@@ -51,13 +51,16 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
   SymbolBindings sizes;
   // Compile-time problems are found identically on every rank: rank 0 reports, all exit 1.
   try {
+    // Ranks 0..max device id of every mesh (input placements and pins alike, e.g. a pipeline
+    // stage reached through a `set`) must exist, and no more.
     int64_t covered = 0;
-    for (int64_t m = 0; m < definition.numMeshes(); ++m) covered = std::max(covered, definition.mesh(m).size());
+    for (int64_t m = 0; m < definition.numMeshes(); ++m)
+      for (int64_t d : definition.mesh(m).devices()) covered = std::max(covered, d + 1);
     for (const ShardedTensor& in : inputs)
       for (int64_t d : in.mesh.devices()) covered = std::max(covered, d + 1);
     MF_USER_CHECK(world == covered, ErrorKind::Mesh,
-                  "world size {} != mesh size {}: the meshes of {} name ranks 0..{}; launch with mpirun -np {}", world,
-                  covered, definition.numMeshes() == 1 ? "the fusion" : "its tensors", covered - 1, covered);
+                  "world size {} but the meshes of {} name ranks up to {}: launch with mpirun -np {}", world,
+                  definition.numMeshes() == 1 ? "the fusion" : "its tensors", covered - 1, covered);
     ExecutorOptions options{.pipeline = o.pipeline, .trace = !o.trace_file.empty()};
     std::unique_ptr<Backend> backend = makeBackend(o.device);
     // Device buffers travel by NCCL, or through pinned host memory when ranks share a GPU.
