@@ -2,7 +2,7 @@
 // gelu -> linear + bias, plus the residual), built with ops::, printed, and run on one device.
 //   build/mlp_example [tokens [output.npy]]
 // It prints the same text as `meshfuse print examples/mlp_block.mf` and computes the same result
-// as `meshfuse run examples/mlp_block.mf --size t=<tokens>` (input i is random with seed i);
+// as `meshfuse run --reference examples/mlp_block.mf --size t=<tokens>` (input i is random with seed i);
 // ctest's mlp_example checks both.
 #include <cstdio>
 #include <cstdlib>

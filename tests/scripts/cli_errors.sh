@@ -65,6 +65,69 @@ expect_error symbolic-overflow "ShapeError: input %a: shape [4294967296, 4294967
 } >"$dir/deep.mf"
 expect_error deep-mesh "MeshError: $dir/deep.mf:2:16: malformed mesh: nested more than 3 deep" print "$dir/deep.mf"
 
+# --rank outside the fusion's meshes, --size for a size the fusion lacks.
+write tp <<'MF'
+fusion {
+  mesh @tp = [0, 1]
+  %x = input f32[?t, 8] @tp {}
+  %w = input f32[6, 8] @tp {split(0, 2), parallelize(0, DIDx)}
+  %y = linear(%x, %w)
+  output %y
+}
+MF
+for stage in hostir kernels llvm propagated; do
+  expect_error "dump --stage=$stage --rank=99" "ValueError: --rank 99: no mesh of the fusion holds rank 99 (its ranks: 0, 1" \
+    dump --stage=$stage --rank=99 "$dir/tp.mf"
+done
+expect_error "dump --stage=kernels --rank=-1" "ValueError: --rank -1: no mesh of the fusion holds rank -1 (its ranks: 0, 1)" \
+  dump --stage=kernels --rank=-1 "$dir/tp.mf"
+expect_error "collectives --rank=99" "ValueError: --rank 99: no mesh of the fusion holds rank 99 (its ranks: 0, 1)" \
+  collectives --rank=99 "$dir/tp.mf"
+expect_error "dump --rank=1 of a fusion without meshes" "--rank 1: no mesh of the fusion holds rank 1 (its ranks: 0" \
+  dump --rank=1 "$dir/one.mf"
+expect_error "run --size q=4" "ValueError: --size q=4: the fusion has no size ?q (its symbolic sizes: ?t)" \
+  dump --size q=4 "$dir/tp.mf"
+expect_error "run --size t=4 (no symbolic sizes)" "ValueError: --size t=4: the fusion has no size ?t (it has no symbolic sizes)" \
+  run --size t=4 "$dir/one.mf"
+# A symbolic size that a reshape cannot produce: a ShapeError naming the reshape.
+write reshape <<'MF'
+fusion {
+  %a = input f32[?t, 8]
+  %b = reshape(%a, shape=[-1, 3])
+  output %b
+}
+MF
+expect_error symbolic-reshape "ShapeError: %b = reshape(%a, shape=[-1, 3]): size ?t*8/3 is not an integer for ?t = 4" \
+  run --size t=4 "$dir/reshape.mf"
+# Two symbolic sizes an op requires equal, bound differently: the op and both tensors.
+write add <<'MF'
+fusion {
+  %a = input f32[?t]
+  %b = input f32[?u]
+  %c = add(%a, %b)
+  output %c
+}
+MF
+expect_error symbolic-mismatch "ShapeError: %c = add(%a, %b): dim 0 mismatch: %a has ?t = 4 but %b has ?u = 5" \
+  run --size t=4 --size u=5 "$dir/add.mf"
+# --device=cuda runs on the CUDA backend or says why not (never silently elsewhere).
+out=$(timeout 60 "$meshfuse" run --device=cuda "$dir/one.mf" 2>&1)
+code=$?
+if { [ $code -eq 0 ] && grep -q "cuda backend" <<<"$out"; } ||
+  { [ $code -eq 1 ] && grep -q "RuntimeError: no CUDA device: " <<<"$out"; }; then
+  echo "ok   run --device=cuda: $(head -1 <<<"$out")"
+else
+  echo "FAIL run --device=cuda: exit $code: $out"
+  failures=$((failures + 1))
+fi
+write noout <<'MF'
+fusion {
+  %a = input f32[4]
+  %b = neg(%a)
+}
+MF
+expect_error no-outputs "ValueError: $dir/noout.mf:4:1: the fusion has no outputs" run "$dir/noout.mf"
+
 # Files that are not .mf text.
 mkdir -p "$dir/a_directory"
 expect_error directory "RuntimeError: cannot read $dir/a_directory: it is a directory, not a .mf file" \

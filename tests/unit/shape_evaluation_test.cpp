@@ -105,5 +105,31 @@ TEST(ShapeEvaluation, HostTensorsBeyondTheAddressSpaceAreRefused) {
               HasSubstr("has more elements or bytes than an int64 can count"));
 }
 
+TEST(ShapeEvaluation, RunTimeSizeMismatchesNameBothTensorsAndTheOp) {
+  auto f = parseFusion(R"(fusion {
+  %a = input f32[?t]
+  %b = input f32[?t]
+  %c = input f32[?u]
+  %d = add(%a, %c)
+  output %d
+}
+)",
+                       "m.mf");
+  // One symbol bound twice by the inputs: both inputs, both dims.
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               evaluateReference(*f, {Tensor(DataType::Float, {4}), Tensor(DataType::Float, {5}),
+                                                      Tensor(DataType::Float, {4})});
+                             }),
+            "input 1 (%b): dim 0 is ?t = 5 but input 0 (%a) has ?t = 4 (dim 0)");
+  // Two symbols an op requires equal: the op by its output and operands, and both tensors.
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               evaluateReference(*f, {Tensor(DataType::Float, {4}), Tensor(DataType::Float, {4}),
+                                                      Tensor(DataType::Float, {6})});
+                             }),
+            "%d = add(%a, %c): dim 0 mismatch: %a has ?t = 4 but %c has ?u = 6");
+}
+
 }  // namespace
 }  // namespace meshfuse

@@ -72,6 +72,15 @@ SymbolBindings parseSizes(const std::vector<std::string>& args) {
 }
 
 SymbolBindings completeBindings(const Fusion& f, SymbolBindings b, bool warn) {
+  std::set<std::string> known;
+  for (const TensorView* tv : f.inputs())
+    for (const Extent& e : tv->shape())
+      if (!e.isStatic()) known.insert("?" + e.symbol());
+  for (const auto& [name, value] : b)
+    MF_USER_CHECK(known.count("?" + name), ErrorKind::Value, "--size {}={}: the fusion has no size ?{} ({})", name,
+                  value, name,
+                  known.empty() ? std::string("it has no symbolic sizes")
+                                : fmt::format("its symbolic sizes: {}", fmt::join(known, ", ")));
   for (const TensorView* tv : f.inputs())
     for (const Extent& e : tv->shape()) {
       if (e.isStatic() || b.count(e.symbol())) continue;
@@ -126,14 +135,25 @@ std::string formatCollective(const CollectiveInfo& c) {
                      c.tensor, c.mesh_axis, fmt::join(c.team, ", "), c.bytes, c.provenance);
 }
 
-std::string collectiveReport(const CompiledProgram& program, const std::vector<int64_t>& ranks,
-                             const SymbolBindings& sizes) {
+std::set<int64_t> meshRanks(const CompiledProgram& program) {
   std::set<int64_t> all;
   for (int64_t m = 0; m < program.fusion->numMeshes(); ++m)
     for (int64_t d : program.fusion->mesh(m).devices()) all.insert(d);
   if (all.empty()) all.insert(0);
-  for (int64_t r : ranks)
-    MF_USER_CHECK(all.count(r), ErrorKind::Value, "--rank {}: no mesh of the fusion holds rank {}", r, r);
+  return all;
+}
+
+void checkRankOption(const CompiledProgram& program, int64_t rank, bool all_allowed) {
+  std::set<int64_t> all = meshRanks(program);
+  MF_USER_CHECK(all.count(rank) || (all_allowed && rank == -1), ErrorKind::Value,
+                "--rank {}: no mesh of the fusion holds rank {} (its ranks: {}{})", rank, rank, fmt::join(all, ", "),
+                all_allowed ? "; -1: all of them" : "");
+}
+
+std::string collectiveReport(const CompiledProgram& program, const std::vector<int64_t>& ranks,
+                             const SymbolBindings& sizes) {
+  std::set<int64_t> all = meshRanks(program);
+  for (int64_t r : ranks) checkRankOption(program, r, /*all_allowed=*/false);
   std::string out;
   for (int64_t r : all) {
     if (!ranks.empty() && std::find(ranks.begin(), ranks.end(), r) == ranks.end()) continue;

@@ -3,6 +3,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ std::string displayPath(const std::string& path);
 // "t=128" arguments of --size.
 SymbolBindings parseSizes(const std::vector<std::string>& args);
 // Binds every symbolic input size: from `sizes`, else 8 (with a note on stderr when `warn`).
+// A size the fusion does not have is a ValueError naming the sizes it has.
 SymbolBindings completeBindings(const Fusion& f, SymbolBindings sizes, bool warn);
 // Full (global) inputs: seeded random (input i uses seed + i), or read from .npy files.
 std::vector<Tensor> makeInputs(const Fusion& f, const std::vector<std::string>& npy_files, const SymbolBindings& sizes,
@@ -49,6 +51,12 @@ struct ShardedRunOptions {
 // Runs `definition` (inputs carry placements) on this process's rank; rank 0 gathers the
 // outputs and, with `check`, compares them with single-device execution. Returns the exit code.
 int runSharded(const Fusion& definition, const ShardedRunOptions& options);
+
+// The ranks the meshes of `program` name (just 0 for a fusion without meshes).
+std::set<int64_t> meshRanks(const CompiledProgram& program);
+// --rank RANK must be one of meshRanks (or -1 where `all_allowed`: every rank); ValueError naming
+// the ranks there are otherwise.
+void checkRankOption(const CompiledProgram& program, int64_t rank, bool all_allowed);
 
 // "allreduce  axis 0  team [0, 1]  4096 bytes  -> %5  (why)".
 std::string formatCollective(const CollectiveInfo& c);

@@ -137,7 +137,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(stages))
       ->capture_default_str();
   addSizes(dump);
-  dump->add_option("--rank", dump_rank, "the rank whose host program --stage=hostir prints (-1: all ranks together)")
+  dump->add_option("--rank", dump_rank,
+                   "the rank whose host program (--stage=hostir; -1: all ranks together) or kernels (--stage=kernels, "
+                   "llvm) are printed; one of the ranks of the fusion's meshes")
       ->capture_default_str();
 
   int64_t report_rank = -1;
@@ -153,8 +155,8 @@ int main(int argc, char** argv) {
   bool reference = false;
   auto* run = app.add_subcommand(
       "run",
-      "Execute FILE.mf with seeded random inputs: sharded over the MPI ranks when its inputs carry placements\n"
-      "(launch with mpirun -np N), else on one device");
+      "Execute FILE.mf with seeded random inputs on --device: sharded over the MPI ranks when its inputs carry\n"
+      "placements (launch with mpirun -np N), else on one device (the first line says which backend ran)");
   addFile(run);
   addSizes(run);
   run->add_option("--seed", run_opts.seed, "seed of the random inputs (input i uses seed+i)")->capture_default_str();
@@ -169,7 +171,8 @@ int main(int argc, char** argv) {
                             "largest values",
                             mf::kReferenceToleranceEps));
   run->add_flag("--print-hostir", run_opts.print_hostir, "print rank 0's host program before running");
-  run->add_flag("--reference", reference, "ignore placements: run on one device with the reference executor");
+  run->add_flag("--reference", reference,
+                "ignore placements and --device: run on one device with the reference executor (no header line)");
   bool run_timing = false;
   run->add_flag("--timing", run_timing,
                 "then run again through the CPU backend and report (rank 0) each compile pass, kernel compilation, a "
@@ -242,8 +245,9 @@ int main(int argc, char** argv) {
       } else if (*dump) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/false);
         mf::CompiledProgram p = mf::compile(std::move(fusion), pipeline, /*keep_stages=*/true);
+        cli::checkRankOption(p, dump_rank, /*all_allowed=*/stage == "hostir");
         if (stage == "kernels" || stage == "llvm") {
-          std::cout << mf::dumpKernels(p, std::max<int64_t>(dump_rank, 0), sizes, stage == "llvm");
+          std::cout << mf::dumpKernels(p, dump_rank, sizes, stage == "llvm");
         } else if (stage == "hostir") {
           std::cout << (dump_rank < 0 ? p.host.toString() : mf::programForRank(p, dump_rank).toString());
         } else {
@@ -253,10 +257,12 @@ int main(int argc, char** argv) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
         mf::CompiledProgram p = mf::compile(std::move(fusion), pipeline);
         std::cout << cli::collectiveReport(
-            p, report_rank < 0 ? std::vector<int64_t>{} : std::vector<int64_t>{report_rank}, sizes);
+            p, report_rank == -1 ? std::vector<int64_t>{} : std::vector<int64_t>{report_rank}, sizes);
       } else if (*run) {
         int rc = 0;
-        if (reference || fusion->numMeshes() == 0) {
+        // A fusion without meshes runs on one device, on the --device asked for (the pipeline
+        // compiles it for the mesh [0]); --reference alone means the reference executor's loops.
+        if (reference) {
           runReference(*fusion, run_opts, save_dir);
         } else {
           run_opts.pipeline = pipeline;

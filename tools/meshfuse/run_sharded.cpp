@@ -50,14 +50,17 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
   std::vector<Tensor> full;
   SymbolBindings sizes;
   // Compile-time problems are found identically on every rank: rank 0 reports, all exit 1.
+  const bool single_device = definition.numMeshes() == 0;
   try {
     // Ranks 0..max device id of every mesh (input placements and pins alike, e.g. a pipeline
-    // stage reached through a `set`) must exist, and no more.
-    int64_t covered = 0;
+    // stage reached through a `set`) must exist, and no more. A fusion without meshes runs on one.
+    int64_t covered = single_device ? 1 : 0;
     for (int64_t m = 0; m < definition.numMeshes(); ++m)
       for (int64_t d : definition.mesh(m).devices()) covered = std::max(covered, d + 1);
     for (const ShardedTensor& in : inputs)
       for (int64_t d : in.mesh.devices()) covered = std::max(covered, d + 1);
+    MF_USER_CHECK(world == covered || !single_device, ErrorKind::Mesh,
+                  "world size {}, but the fusion has no mesh: it runs on one device (without mpirun)", world);
     MF_USER_CHECK(world == covered, ErrorKind::Mesh,
                   "world size {} but the meshes of {} name ranks up to {}: launch with mpirun -np {}", world,
                   definition.numMeshes() == 1 ? "the fusion" : "its tensors", covered - 1, covered);
@@ -87,8 +90,9 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
                   rank);
     std::vector<ShardedTensor> outs = exec->run(inputs);
     if (rank == 0) {
-      std::cout << fmt::format("== ran on {} ranks ({} communicator); collectives executed by rank 0: {}\n", world,
-                               comm->name(), exec->lastCollectives().size());
+      std::cout << fmt::format(
+          "== ran on {} rank{} ({} communicator, {} backend); collectives executed by rank 0: {}\n", world,
+          world == 1 ? "" : "s", comm->name(), exec->backend().name(), exec->lastCollectives().size());
       for (const CollectiveInfo& c : exec->lastCollectives()) std::cout << "  " << formatCollective(c) << "\n";
     }
     if (!o.trace_file.empty()) {
@@ -115,9 +119,10 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
       Tensor local = outs[i].local.defined() ? exec->backend().download(outs[i].local) : outs[i].local;
       Tensor global = gatherGlobal(*comm, tv, local, sizes);
       if (rank != 0) continue;
-      std::cout << fmt::format("output {} {}: {}{} {}  {}\n", i, compiled.fusion->displayName(tv),
-                               dtypeName(tv->dtype()), global.shapeString(), placementsToString(outs[i].placements),
-                               summary(global));
+      // (A fusion without meshes has no placements to show: its outputs are whole on the device.)
+      std::cout << fmt::format("output {} {}: {}{}{}  {}\n", i, compiled.fusion->displayName(tv),
+                               dtypeName(tv->dtype()), global.shapeString(),
+                               single_device ? "" : " " + placementsToString(outs[i].placements), summary(global));
       if (!o.save_dir.empty()) writeNpy(fmt::format("{}/output{}.npy", o.save_dir, i), global);
       if (!o.check) continue;
       ReferenceComparison c = compareWithReference(global, reference[i]);
