@@ -203,7 +203,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run->add_option("--trace", run_opts.trace_file,
                   "write every rank's timeline (kernels, GEMMs, collectives per stream) as Chrome/Perfetto trace "
-                  "JSON, and report the fraction of communication hidden behind compute");
+                  "JSON, and report the fraction of communication hidden behind compute; the timeline is of a warm "
+                  "run (one warm-up run first, so that kernel compilation is not in it)");
 
   bool split = false;
   for (CLI::App* sub : {print, opt, dump, coll})
