@@ -2,6 +2,8 @@
 #include <fmt/args.h>
 
 #include <algorithm>
+#include <functional>
+#include <map>
 
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
@@ -64,6 +66,45 @@ std::string TensorView::provenance() const {
   fmt::dynamic_format_arg_store<fmt::format_context> args;
   for (const Val* v : provenance_.refs) args.push_back(fusion_->displayName(v));
   return fmt::vformat(provenance_.text, args);
+}
+
+std::vector<IterDomain*> TensorView::allocation() const {
+  // The splits on the way from a logical dim to each DID loop axis, by the IterDomain they split.
+  std::map<const IterDomain*, const IdTransform*> did_split;
+  for (const IterDomain* id : loop_) {
+    if (!id->isDeviceDim()) continue;
+    for (const IterDomain* x = id; x->definition() != nullptr; x = x->definition()->inputs[0]) {
+      if (x->definition()->kind != IdTransform::Split) break;  // DID of a merge: placementsOf rejects it
+      did_split[x->definition()->inputs[0]] = x->definition();
+    }
+  }
+  std::vector<IterDomain*> out;
+  std::function<void(IterDomain*)> expand = [&](IterDomain* id) {
+    auto it = did_split.find(id);
+    if (it == did_split.end()) {
+      out.push_back(id);
+      return;
+    }
+    for (IterDomain* part : it->second->outputs) expand(part);
+  };
+  for (IterDomain* id : logical_) expand(id);
+  return out;
+}
+
+std::vector<Extent> TensorView::allocatedShape() const {
+  std::vector<IterDomain*> alloc = allocation();
+  std::vector<Extent> out;
+  for (IterDomain* dim : dims()) {
+    Extent e(1);
+    for (const IterDomain* id : alloc) {
+      if (id->isDeviceDim()) continue;
+      const IterDomain* root = id;
+      while (root->definition() != nullptr) root = root->definition()->inputs[0];
+      if (root == dim) e = e.multiplied(id->extent());
+    }
+    out.push_back(e);
+  }
+  return out;
 }
 
 const DeviceMesh* TensorView::mesh() const { return mesh_index_ < 0 ? nullptr : &fusion_->mesh(mesh_index_); }
