@@ -160,7 +160,21 @@ InferredOutput pointwise(const Ctx& c) {
       MF_USER_CHECK(dt != DataType::Bool, ErrorKind::Dtype, "{}: not defined for bool tensors", c.op());
       break;
     case OpCategory::Compare: dt = DataType::Bool; break;
-    default: MF_CHECK(false, "not a pointwise op");
+    // Ternary returned above; the rest never reach here. Listed (no `default:`) so that -Wswitch
+    // flags a new category.
+    case OpCategory::Ternary:
+    case OpCategory::Cast:
+    case OpCategory::Set:
+    case OpCategory::Reduction:
+    case OpCategory::Gemm:
+    case OpCategory::BroadcastInDim:
+    case OpCategory::Reshape:
+    case OpCategory::Permute:
+    case OpCategory::Slice:
+    case OpCategory::Cat:
+    case OpCategory::Softmax:
+    case OpCategory::Norm:
+    case OpCategory::Attention: MF_CHECK(false, "{} is not a pointwise op", c.op());
   }
   return {dt, dims};
 }

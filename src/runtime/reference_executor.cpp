@@ -45,6 +45,7 @@ double gelu(double x, bool tanh_approx) {
 }
 
 double unary(OpKind k, double x, const Expr* e) {
+  static_assert(opCountOf(OpCategory::Unary) == 12, "a new unary op in ops.def: compute it here");
   switch (k) {
     case OpKind::Neg: return -x;
     case OpKind::Abs: return std::fabs(x);
@@ -63,6 +64,8 @@ double unary(OpKind k, double x, const Expr* e) {
 }
 
 double binary(OpKind k, double a, double b, DataType dt) {
+  static_assert(opCountOf(OpCategory::Binary) + opCountOf(OpCategory::Compare) == 13,
+                "a new binary or comparison op in ops.def: compute it here");
   switch (k) {
     case OpKind::Add: return a + b;
     case OpKind::Sub: return a - b;

@@ -39,6 +39,18 @@ enum class OpCategory {
   Attention
 };
 
+// The number of op kinds of category `c`, at compile time. A switch that handles the kinds of
+// one category and rejects the others (`default:`) cannot rely on -Wswitch; it states the count
+// it handles instead, so that a new op of that category in ops.def fails to compile there:
+//   static_assert(opCountOf(OpCategory::Unary) == 12, "a new unary op: handle it in unary()");
+constexpr int64_t opCountOf(OpCategory c) {
+  int64_t n = 0;
+#define MESHFUSE_OP(e, name, cat, operands, attrs) n += OpCategory::cat == c ? 1 : 0;
+#include "meshfuse/ir/ops.def"
+#undef MESHFUSE_OP
+  return n;
+}
+
 enum class AttrType { Int, Ints, Float, Bool, Str, Dtype };
 using AttrValue = std::variant<int64_t, std::vector<int64_t>, double, bool, std::string, DataType>;
 using Attributes = std::map<std::string, AttrValue, std::less<>>;
