@@ -48,8 +48,9 @@ struct ShardedRunOptions {
   PipelineOptions pipeline;     // --overlap, --chunks, --streams
   int64_t fail_on_rank = -1;    // --inject-failure-on-rank: this rank throws before running
 };
-// Runs `definition` (inputs carry placements) on this process's rank; rank 0 gathers the
-// outputs and, with `check`, compares them with single-device execution. Returns the exit code.
+// Runs `definition` on this process's rank of the world its meshes need (one rank when it has no
+// mesh) on `options.device`; rank 0 gathers the outputs and, with `check`, compares them with the
+// reference executor (compareWithReference). Returns the exit code.
 int runSharded(const Fusion& definition, const ShardedRunOptions& options);
 
 // The ranks the meshes of `program` name (just 0 for a fusion without meshes).

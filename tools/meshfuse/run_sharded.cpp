@@ -1,6 +1,6 @@
-// `meshfuse run` of a sharded fusion: every rank runs its host program on its shard of the
-// seeded inputs; rank 0 gathers the outputs and, with --check, compares them with
-// single-device execution of the same definition.
+// `meshfuse run` (except --reference): every rank runs its host program on its shard of the
+// seeded inputs (a fusion without meshes: one rank, the whole inputs); rank 0 gathers the outputs
+// and, with --check, compares them with single-device execution of the same definition.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -49,8 +49,8 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
   std::unique_ptr<MultiDeviceExecutor> exec;
   std::vector<Tensor> full;
   SymbolBindings sizes;
-  // Compile-time problems are found identically on every rank: rank 0 reports, all exit 1.
   const bool single_device = definition.numMeshes() == 0;
+  // Compile-time problems are found identically on every rank: rank 0 reports, all exit 1.
   try {
     // Ranks 0..max device id of every mesh (input placements and pins alike, e.g. a pipeline
     // stage reached through a `set`) must exist, and no more. A fusion without meshes runs on one.
