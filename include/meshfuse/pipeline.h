@@ -24,7 +24,8 @@ struct PipelineOptions {
   // microbatches) are checked against them, and default chunk counts chosen to divide them.
   SymbolBindings sizes;
   bool verify = true;                // run the verifier after every pass
-  std::ostream* dump = nullptr;      // when set, print the IR after each pass here
+  std::ostream* dump = nullptr;      // when set, print the IR after each pass here, each headed
+                                     // by "# ----- IR after <pass>" (readable with --split-input-file)
   std::ostream* timing = nullptr;    // when set, print each pass's wall time here
 };
 
@@ -32,17 +33,22 @@ struct FusionPass {
   std::string name;         // the CLI's --pass=NAME
   std::string description;  // one line for --help
   std::function<void(Fusion&, const PipelineOptions&)> run;
+  // What the pass needs of its input IR (e.g. that propagate-shardings ran): runPasses checks it
+  // first and throws a ValueError saying which pass must come before. Empty: nothing.
+  std::function<void(const Fusion&, const FusionPass&)> precondition = nullptr;
 };
 
 // Every fusion-to-fusion pass, in pipeline order.
 const std::vector<FusionPass>& fusionPasses();
 // Throws ValueError listing the known passes when `name` is unknown.
 const FusionPass& findPass(std::string_view name);
-// Runs the named passes in the given order, verifying (and dumping) between them.
+// Runs the named passes in the given order, verifying (and dumping) between them. A pass whose
+// precondition does not hold (run out of order) is a ValueError naming the pass it needs first.
 void runPasses(Fusion& fusion, const std::vector<std::string>& names, const PipelineOptions& options = {});
 
 // The whole pipeline: a single-device definition whose inputs carry placements becomes a
-// decomposed fusion plus the collective host program.
+// decomposed fusion plus the collective host program. A fusion without any mesh is compiled for
+// one device: its inputs are placed (replicated) on the mesh [0].
 struct CompiledProgram {
   std::shared_ptr<Fusion> fusion;  // after propagation and decomposition
   HostProgram host;                // all ranks together (not specialized)

@@ -27,4 +27,23 @@ std::vector<Tensor> evaluateReference(const Fusion& fusion, const std::vector<Te
 // backend until generated kernels land.
 Tensor evaluateExpr(const Expr* e, const std::vector<const Tensor*>& operands, const std::vector<int64_t>& out_shape);
 
+// How a result of another execution (sharded, compiled, other backend) compares with the
+// reference's. Element i passes when
+//   |actual_i - ref_i| <= kReferenceToleranceEps * eps * (max_j |ref_j| + |ref_i|)
+// with eps the machine epsilon of the dtype (dtypeEpsilon; 0 for i64/bool: exact). The other
+// execution sums in another order (over ranks, in chunks) and, in bf16/f16, rounds partial sums
+// where the reference does not; that error scales with the magnitude of the values summed, which
+// the output's largest value stands for, not with each element (a small element of a large
+// output carries the large rounding error). A wrong program (a dropped allreduce, a missing
+// chunk) is off by much more than a few eps of the output's range.
+inline constexpr double kReferenceToleranceEps = 16;
+struct ReferenceComparison {
+  double max_abs_err = 0;
+  double max_rel_err = 0;  // |actual - ref| / |ref|, elementwise (large near zeros: information only)
+  double max_ref = 0;      // max |ref|
+  double allowed_abs = 0;  // the tolerance's absolute part: kReferenceToleranceEps * eps * max_ref
+  bool pass = false;       // same shape and every element within the tolerance
+};
+ReferenceComparison compareWithReference(const Tensor& actual, const Tensor& reference);
+
 }  // namespace meshfuse

@@ -11,8 +11,7 @@ namespace meshfuse {
 std::string_view parallelTypeName(ParallelType pt) {
   switch (pt) {
 #define MESHFUSE_X(e, s) \
-  case ParallelType::e:  \
-    return s;
+  case ParallelType::e: return s;
     MESHFUSE_PARALLEL_TYPES(MESHFUSE_X)
 #undef MESHFUSE_X
   }
@@ -31,7 +30,7 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> devices, std::vector<int64_t> shape)
     : devices_(std::move(devices)), shape_(std::move(shape)) {
   MF_USER_CHECK(!devices_.empty(), ErrorKind::Mesh, "malformed mesh: a mesh needs at least one device");
   if (shape_.empty()) shape_ = {static_cast<int64_t>(devices_.size())};
-  MF_USER_CHECK(shape_.size() <= 3, ErrorKind::Mesh,
+  MF_USER_CHECK(static_cast<int64_t>(shape_.size()) <= kMaxRank, ErrorKind::Mesh,
                 "malformed mesh: rank {} mesh, but at most 3 mesh axes (DIDz, DIDy, DIDx) are supported",
                 shape_.size());
   int64_t n = 1;
@@ -40,19 +39,18 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> devices, std::vector<int64_t> shape)
     n *= s;
   }
   MF_USER_CHECK(n == static_cast<int64_t>(devices_.size()), ErrorKind::Mesh,
-                "malformed mesh: shape [{}] holds {} devices but {} device ids were given",
-                fmt::join(shape_, ", "), n, devices_.size());
+                "malformed mesh: shape [{}] holds {} devices but {} device ids were given", fmt::join(shape_, ", "), n,
+                devices_.size());
   std::set<int64_t> seen;
   for (int64_t d : devices_) {
     MF_USER_CHECK(d >= 0, ErrorKind::Mesh, "malformed mesh: device id {} is negative", d);
-    MF_USER_CHECK(seen.insert(d).second, ErrorKind::Mesh,
-                  "malformed mesh: device id {} appears twice", d);
+    MF_USER_CHECK(seen.insert(d).second, ErrorKind::Mesh, "malformed mesh: device id {} appears twice", d);
   }
 }
 
 int64_t DeviceMesh::size(int64_t axis) const {
-  MF_USER_CHECK(axis >= 0 && axis < rank(), ErrorKind::Mesh,
-                "mesh axis {} is out of range for a rank-{} mesh {}", axis, rank(), toString());
+  MF_USER_CHECK(axis >= 0 && axis < rank(), ErrorKind::Mesh, "mesh axis {} is out of range for a rank-{} mesh {}", axis,
+                rank(), toString());
   return shape_[axis];
 }
 
@@ -62,8 +60,7 @@ bool DeviceMesh::contains(int64_t device) const {
 
 std::vector<int64_t> DeviceMesh::coordinates(int64_t device) const {
   auto it = std::find(devices_.begin(), devices_.end(), device);
-  MF_USER_CHECK(it != devices_.end(), ErrorKind::Mesh, "device {} is not in mesh {}", device,
-                toString());
+  MF_USER_CHECK(it != devices_.end(), ErrorKind::Mesh, "device {} is not in mesh {}", device, toString());
   int64_t linear = it - devices_.begin();
   std::vector<int64_t> coords(shape_.size());
   for (int64_t a = rank() - 1; a >= 0; --a) {
@@ -85,22 +82,22 @@ std::vector<int64_t> DeviceMesh::team(int64_t device, int64_t axis) const {
   return out;
 }
 
-int64_t DeviceMesh::indexAlong(int64_t device, int64_t axis) const {
-  return coordinates(device).at(axis);
-}
+int64_t DeviceMesh::indexAlong(int64_t device, int64_t axis) const { return coordinates(device).at(axis); }
 
 ParallelType DeviceMesh::parallelTypeOfAxis(int64_t axis) const {
-  MF_USER_CHECK(axis >= 0 && axis < rank(), ErrorKind::Placement,
-                "mesh axis {} is out of range for a rank-{} mesh", axis, rank());
+  MF_USER_CHECK(axis >= 0 && axis < rank(), ErrorKind::Placement, "mesh axis {} is out of range for a rank-{} mesh",
+                axis, rank());
   return kDeviceParallelTypes[rank() - 1 - axis];  // last axis is DIDx
 }
 
 int64_t DeviceMesh::axisOfParallelType(ParallelType pt) const {
   for (int64_t a = 0; a < rank(); ++a)
     if (parallelTypeOfAxis(a) == pt) return a;
-  userError(ErrorKind::Placement, "{} is beyond the axes of rank-{} mesh {} (which has {})",
-            parallelTypeName(pt), rank(), toString(),
-            rank() == 1 ? "DIDx" : rank() == 2 ? "DIDy, DIDx" : "DIDz, DIDy, DIDx");
+  userError(ErrorKind::Placement, "{} is beyond the axes of rank-{} mesh {} (which has {})", parallelTypeName(pt),
+            rank(), toString(),
+            rank() == 1   ? "DIDx"
+            : rank() == 2 ? "DIDy, DIDx"
+                          : "DIDz, DIDy, DIDx");
 }
 
 bool DeviceMesh::hasAxisFor(ParallelType pt) const {

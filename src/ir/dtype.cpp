@@ -43,6 +43,17 @@ bool isFloatingPoint(DataType dt) {
   return dt == DataType::Float || dt == DataType::BFloat16 || dt == DataType::Half;
 }
 
+double dtypeEpsilon(DataType dt) {
+  switch (dt) {
+    case DataType::Float: return 0x1p-23;
+    case DataType::BFloat16: return 0x1p-7;
+    case DataType::Half: return 0x1p-10;
+    case DataType::Int64:
+    case DataType::Bool: return 0;
+  }
+  MF_CHECK(false, "unknown dtype");
+}
+
 DataType promote(DataType a, DataType b) {
   if (a == b) return a;
   bool fa = isFloatingPoint(a), fb = isFloatingPoint(b);

@@ -1,6 +1,7 @@
 // Constant and symbolic extents.
 #include "meshfuse/ir/extent.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "meshfuse/error.h"
@@ -39,19 +40,36 @@ Extent Extent::multiplied(int64_t n) const {
 Extent Extent::multiplied(const Extent& o) const {
   if (o.isStatic()) return multiplied(o.value());
   if (isStatic()) return o.multiplied(value_);
-  userError(ErrorKind::Unsupported, "the product of two symbolic sizes {} and {} is not supported",
-            toString(), o.toString());
+  userError(ErrorKind::Unsupported, "the product of two symbolic sizes {} and {} is not supported", toString(),
+            o.toString());
 }
 
 int64_t Extent::evaluate(const SymbolBindings& bindings) const {
   if (isStatic()) return value_;
   auto it = bindings.find(symbol_);
   MF_USER_CHECK(it != bindings.end(), ErrorKind::Shape, "symbolic size ?{} is not bound", symbol_);
-  int64_t v = it->second * num_;
-  MF_USER_CHECK(v % den_ == 0, ErrorKind::Unsupported,
-                "uneven sharding not supported: ?{} = {} is not divisible into {} ({})", symbol_,
-                it->second, toString(), den_);
+  int64_t v = 0;
+  MF_USER_CHECK(!__builtin_mul_overflow(it->second, num_, &v), ErrorKind::Shape, "size {} overflows for ?{} = {}",
+                toString(), symbol_, it->second);
+  MF_USER_CHECK(v % den_ == 0, ErrorKind::Shape, "size {} is not an integer for ?{} = {} ({} is not divisible by {})",
+                toString(), symbol_, it->second, v, den_);
   return v / den_;
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::optional<int64_t> checkedNumel(const std::vector<int64_t>& shape, int64_t bytes_per_element) {
+  // A zero size makes the product 0 whatever the other sizes are, even ones whose product overflows.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  int64_t n = 1, bytes = 0;
+  for (int64_t s : shape)
+    if (__builtin_mul_overflow(n, s, &n)) return std::nullopt;
+  if (__builtin_mul_overflow(n, bytes_per_element, &bytes)) return std::nullopt;
+  return n;
 }
 
 std::string Extent::toString() const {

@@ -31,6 +31,21 @@ static void checkNewName(const Fusion& f, const std::string& name) {
   MF_USER_CHECK(f.findTensor(name) == nullptr, ErrorKind::Name, "duplicate name %{}", name);
 }
 
+// Constant sizes whose product alone does not fit in an int64 (as elements or bytes) can never
+// be allocated, whatever the symbolic sizes become: rejected where the tensor is defined.
+static void checkStaticSize(const std::vector<IterDomain*>& logical, DataType dt, const std::string& what) {
+  std::vector<int64_t> sizes;
+  std::vector<std::string> text;
+  for (const IterDomain* id : logical) {
+    if (id->isReduction()) continue;
+    text.push_back(id->extent().toString());
+    if (id->extent().isStatic()) sizes.push_back(id->extent().value());
+  }
+  MF_USER_CHECK(checkedNumel(sizes, dtypeSize(dt)).has_value(), ErrorKind::Shape,
+                "{}: shape [{}] of {} has more elements or bytes than an int64 can count", what, fmt::join(text, ", "),
+                dtypeName(dt));
+}
+
 TensorView* Fusion::defineTensor(const std::vector<Extent>& shape, DataType dtype, std::string name) {
   checkNewName(*this, name);
   std::vector<IterDomain*> logical;
@@ -42,12 +57,12 @@ TensorView* Fusion::defineTensor(const std::vector<Extent>& shape, DataType dtyp
     if (e.isStatic() && e.value() == -1)  // -1: a size bound at run time, named by position
       e = Extent::symbolic(fmt::format("s{}", symbols));
     if (!e.isStatic()) ++symbols;
-    MF_USER_CHECK(!e.isStatic() || e.value() >= 0, ErrorKind::Shape,
-                  "input {}: dim {} has negative size {}", name.empty() ? "tensor" : "%" + name, i,
-                  e.value());
+    MF_USER_CHECK(!e.isStatic() || e.value() >= 0, ErrorKind::Shape, "input {}: dim {} has negative size {}",
+                  name.empty() ? "tensor" : "%" + name, i, e.value());
     IterType t = e.isStatic() && e.value() == 1 ? IterType::Broadcast : IterType::Iteration;
     logical.push_back(newIterDomain(e, t));
   }
+  checkStaticSize(logical, dtype, name.empty() ? std::string("input tensor") : "input %" + name);
   auto* tv = new TensorView(this, dtype, logical, std::move(name));
   vals_.emplace_back(tv);
   inputs_.push_back(tv);
@@ -67,21 +82,20 @@ TensorView* Fusion::apply(OpKind kind, std::vector<Val*> inputs, Attributes attr
   if (!variadic) {
     size_t required = 0;
     for (const OperandSpec& o : info.operands) required += o.optional ? 0 : 1;
-    MF_USER_CHECK(inputs.size() >= required && inputs.size() <= info.operands.size(),
-                  ErrorKind::Value, "{}: expected {} operands but got {}", info.name,
+    MF_USER_CHECK(inputs.size() >= required && inputs.size() <= info.operands.size(), ErrorKind::Value,
+                  "{}: expected {} operands but got {}", info.name,
                   required == info.operands.size() ? fmt::format("{}", required)
                                                    : fmt::format("{} to {}", required, info.operands.size()),
                   inputs.size());
     inputs.resize(info.operands.size(), nullptr);
   } else {
     MF_USER_CHECK(inputs.size() >= info.operands.size(), ErrorKind::Value,
-                  "{}: expected at least {} operands but got {}", info.name, info.operands.size(),
-                  inputs.size());
+                  "{}: expected at least {} operands but got {}", info.name, info.operands.size(), inputs.size());
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const OperandSpec& spec = info.operands[std::min(i, info.operands.size() - 1)];
-    MF_USER_CHECK(inputs[i] != nullptr || spec.optional, ErrorKind::Value,
-                  "{}: operand '{}' is required", info.name, spec.name);
+    MF_USER_CHECK(inputs[i] != nullptr || spec.optional, ErrorKind::Value, "{}: operand '{}' is required", info.name,
+                  spec.name);
     MF_USER_CHECK(inputs[i] == nullptr || inputs[i]->fusion() == this, ErrorKind::Value,
                   "{}: operand '{}' belongs to a different fusion", info.name, spec.name);
   }
@@ -98,28 +112,33 @@ TensorView* Fusion::apply(OpKind kind, std::vector<Val*> inputs, Attributes attr
     if (spec->type == AttrType::Float && std::holds_alternative<int64_t>(v))
       attrs[n] = static_cast<double>(std::get<int64_t>(v));
     MF_USER_CHECK(attrHasType(attrs[n], spec->type), ErrorKind::Value,
-                  "{}: attribute '{}' must be of type {} but got {}", info.name, n,
-                  attrTypeName(spec->type), formatAttr(v));
+                  "{}: attribute '{}' must be of type {} but got {}", info.name, n, attrTypeName(spec->type),
+                  formatAttr(v));
   }
   for (const AttrSpec& spec : info.attrs) {
     if (attrs.count(spec.name)) continue;
-    MF_USER_CHECK(spec.default_value.has_value(), ErrorKind::Value,
-                  "{}: missing required attribute '{}' ({})", info.name, spec.name,
-                  attrTypeName(spec.type));
+    MF_USER_CHECK(spec.default_value.has_value(), ErrorKind::Value, "{}: missing required attribute '{}' ({})",
+                  info.name, spec.name, attrTypeName(spec.type));
     attrs[spec.name] = *spec.default_value;
   }
 
   InferredOutput out = inferOutput(*this, kind, inputs, attrs);
+  std::vector<IterDomain*> logical;
+  for (const InferredDim& d : out.logical) logical.push_back(newIterDomain(d.extent, d.type));
+  checkStaticSize(logical, out.dtype, fmt::format("{}: the output", info.name));
   checkNewName(*this, out_name);
-  auto* tv = new TensorView(this, out.dtype, out.logical, std::move(out_name));
+  auto* tv = new TensorView(this, out.dtype, logical, std::move(out_name));
   vals_.emplace_back(tv);
+  for (ExtentConstraint& c : out.constraints) {
+    c.out = tv;
+    extent_constraints_.push_back(std::move(c));
+  }
   auto* e = new Expr(kind, std::move(inputs), std::move(attrs));
   expr_storage_.emplace_back(e);
   e->outputs_.push_back(tv);
   tv->definition_ = e;
   for (Val* v : e->inputs_)
-    if (v != nullptr && std::find(v->uses_.begin(), v->uses_.end(), e) == v->uses_.end())
-      v->uses_.push_back(e);
+    if (v != nullptr && std::find(v->uses_.begin(), v->uses_.end(), e) == v->uses_.end()) v->uses_.push_back(e);
   if (insertion_point_ != nullptr) {
     auto at = std::find(exprs_.begin(), exprs_.end(), insertion_point_);
     MF_CHECK(at != exprs_.end(), "insertion point is not in the program");
@@ -200,13 +219,9 @@ std::vector<TensorView*> Fusion::tensorViews() const {
   return out;
 }
 
-bool Fusion::isInput(const Val* v) const {
-  return std::find(inputs_.begin(), inputs_.end(), v) != inputs_.end();
-}
+bool Fusion::isInput(const Val* v) const { return std::find(inputs_.begin(), inputs_.end(), v) != inputs_.end(); }
 
-bool Fusion::isOutput(const Val* v) const {
-  return std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end();
-}
+bool Fusion::isOutput(const Val* v) const { return std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end(); }
 
 int64_t Fusion::addMesh(const DeviceMesh& mesh, std::string name) {
   for (size_t i = 0; i < meshes_.size(); ++i) {
@@ -217,8 +232,8 @@ int64_t Fusion::addMesh(const DeviceMesh& mesh, std::string name) {
   }
   checkNameChars(name, "@");
   for (const MeshEntry& m : meshes_)
-    MF_USER_CHECK(name.empty() || m.name != name, ErrorKind::Name,
-                  "duplicate mesh name @{} (already {})", name, m.mesh->toString());
+    MF_USER_CHECK(name.empty() || m.name != name, ErrorKind::Name, "duplicate mesh name @{} (already {})", name,
+                  m.mesh->toString());
   meshes_.push_back({std::make_unique<DeviceMesh>(mesh), std::move(name)});
   return static_cast<int64_t>(meshes_.size()) - 1;
 }
@@ -264,7 +279,8 @@ std::string Fusion::displayName(const Val* v) const {
 void Fusion::checkExtentConstraints(const SymbolBindings& bindings) const {
   for (const ExtentConstraint& c : extent_constraints_) {
     int64_t a = c.a.evaluate(bindings), b = c.b.evaluate(bindings);
-    MF_USER_CHECK(a == b, ErrorKind::Shape, "{}: {} mismatch: {} has {} = {} but {} has {} = {}", c.op, c.what,
+    MF_USER_CHECK(a == b, ErrorKind::Shape, "{}: {} mismatch: {} has {} = {} but {} has {} = {}",
+                  c.out != nullptr && c.out->definition() != nullptr ? c.out->describe() : c.op, c.what,
                   displayName(c.ta), c.a.toString(), a, displayName(c.tb), c.b.toString(), b);
   }
 }

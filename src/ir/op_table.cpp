@@ -1,4 +1,5 @@
 // The op schema table, built once from ops.def.
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -46,13 +47,18 @@ AttrValue parseDefault(AttrType t, const std::string& v) {
   }
 }
 
-OpInfo makeInfo(OpKind kind, std::string_view name, OpCategory cat, const char* operands,
-                const char* attrs) {
+OpInfo makeInfo(OpKind kind, std::string_view name, OpCategory cat, const char* operands, const char* attrs) {
   OpInfo info{kind, name, cat, {}, {}};
   for (std::string o : splitList(operands)) {
     OperandSpec spec;
-    if (o.ends_with("...")) { spec.variadic = true; o.resize(o.size() - 3); }
-    if (o.ends_with("?")) { spec.optional = true; o.pop_back(); }
+    if (o.ends_with("...")) {
+      spec.variadic = true;
+      o.resize(o.size() - 3);
+    }
+    if (o.ends_with("?")) {
+      spec.optional = true;
+      o.pop_back();
+    }
     spec.name = o;
     info.operands.push_back(spec);
   }
@@ -68,8 +74,7 @@ OpInfo makeInfo(OpKind kind, std::string_view name, OpCategory cat, const char* 
 
 const std::vector<OpInfo>& table() {
   static const std::vector<OpInfo> t = {
-#define MESHFUSE_OP(e, name, cat, operands, attrs) \
-  makeInfo(OpKind::e, name, OpCategory::cat, operands, attrs),
+#define MESHFUSE_OP(e, name, cat, operands, attrs) makeInfo(OpKind::e, name, OpCategory::cat, operands, attrs),
 #include "meshfuse/ir/ops.def"
 #undef MESHFUSE_OP
   };
@@ -132,7 +137,8 @@ bool attrHasType(const AttrValue& v, AttrType t) {
 }
 
 std::string formatFloat(double v) {
-  // Shortest text that parses back to the same double.
+  // Shortest text that parses back to the same double (subnormals too); NaN has no sign here.
+  if (std::isnan(v)) return "nan";
   std::string s = fmt::format("{}", v);
   if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos &&
       s.find("nan") == std::string::npos)
@@ -141,14 +147,22 @@ std::string formatFloat(double v) {
 }
 
 std::string quoteString(const std::string& s) {
+  // Bytes >= 0x80 (UTF-8 text) stay as they are; the lexer reads back exactly these escapes.
   std::string out = "\"";
   for (char c : s) {
+    auto u = static_cast<unsigned char>(c);
     if (c == '\n') {
       out += "\\n";
-      continue;
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\x{:02X}", u);
+    } else {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
     }
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
   }
   return out + "\"";
 }

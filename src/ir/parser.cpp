@@ -2,12 +2,16 @@
 #include "meshfuse/ir/parser.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 
 #include "ir/lexer.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/printer.h"
+#include "meshfuse/ir/verifier.h"
 
 namespace meshfuse {
 namespace {
@@ -37,11 +41,12 @@ class Parser {
     expectIdent("fusion");
     expectPunct("{");
     while (!isPunct("}")) {
-      MF_USER_CHECK(peek().kind != Token::End, ErrorKind::Parse, "{}: expected '}}' to close the fusion but found end of input",
-                    where(peek()));
+      MF_USER_CHECK(peek().kind != Token::End, ErrorKind::Parse,
+                    "{}: expected '}}' to close the fusion but found end of input", where(peek()));
       statement();
     }
-    expectPunct("}");
+    const Token& close = expectPunct("}");
+    requireOutputs(*fusion_, where(close) + ": ");
     if (peek().kind != Token::End) fail(peek(), "end of input after the fusion");
     return std::move(fusion_);
   }
@@ -83,13 +88,17 @@ class Parser {
     if (t.text == "inf") return std::numeric_limits<double>::infinity();
     if (t.text == "-inf") return -std::numeric_limits<double>::infinity();
     if (t.text == "nan") return std::numeric_limits<double>::quiet_NaN();
-    try {
-      size_t used = 0;
-      double v = std::stod(t.text, &used);
-      if (used == t.text.size()) return v;
-    } catch (const std::exception&) {
-    }
-    userError(ErrorKind::Parse, "{}: {} is not a valid floating-point number", where(t), t.describe());
+    // strtod, not stod: stod rejects subnormals (ERANGE), which the printer writes (5e-324).
+    errno = 0;
+    char* end = nullptr;
+    double v = std::strtod(t.text.c_str(), &end);
+    bool whole = end == t.text.c_str() + t.text.size();
+    bool overflow = errno == ERANGE && std::isinf(v);
+    bool underflow_to_zero = errno == ERANGE && v == 0;  // a nonzero literal below the subnormals
+    MF_USER_CHECK(whole && !overflow && !underflow_to_zero, ErrorKind::Parse,
+                  "{}: {} is not a valid floating-point number{}", where(t), t.describe(),
+                  whole ? " (out of the range of a double)" : "");
+    return v;
   }
 
   // Re-throws a user error from the IR with this token's location.
@@ -110,8 +119,8 @@ class Parser {
       do {
         const Token& t = expectKind(Token::Value, "a value name like %3");
         Val* v = lookup(t);
-        MF_USER_CHECK(v->valKind() == ValKind::TensorView, ErrorKind::Value, "{}: output %{} is not a tensor",
-                      where(t), t.text);
+        MF_USER_CHECK(v->valKind() == ValKind::TensorView, ErrorKind::Value, "{}: output %{} is not a tensor", where(t),
+                      t.text);
         at(t, [&] { fusion_->addOutput(static_cast<TensorView*>(v)); });
       } while (isPunct(",") && (next(), true));
       return;
@@ -147,6 +156,7 @@ class Parser {
     const OpInfo& info = opInfo(*kind);
     std::vector<Val*> operands;
     Attributes attrs;
+    bool named = false;  // a `name=` argument was seen: positional operands must come first
     expectPunct("(");
     while (!isPunct(")")) {
       if (!operands.empty() || !attrs.empty()) {
@@ -158,16 +168,23 @@ class Parser {
         next();
         int64_t operand = info.findOperand(key.text);
         if (operand >= 0) {
+          MF_USER_CHECK(static_cast<size_t>(operand) >= operands.size() || operands[operand] == nullptr,
+                        ErrorKind::Parse, "{}: {}: operand '{}' is given twice", where(key), info.name, key.text);
           const Token& vt = expectKind(Token::Value, "a value name");
           operands.resize(std::max<size_t>(operands.size(), operand + 1), nullptr);
           operands[operand] = lookup(vt);
         } else {
           const AttrSpec* spec = info.findAttr(key.text);
-          MF_USER_CHECK(spec != nullptr, ErrorKind::Value, "{}: {} has no operand or attribute named '{}'",
-                        where(key), info.name, key.text);
+          MF_USER_CHECK(spec != nullptr, ErrorKind::Value, "{}: {} has no operand or attribute named '{}'", where(key),
+                        info.name, key.text);
+          MF_USER_CHECK(!attrs.count(key.text), ErrorKind::Parse, "{}: {}: attribute '{}' is given twice", where(key),
+                        info.name, key.text);
           attrs[key.text] = attrValue(*spec);
         }
+        named = true;
       } else {
+        MF_USER_CHECK(!named, ErrorKind::Parse, "{}: {}: a positional operand after named arguments", where(peek()),
+                      info.name);
         operands.push_back(operandValue());
       }
     }
@@ -204,9 +221,15 @@ class Parser {
       if (count > 0) expectPunct(",");
       bool nested = isPunct("[");
       int64_t here = nested ? -2 : static_cast<int64_t>(depth);  // -2: not a leaf list
-      MF_USER_CHECK(nested ? leaf_depth < 0 || leaf_depth > static_cast<int64_t>(depth) : leaf_depth < 0 || leaf_depth == here,
-                    ErrorKind::Mesh, "{}: malformed mesh: mixes device ids and nested lists", where(peek()));
+      MF_USER_CHECK(
+          nested ? leaf_depth < 0 || leaf_depth > static_cast<int64_t>(depth) : leaf_depth < 0 || leaf_depth == here,
+          ErrorKind::Mesh, "{}: malformed mesh: mixes device ids and nested lists", where(peek()));
       if (nested) {
+        // Checked before recursing: a mesh nested thousands deep must not overflow the stack.
+        MF_USER_CHECK(static_cast<int64_t>(depth) + 1 < DeviceMesh::kMaxRank, ErrorKind::Mesh,
+                      "{}: malformed mesh: nested more than {} deep, but at most {} mesh axes (DIDz, DIDy, DIDx) are "
+                      "supported",
+                      where(peek()), DeviceMesh::kMaxRank, DeviceMesh::kMaxRank);
         nestedList(devices, shape, depth + 1, leaf_depth);
       } else {
         leaf_depth = here;
@@ -247,16 +270,14 @@ class Parser {
   AttrValue attrValue(const AttrSpec& spec) {
     const Token& t = peek();
     switch (spec.type) {
-      case AttrType::Int:
-        return static_cast<int64_t>(expectInt("an integer"));
+      case AttrType::Int: return static_cast<int64_t>(expectInt("an integer"));
       case AttrType::Float:
         if (t.kind == Token::Int || t.kind == Token::Float) return floatOf(next());
         fail(t, "a number");
       case AttrType::Bool:
         if (isIdent("true") || isIdent("false")) return next().text == "true";
         fail(t, "true or false");
-      case AttrType::Str:
-        return expectKind(Token::String, "a string").text;
+      case AttrType::Str: return expectKind(Token::String, "a string").text;
       case AttrType::Dtype: {
         const Token& d = expectKind(Token::Ident, "a dtype (f32, bf16, f16, i64, bool)");
         std::optional<DataType> dt = parseDtype(d.text);
@@ -335,8 +356,14 @@ class Parser {
     next();
     std::string sym = expectKind(Token::Ident, "a size name after '?'").text;
     int64_t num = 1, den = 1;
-    if (isPunct("*")) { next(); num = expectInt("an integer factor"); }
-    if (isPunct("/")) { next(); den = expectInt("an integer divisor"); }
+    if (isPunct("*")) {
+      next();
+      num = expectInt("an integer factor");
+    }
+    if (isPunct("/")) {
+      next();
+      den = expectInt("an integer divisor");
+    }
     MF_USER_CHECK(num > 0 && den > 0, ErrorKind::Parse, "{}: size factors must be positive", where(t));
     d.extent = Extent::symbolic(sym, num, den);
     return d;
@@ -363,8 +390,8 @@ class Parser {
       expectPunct(",");
       const Token& pt = expectKind(Token::Ident, "a parallel type (DIDx, DIDy, DIDz, Stream, Serial)");
       std::optional<ParallelType> p = parseParallelType(pt.text);
-      MF_USER_CHECK(p.has_value(), ErrorKind::Parse, "{}: unknown parallel type '{}' (expected DIDx, DIDy, DIDz, Stream or Serial)",
-                    where(pt), pt.text);
+      MF_USER_CHECK(p.has_value(), ErrorKind::Parse,
+                    "{}: unknown parallel type '{}' (expected DIDx, DIDy, DIDz, Stream or Serial)", where(pt), pt.text);
       s.ptype = *p;
     } else {
       fail(t, "split, merge or parallelize");

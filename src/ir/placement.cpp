@@ -44,8 +44,8 @@ void applyPlacements(TensorView* tv, const DeviceMesh& mesh, const std::vector<P
       continue;
     }
     MF_USER_CHECK(p.dim >= -rank && p.dim < rank, ErrorKind::Placement,
-                  "{}: placement {} on mesh axis {} names a dim that {} of rank {} does not have", name,
-                  p.toString(), axis, name, rank);
+                  "{}: placement {} on mesh axis {} names a dim that {} of rank {} does not have", name, p.toString(),
+                  axis, name, rank);
     int64_t d = p.dim < 0 ? p.dim + rank : p.dim;
     IterDomain* logical_id = tv->dims()[d];
     // Find the innermost loop axis derived from this dim (its unsplit remainder).
@@ -59,7 +59,8 @@ void applyPlacements(TensorView* tv, const DeviceMesh& mesh, const std::vector<P
     MF_CHECK(loop_axis >= 0, "no loop axis for dim {}", d);
     const Extent& e = tv->loop()[loop_axis]->extent();
     MF_USER_CHECK(e.divisible(n), ErrorKind::Unsupported,
-                  "uneven sharding not supported: {} dim {} has size {} which mesh axis {} does not divide into {} equal shards ({})",
+                  "uneven sharding not supported: {} dim {} has size {} which mesh axis {} does not divide into {} "
+                  "equal shards ({})",
                   name, d, e.toString(), axis, n, p.toString());
     tv->split(loop_axis, n);
     tv->parallelize(loop_axis, pt);
@@ -135,9 +136,9 @@ std::vector<int64_t> shardFactors(const TensorView* tv) {
 std::vector<int64_t> localShape(const TensorView* tv, const SymbolBindings& bindings) {
   std::vector<int64_t> factors = shardFactors(tv);
   std::vector<int64_t> out;
-  std::vector<Extent> shape = tv->shape();
+  std::vector<int64_t> shape = tv->evaluateShape(bindings);
   for (size_t d = 0; d < shape.size(); ++d) {
-    int64_t global = shape[d].evaluate(bindings);
+    int64_t global = shape[d];
     MF_USER_CHECK(global % factors[d] == 0, ErrorKind::Unsupported,
                   "uneven sharding not supported: {} dim {} has size {} which does not divide into {} shards",
                   tv->fusion()->displayName(tv), d, global, factors[d]);

@@ -10,10 +10,11 @@ namespace meshfuse {
 namespace {
 
 struct Ctx {
-  Fusion& f;
+  const Fusion& f;
   OpKind kind;
   const std::vector<Val*>& in;
   const Attributes& attrs;
+  std::vector<Fusion::ExtentConstraint>* constraints;  // run-time equalities found
 
   std::string_view op() const { return opInfo(kind).name; }
   // The schema name of operand i (a variadic tail's entries share its name).
@@ -30,24 +31,27 @@ struct Ctx {
     return static_cast<TensorView*>(v);
   }
   template <typename T>
-  const T& attr(const char* n) const { return std::get<T>(attrs.at(n)); }
-  IterDomain* id(const Extent& e, IterType t = IterType::Iteration) const {
-    if (t == IterType::Iteration && e.isStatic() && e.value() == 1) t = IterType::Broadcast;
-    return f.newIterDomain(e, t);
+  const T& attr(const char* n) const {
+    return std::get<T>(attrs.at(n));
   }
-  std::vector<IterDomain*> copyDims(const TensorView* t) const {
-    std::vector<IterDomain*> out;
-    for (IterDomain* d : t->dims()) out.push_back(f.newIterDomain(d->extent(), d->iterType()));
+  // An output dim; a size-1 iteration dim is a broadcast dim.
+  InferredDim id(const Extent& e, IterType t = IterType::Iteration) const {
+    if (t == IterType::Iteration && e.isStatic() && e.value() == 1) t = IterType::Broadcast;
+    return {e, t};
+  }
+  std::vector<InferredDim> copyDims(const TensorView* t) const {
+    std::vector<InferredDim> out;
+    for (IterDomain* d : t->dims()) out.push_back({d->extent(), d->iterType()});
     return out;
   }
   void requireFloat(const TensorView* t) const {
     MF_USER_CHECK(isFloatingPoint(t->dtype()), ErrorKind::Dtype,
-                  "{}: expected a floating-point tensor (f32, bf16, f16) but {} is {}", op(),
-                  name(t), dtypeName(t->dtype()));
+                  "{}: expected a floating-point tensor (f32, bf16, f16) but {} is {}", op(), name(t),
+                  dtypeName(t->dtype()));
   }
   void requireRank(const TensorView* t, int64_t r, const char* role) const {
-    MF_USER_CHECK(t->rank() == r, ErrorKind::Shape, "{}: {} {} must have rank {} but has shape {}",
-                  op(), role, name(t), r, shapeStr(t));
+    MF_USER_CHECK(t->rank() == r, ErrorKind::Shape, "{}: {} {} must have rank {} but has shape {}", op(), role, name(t),
+                  r, shapeStr(t));
   }
   static std::string shapeStr(const TensorView* t) {
     std::vector<std::string> s;
@@ -55,31 +59,33 @@ struct Ctx {
     return fmt::format("[{}]", fmt::join(s, ", "));
   }
   // Equal extents, or (when one is symbolic) a constraint checked once sizes are bound.
-  void requireSameExtent(const Extent& a, const Extent& b, const std::string& what,
-                         const TensorView* ta, const TensorView* tb) const {
+  void requireSameExtent(const Extent& a, const Extent& b, const std::string& what, const TensorView* ta,
+                         const TensorView* tb) const {
     if (a == b) return;
     MF_USER_CHECK(!a.isStatic() || !b.isStatic(), ErrorKind::Shape, "{}: {} mismatch: {} has {} but {} has {}", op(),
                   what, name(ta), a.toString(), name(tb), b.toString());
-    f.addExtentConstraint({a, b, std::string(op()), what, ta, tb});
+    constraints->push_back({a, b, std::string(op()), what, ta, tb, nullptr});
   }
 };
 
 // Elementwise broadcasting: same rank; per dim, equal extents or broadcast (size-1) dims.
-std::vector<IterDomain*> broadcastDims(const Ctx& c, const std::vector<TensorView*>& tvs) {
+std::vector<InferredDim> broadcastDims(const Ctx& c, const std::vector<TensorView*>& tvs) {
   MF_USER_CHECK(!tvs.empty(), ErrorKind::Value, "{}: at least one operand must be a tensor", c.op());
   const TensorView* first = tvs[0];
   for (const TensorView* t : tvs)
     MF_USER_CHECK(t->rank() == first->rank(), ErrorKind::Shape,
-                  "{}: rank mismatch: {} has shape {} but {} has shape {} (use broadcast_in_dim to add dims)",
-                  c.op(), c.name(first), Ctx::shapeStr(first), c.name(t), Ctx::shapeStr(t));
-  std::vector<IterDomain*> out;
+                  "{}: rank mismatch: {} has shape {} but {} has shape {} (use broadcast_in_dim to add dims)", c.op(),
+                  c.name(first), Ctx::shapeStr(first), c.name(t), Ctx::shapeStr(t));
+  std::vector<InferredDim> out;
   for (int64_t d = 0; d < first->rank(); ++d) {
     const TensorView* owner = nullptr;
     for (const TensorView* t : tvs) {
       IterDomain* id = t->dims()[d];
       if (id->isBroadcast()) continue;
-      if (owner == nullptr) owner = t;
-      else c.requireSameExtent(owner->dims()[d]->extent(), id->extent(), fmt::format("dim {}", d), owner, t);
+      if (owner == nullptr)
+        owner = t;
+      else
+        c.requireSameExtent(owner->dims()[d]->extent(), id->extent(), fmt::format("dim {}", d), owner, t);
     }
     out.push_back(owner ? c.id(owner->dims()[d]->extent()) : c.id(Extent(1), IterType::Broadcast));
   }
@@ -103,8 +109,7 @@ std::vector<TensorView*> tensorOperands(const Ctx& c, DataType* dtype, bool* has
   return tvs;
 }
 
-std::vector<int64_t> normalizeDims(const Ctx& c, const std::vector<int64_t>& dims, int64_t rank,
-                                   const char* attr) {
+std::vector<int64_t> normalizeDims(const Ctx& c, const std::vector<int64_t>& dims, int64_t rank, const char* attr) {
   std::vector<int64_t> out;
   std::set<int64_t> seen;
   for (int64_t d : dims) {
@@ -122,11 +127,11 @@ InferredOutput pointwise(const Ctx& c) {
   OpCategory cat = opInfo(c.kind).category;
   if (cat == OpCategory::Ternary) {
     TensorView* cond = c.tv(0);
-    MF_USER_CHECK(cond->dtype() == DataType::Bool, ErrorKind::Dtype,
-                  "where: condition {} must be bool but is {}", c.name(cond), dtypeName(cond->dtype()));
+    MF_USER_CHECK(cond->dtype() == DataType::Bool, ErrorKind::Dtype, "where: condition {} must be bool but is {}",
+                  c.name(cond), dtypeName(cond->dtype()));
     // The result dtype comes from the two value operands only.
     std::vector<Val*> values(c.in.begin() + 1, c.in.end());
-    Ctx vc{c.f, c.kind, values, c.attrs};
+    Ctx vc{c.f, c.kind, values, c.attrs, c.constraints};
     bool fs = false;
     DataType vdt = DataType::Float;
     if (!tensorOperands(vc, &vdt, &fs).empty()) {
@@ -137,7 +142,7 @@ InferredOutput pointwise(const Ctx& c) {
     }
     return {dt, broadcastDims(c, tvs)};
   }
-  std::vector<IterDomain*> dims = broadcastDims(c, tvs);
+  std::vector<InferredDim> dims = broadcastDims(c, tvs);
   if (float_scalar && !isFloatingPoint(dt)) dt = DataType::Float;
   switch (cat) {
     case OpCategory::Unary:
@@ -145,7 +150,7 @@ InferredOutput pointwise(const Ctx& c) {
       if (c.kind == OpKind::Gelu) {
         const auto& a = c.attr<std::string>("approximate");
         MF_USER_CHECK(a == "none" || a == "tanh", ErrorKind::Value,
-                      "gelu: approximate must be \"none\" or \"tanh\" but is \"{}\"", a);
+                      "gelu: approximate must be \"none\" or \"tanh\" but is {}", quoteString(a));
       }
       MF_USER_CHECK(dt != DataType::Bool || c.kind == OpKind::Abs, ErrorKind::Dtype,
                     "{}: not defined for bool tensor {}", c.op(), c.name(tvs[0]));
@@ -154,11 +159,22 @@ InferredOutput pointwise(const Ctx& c) {
       if ((c.kind == OpKind::Div || c.kind == OpKind::Pow) && !isFloatingPoint(dt)) dt = DataType::Float;
       MF_USER_CHECK(dt != DataType::Bool, ErrorKind::Dtype, "{}: not defined for bool tensors", c.op());
       break;
-    case OpCategory::Compare:
-      dt = DataType::Bool;
-      break;
-    default:
-      MF_CHECK(false, "not a pointwise op");
+    case OpCategory::Compare: dt = DataType::Bool; break;
+    // Ternary returned above; the rest never reach here. Listed (no `default:`) so that -Wswitch
+    // flags a new category.
+    case OpCategory::Ternary:
+    case OpCategory::Cast:
+    case OpCategory::Set:
+    case OpCategory::Reduction:
+    case OpCategory::Gemm:
+    case OpCategory::BroadcastInDim:
+    case OpCategory::Reshape:
+    case OpCategory::Permute:
+    case OpCategory::Slice:
+    case OpCategory::Cat:
+    case OpCategory::Softmax:
+    case OpCategory::Norm:
+    case OpCategory::Attention: MF_CHECK(false, "{} is not a pointwise op", c.op());
   }
   return {dt, dims};
 }
@@ -170,11 +186,11 @@ InferredOutput reduction(const Ctx& c) {
   DataType dt = x->dtype();
   if (c.kind == OpKind::Mean) c.requireFloat(x);
   if (c.kind == OpKind::Sum && dt == DataType::Bool) dt = DataType::Int64;
-  std::vector<IterDomain*> out;
+  std::vector<InferredDim> out;
   std::vector<IterDomain*> xd = x->dims();
   for (int64_t d = 0; d < x->rank(); ++d) {
     bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
-    out.push_back(c.f.newIterDomain(xd[d]->extent(), reduced ? IterType::Reduction : xd[d]->iterType()));
+    out.push_back({xd[d]->extent(), reduced ? IterType::Reduction : xd[d]->iterType()});
   }
   return {dt, out};
 }
@@ -183,10 +199,10 @@ InferredOutput gemm(const Ctx& c) {
   TensorView* a = c.tv(0);
   TensorView* b = c.tv(1);
   c.requireFloat(a);
-  MF_USER_CHECK(a->dtype() == b->dtype(), ErrorKind::Dtype, "{}: dtype mismatch: {} is {} but {} is {}",
-                c.op(), c.name(a), dtypeName(a->dtype()), c.name(b), dtypeName(b->dtype()));
+  MF_USER_CHECK(a->dtype() == b->dtype(), ErrorKind::Dtype, "{}: dtype mismatch: {} is {} but {} is {}", c.op(),
+                c.name(a), dtypeName(a->dtype()), c.name(b), dtypeName(b->dtype()));
   std::vector<Extent> as = a->shape(), bs = b->shape();
-  std::vector<IterDomain*> out;
+  std::vector<InferredDim> out;
   Extent k;
   if (c.kind == OpKind::Linear) {
     MF_USER_CHECK(a->rank() >= 1, ErrorKind::Shape, "linear: input {} must have rank >= 1", c.name(a));
@@ -203,22 +219,21 @@ InferredOutput gemm(const Ctx& c) {
     }
   } else {
     MF_USER_CHECK(a->rank() >= 2 && b->rank() >= 2, ErrorKind::Shape,
-                  "matmul: operands must have rank >= 2 but {} has shape {} and {} has shape {}",
-                  c.name(a), Ctx::shapeStr(a), c.name(b), Ctx::shapeStr(b));
+                  "matmul: operands must have rank >= 2 but {} has shape {} and {} has shape {}", c.name(a),
+                  Ctx::shapeStr(a), c.name(b), Ctx::shapeStr(b));
     MF_USER_CHECK(b->rank() == 2 || b->rank() == a->rank(), ErrorKind::Shape,
-                  "matmul: {} has shape {} and {} has shape {}: b must be rank 2 or have a's rank",
-                  c.name(a), Ctx::shapeStr(a), c.name(b), Ctx::shapeStr(b));
+                  "matmul: {} has shape {} and {} has shape {}: b must be rank 2 or have a's rank", c.name(a),
+                  Ctx::shapeStr(a), c.name(b), Ctx::shapeStr(b));
     c.requireSameExtent(as.back(), bs[bs.size() - 2], "contracted dim (k)", a, b);
     for (size_t i = 0; i + 2 < as.size(); ++i) {
-      if (b->rank() == a->rank())
-        c.requireSameExtent(as[i], bs[i], fmt::format("batch dim {}", i), a, b);
+      if (b->rank() == a->rank()) c.requireSameExtent(as[i], bs[i], fmt::format("batch dim {}", i), a, b);
       out.push_back(c.id(as[i]));
     }
     out.push_back(c.id(as[as.size() - 2]));
     out.push_back(c.id(bs.back()));
     k = as.back();
   }
-  out.push_back(c.f.newIterDomain(k, IterType::Reduction));
+  out.push_back({k, IterType::Reduction});
   return {a->dtype(), out};
 }
 
@@ -227,8 +242,8 @@ InferredOutput broadcastInDim(const Ctx& c) {
   const auto& shape = c.attr<std::vector<int64_t>>("shape");
   const auto& bdims = c.attr<std::vector<int64_t>>("broadcast_dims");
   MF_USER_CHECK(static_cast<int64_t>(bdims.size()) == x->rank(), ErrorKind::Shape,
-                "broadcast_in_dim: broadcast_dims has {} entries but {} has rank {}", bdims.size(),
-                c.name(x), x->rank());
+                "broadcast_in_dim: broadcast_dims has {} entries but {} has rank {}", bdims.size(), c.name(x),
+                x->rank());
   std::vector<int64_t> target(shape.size(), -2);  // input dim that lands on each output dim
   for (size_t i = 0; i < bdims.size(); ++i) {
     int64_t o = bdims[i];
@@ -238,7 +253,7 @@ InferredOutput broadcastInDim(const Ctx& c) {
                   "broadcast_in_dim: broadcast_dims must be strictly increasing, got [{}]", fmt::join(bdims, ", "));
     target[o] = static_cast<int64_t>(i);
   }
-  std::vector<IterDomain*> out;
+  std::vector<InferredDim> out;
   std::vector<IterDomain*> xd = x->dims();
   for (size_t o = 0; o < shape.size(); ++o) {
     if (target[o] < 0) {
@@ -252,8 +267,8 @@ InferredOutput broadcastInDim(const Ctx& c) {
       out.push_back(c.id(src->extent(), src->iterType()));
     } else {
       MF_USER_CHECK(src->isBroadcast() && shape[o] >= 1, ErrorKind::Shape,
-                    "broadcast_in_dim: dim {} of {} has size {} but output dim {} asks for {}", target[o],
-                    c.name(x), src->extent().toString(), o, shape[o]);
+                    "broadcast_in_dim: dim {} of {} has size {} but output dim {} asks for {}", target[o], c.name(x),
+                    src->extent().toString(), o, shape[o]);
       out.push_back(c.id(Extent(shape[o])));
     }
   }
@@ -266,15 +281,21 @@ InferredOutput reshape(const Ctx& c) {
   std::string sym;
   int64_t num = 1, den = 1, in_static = 1;
   for (const Extent& e : x->shape()) {
-    if (e.isStatic()) { in_static *= e.value(); continue; }
+    if (e.isStatic()) {
+      in_static *= e.value();
+      continue;
+    }
     MF_USER_CHECK(sym.empty(), ErrorKind::Unsupported,
                   "reshape: {} has several symbolic sizes; at most one is supported", c.name(x));
-    sym = e.symbol(); num = e.num(); den = e.den();
+    sym = e.symbol();
+    num = e.num();
+    den = e.den();
   }
   int64_t infer_at = -1, out_static = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
-      MF_USER_CHECK(infer_at < 0, ErrorKind::Value, "reshape: at most one -1 is allowed in [{}]", fmt::join(shape, ", "));
+      MF_USER_CHECK(infer_at < 0, ErrorKind::Value, "reshape: at most one -1 is allowed in [{}]",
+                    fmt::join(shape, ", "));
       infer_at = static_cast<int64_t>(i);
       continue;
     }
@@ -286,8 +307,7 @@ InferredOutput reshape(const Ctx& c) {
     std::vector<std::string> s;
     for (const Extent& e : x->shape()) s.push_back(e.toString());
     userError(ErrorKind::Shape, "reshape: cannot reshape {} of shape [{}] ({} elements) into [{}]", c.name(x),
-              fmt::join(s, ", "), sym.empty() ? std::to_string(in_static) : "?" + sym + "*...",
-              fmt::join(shape, ", "));
+              fmt::join(s, ", "), sym.empty() ? std::to_string(in_static) : "?" + sym + "*...", fmt::join(shape, ", "));
   };
   if (sym.empty()) {
     if (infer_at >= 0) {
@@ -301,7 +321,7 @@ InferredOutput reshape(const Ctx& c) {
                   "reshape: {} has symbolic size ?{}; mark the output dim that absorbs it with -1", c.name(x), sym);
     out_shape[infer_at] = Extent::symbolic(sym, num * in_static, den * out_static);
   }
-  std::vector<IterDomain*> out;
+  std::vector<InferredDim> out;
   for (const Extent& e : out_shape) out.push_back(c.id(e));
   return {x->dtype(), out};
 }
@@ -310,11 +330,12 @@ InferredOutput permute(const Ctx& c) {
   TensorView* x = c.tv(0);
   const auto& dims = c.attr<std::vector<int64_t>>("dims");
   MF_USER_CHECK(static_cast<int64_t>(dims.size()) == x->rank(), ErrorKind::Shape,
-                "permute: dims [{}] has {} entries but {} has rank {}", fmt::join(dims, ", "), dims.size(),
-                c.name(x), x->rank());
+                "permute: dims [{}] has {} entries but {} has rank {}", fmt::join(dims, ", "), dims.size(), c.name(x),
+                x->rank());
   std::vector<int64_t> n = normalizeDims(c, dims, x->rank(), "dims");
-  std::vector<IterDomain*> xd = x->dims(), out;
-  for (int64_t d : n) out.push_back(c.f.newIterDomain(xd[d]->extent(), xd[d]->iterType()));
+  std::vector<IterDomain*> xd = x->dims();
+  std::vector<InferredDim> out;
+  for (int64_t d : n) out.push_back({xd[d]->extent(), xd[d]->iterType()});
   return {x->dtype(), out};
 }
 
@@ -322,22 +343,22 @@ InferredOutput slice(const Ctx& c) {
   TensorView* x = c.tv(0);
   const auto& starts = c.attr<std::vector<int64_t>>("starts");
   const auto& ends = c.attr<std::vector<int64_t>>("ends");
-  MF_USER_CHECK(static_cast<int64_t>(starts.size()) == x->rank() && starts.size() == ends.size(),
-                ErrorKind::Shape, "slice: starts and ends need {} entries (the rank of {}), got {} and {}",
-                x->rank(), c.name(x), starts.size(), ends.size());
-  std::vector<IterDomain*> out;
+  MF_USER_CHECK(static_cast<int64_t>(starts.size()) == x->rank() && starts.size() == ends.size(), ErrorKind::Shape,
+                "slice: starts and ends need {} entries (the rank of {}), got {} and {}", x->rank(), c.name(x),
+                starts.size(), ends.size());
+  std::vector<InferredDim> out;
   std::vector<Extent> xs = x->shape();
   for (int64_t d = 0; d < x->rank(); ++d) {
     if (!xs[d].isStatic()) {
       MF_USER_CHECK(starts[d] == 0 && ends[d] == -1, ErrorKind::Unsupported,
-                    "slice: dim {} of {} has symbolic size {}; only the whole dim (0 to -1) can be taken",
-                    d, c.name(x), xs[d].toString());
+                    "slice: dim {} of {} has symbolic size {}; only the whole dim (0 to -1) can be taken", d, c.name(x),
+                    xs[d].toString());
       out.push_back(c.id(xs[d]));
       continue;
     }
     MF_USER_CHECK(0 <= starts[d] && starts[d] <= ends[d] && ends[d] <= xs[d].value(), ErrorKind::Shape,
-                  "slice: dim {} of {} has size {} but the slice is [{}, {})", d, c.name(x),
-                  xs[d].value(), starts[d], ends[d]);
+                  "slice: dim {} of {} has size {} but the slice is [{}, {})", d, c.name(x), xs[d].value(), starts[d],
+                  ends[d]);
     out.push_back(c.id(Extent(ends[d] - starts[d])));
   }
   return {x->dtype(), out};
@@ -352,16 +373,16 @@ InferredOutput concatenate(const Ctx& c) {
     TensorView* t = c.tv(i);
     MF_USER_CHECK(t->rank() == first->rank(), ErrorKind::Shape, "cat: {} has shape {} but {} has shape {}",
                   c.name(first), Ctx::shapeStr(first), c.name(t), Ctx::shapeStr(t));
-    MF_USER_CHECK(t->dtype() == dt, ErrorKind::Dtype, "cat: {} is {} but {} is {}", c.name(first),
-                  dtypeName(dt), c.name(t), dtypeName(t->dtype()));
+    MF_USER_CHECK(t->dtype() == dt, ErrorKind::Dtype, "cat: {} is {} but {} is {}", c.name(first), dtypeName(dt),
+                  c.name(t), dtypeName(t->dtype()));
     for (int64_t d = 0; d < t->rank(); ++d)
       if (d != dim) c.requireSameExtent(first->shape()[d], t->shape()[d], fmt::format("dim {}", d), first, t);
     Extent e = t->shape()[dim];
-    MF_USER_CHECK(e.isStatic(), ErrorKind::Unsupported, "cat: dim {} of {} is symbolic ({})", dim,
-                  c.name(t), e.toString());
+    MF_USER_CHECK(e.isStatic(), ErrorKind::Unsupported, "cat: dim {} of {} is symbolic ({})", dim, c.name(t),
+                  e.toString());
     total = Extent(total.value() + e.value());
   }
-  std::vector<IterDomain*> out;
+  std::vector<InferredDim> out;
   for (int64_t d = 0; d < first->rank(); ++d) out.push_back(c.id(d == dim ? total : first->shape()[d]));
   return {dt, out};
 }
@@ -379,8 +400,8 @@ InferredOutput normalization(const Ctx& c) {
       const char* role = opInfo(c.kind).operands[i].name.c_str();
       c.requireRank(p, 1, role);
       c.requireSameExtent(p->shape()[0], x->shape().back(), "normalized dim", p, x);
-      MF_USER_CHECK(p->dtype() == x->dtype(), ErrorKind::Dtype, "{}: {} {} is {} but input {} is {}", c.op(),
-                    role, c.name(p), dtypeName(p->dtype()), c.name(x), dtypeName(x->dtype()));
+      MF_USER_CHECK(p->dtype() == x->dtype(), ErrorKind::Dtype, "{}: {} {} is {} but input {} is {}", c.op(), role,
+                    c.name(p), dtypeName(p->dtype()), c.name(x), dtypeName(x->dtype()));
     }
   }
   return {x->dtype(), c.copyDims(x)};
@@ -415,50 +436,50 @@ int64_t normalizeDim(int64_t dim, int64_t rank, const std::string& what) {
   return d;
 }
 
-InferredOutput inferOutput(Fusion& f, OpKind kind, const std::vector<Val*>& inputs, const Attributes& attrs) {
-  Ctx c{f, kind, inputs, attrs};
+namespace {
+
+InferredOutput inferByCategory(const Ctx& c) {
+  const OpKind kind = c.kind;
+  const std::vector<Val*>& inputs = c.in;
   OpCategory cat = opInfo(kind).category;
   // Only pointwise ops take scalar operands.
-  if (cat != OpCategory::Unary && cat != OpCategory::Binary && cat != OpCategory::Compare &&
-      cat != OpCategory::Ternary)
+  if (cat != OpCategory::Unary && cat != OpCategory::Binary && cat != OpCategory::Compare && cat != OpCategory::Ternary)
     for (size_t i = 0; i < inputs.size(); ++i) c.tv(i);
   switch (cat) {
     case OpCategory::Unary:
     case OpCategory::Binary:
     case OpCategory::Compare:
-    case OpCategory::Ternary:
-      return pointwise(c);
-    case OpCategory::Cast:
-      return {c.attr<DataType>("dtype"), c.copyDims(c.tv(0))};
+    case OpCategory::Ternary: return pointwise(c);
+    case OpCategory::Cast: return {c.attr<DataType>("dtype"), c.copyDims(c.tv(0))};
     case OpCategory::Set: {
       const auto& overlap = c.attr<std::string>("overlap");
       MF_USER_CHECK(overlap == "none" || overlap == "collective" || overlap == "ring", ErrorKind::Value,
-                    "set: overlap must be \"none\", \"collective\" or \"ring\" but is \"{}\"", overlap);
+                    "set: overlap must be \"none\", \"collective\" or \"ring\" but is {}", quoteString(overlap));
       MF_USER_CHECK(c.attr<int64_t>("chunks") >= 1, ErrorKind::Value, "set: chunks must be at least 1 but is {}",
                     c.attr<int64_t>("chunks"));
       return {c.tv(0)->dtype(), c.copyDims(c.tv(0))};
     }
-    case OpCategory::Reduction:
-      return reduction(c);
-    case OpCategory::Gemm:
-      return gemm(c);
-    case OpCategory::BroadcastInDim:
-      return broadcastInDim(c);
-    case OpCategory::Reshape:
-      return reshape(c);
-    case OpCategory::Permute:
-      return permute(c);
-    case OpCategory::Slice:
-      return slice(c);
-    case OpCategory::Cat:
-      return concatenate(c);
+    case OpCategory::Reduction: return reduction(c);
+    case OpCategory::Gemm: return gemm(c);
+    case OpCategory::BroadcastInDim: return broadcastInDim(c);
+    case OpCategory::Reshape: return reshape(c);
+    case OpCategory::Permute: return permute(c);
+    case OpCategory::Slice: return slice(c);
+    case OpCategory::Cat: return concatenate(c);
     case OpCategory::Softmax:
-    case OpCategory::Norm:
-      return normalization(c);
-    case OpCategory::Attention:
-      return attention(c);
+    case OpCategory::Norm: return normalization(c);
+    case OpCategory::Attention: return attention(c);
   }
   MF_CHECK(false, "no shape inference for {}", opInfo(kind).name);
+}
+
+}  // namespace
+
+InferredOutput inferOutput(const Fusion& f, OpKind kind, const std::vector<Val*>& inputs, const Attributes& attrs) {
+  std::vector<Fusion::ExtentConstraint> constraints;
+  InferredOutput out = inferByCategory(Ctx{f, kind, inputs, attrs, &constraints});
+  out.constraints = std::move(constraints);
+  return out;
 }
 
 }  // namespace meshfuse

@@ -1,10 +1,13 @@
 // TensorView: domains and the schedule API.
-#include <algorithm>
-
 #include <fmt/args.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
 
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/printer.h"
 
 namespace meshfuse {
 
@@ -18,6 +21,24 @@ std::vector<IterDomain*> TensorView::dims() const {
 std::vector<Extent> TensorView::shape() const {
   std::vector<Extent> out;
   for (IterDomain* id : dims()) out.push_back(id->extent());
+  return out;
+}
+
+std::string TensorView::describe() const {
+  if (definition_ == nullptr) return "input " + fusion_->displayName(this);
+  return fusion_->displayName(this) + " = " + printExprCall(*fusion_, definition_);
+}
+
+std::vector<int64_t> TensorView::evaluateShape(const SymbolBindings& bindings) const {
+  std::vector<int64_t> out;
+  try {
+    for (const Extent& e : shape()) out.push_back(e.evaluate(bindings));
+  } catch (const UserError& e) {
+    throw UserError(e.kind(), fmt::format("{}: {}", describe(), e.message()));
+  }
+  MF_USER_CHECK(checkedNumel(out, dtypeSize(dtype_)).has_value(), ErrorKind::Shape,
+                "{}: shape [{}] of {} has more elements or bytes than an int64 can count", describe(),
+                fmt::join(out, ", "), dtypeName(dtype_));
   return out;
 }
 
@@ -47,16 +68,52 @@ std::string TensorView::provenance() const {
   return fmt::vformat(provenance_.text, args);
 }
 
-const DeviceMesh* TensorView::mesh() const {
-  return mesh_index_ < 0 ? nullptr : &fusion_->mesh(mesh_index_);
+std::vector<IterDomain*> TensorView::allocation() const {
+  // The splits on the way from a logical dim to each DID loop axis, by the IterDomain they split.
+  std::map<const IterDomain*, const IdTransform*> did_split;
+  for (const IterDomain* id : loop_) {
+    if (!id->isDeviceDim()) continue;
+    for (const IterDomain* x = id; x->definition() != nullptr; x = x->definition()->inputs[0]) {
+      if (x->definition()->kind != IdTransform::Split) break;  // DID of a merge: placementsOf rejects it
+      did_split[x->definition()->inputs[0]] = x->definition();
+    }
+  }
+  std::vector<IterDomain*> out;
+  std::function<void(IterDomain*)> expand = [&](IterDomain* id) {
+    auto it = did_split.find(id);
+    if (it == did_split.end()) {
+      out.push_back(id);
+      return;
+    }
+    for (IterDomain* part : it->second->outputs) expand(part);
+  };
+  for (IterDomain* id : logical_) expand(id);
+  return out;
 }
+
+std::vector<Extent> TensorView::allocatedShape() const {
+  std::vector<IterDomain*> alloc = allocation();
+  std::vector<Extent> out;
+  for (IterDomain* dim : dims()) {
+    Extent e(1);
+    for (const IterDomain* id : alloc) {
+      if (id->isDeviceDim()) continue;
+      const IterDomain* root = id;
+      while (root->definition() != nullptr) root = root->definition()->inputs[0];
+      if (root == dim) e = e.multiplied(id->extent());
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+const DeviceMesh* TensorView::mesh() const { return mesh_index_ < 0 ? nullptr : &fusion_->mesh(mesh_index_); }
 
 int64_t TensorView::normalizeAxis(int64_t axis, const char* what) const {
   int64_t n = static_cast<int64_t>(loop_.size());
   int64_t a = axis < 0 ? axis + n : axis;
-  MF_USER_CHECK(a >= 0 && a < n, ErrorKind::Value,
-                "{}: axis {} is out of range for {} whose loop domain has {} axes", what, axis,
-                fusion_->displayName(this), n);
+  MF_USER_CHECK(a >= 0 && a < n, ErrorKind::Value, "{}: axis {} is out of range for {} whose loop domain has {} axes",
+                what, axis, fusion_->displayName(this), n);
   return a;
 }
 
@@ -88,10 +145,10 @@ void TensorView::applyStep(const ScheduleStep& step) {
     case ScheduleStep::Split: {
       s.axis = normalizeAxis(step.axis, "split");
       IterDomain* in = loop_[s.axis];
-      MF_USER_CHECK(step.factor > 0, ErrorKind::Value, "split of {} axis {}: factor {} must be positive",
-                    name, s.axis, step.factor);
-      MF_USER_CHECK(!in->isBroadcast(), ErrorKind::Value,
-                    "split of {} axis {}: cannot split a broadcast dim", name, s.axis);
+      MF_USER_CHECK(step.factor > 0, ErrorKind::Value, "split of {} axis {}: factor {} must be positive", name, s.axis,
+                    step.factor);
+      MF_USER_CHECK(!in->isBroadcast(), ErrorKind::Value, "split of {} axis {}: cannot split a broadcast dim", name,
+                    s.axis);
       MF_USER_CHECK(in->extent().divisible(step.factor), ErrorKind::Value,
                     "split of {} axis {}: factor {} does not divide the extent {} (uneven splits are not supported)",
                     name, s.axis, step.factor, in->extent().toString());
@@ -99,8 +156,8 @@ void TensorView::applyStep(const ScheduleStep& step) {
       IterType t = in->isReduction() ? IterType::Reduction : IterType::Iteration;
       IterDomain* outer = fusion_->newIterDomain(step.inner_split ? rest : Extent(step.factor), t);
       IterDomain* inner = fusion_->newIterDomain(step.inner_split ? Extent(step.factor) : rest, t);
-      const IdTransform* tr = fusion_->newTransform(
-          {IdTransform::Split, {in}, {outer, inner}, step.factor, step.inner_split});
+      const IdTransform* tr =
+          fusion_->newTransform({IdTransform::Split, {in}, {outer, inner}, step.factor, step.inner_split});
       outer->setDefinition(tr);
       inner->setDefinition(tr);
       loop_[s.axis] = outer;
@@ -114,11 +171,10 @@ void TensorView::applyStep(const ScheduleStep& step) {
       IterDomain* a = loop_[s.axis];
       IterDomain* b = loop_[s.axis + 1];
       MF_USER_CHECK(a->isReduction() == b->isReduction(), ErrorKind::Value,
-                    "merge of {} axes {} and {}: cannot merge a reduction with an iteration dim",
-                    name, s.axis, s.axis + 1);
-      IterDomain* out = fusion_->newIterDomain(
-          a->extent().multiplied(b->extent()),
-          a->isReduction() ? IterType::Reduction : IterType::Iteration);
+                    "merge of {} axes {} and {}: cannot merge a reduction with an iteration dim", name, s.axis,
+                    s.axis + 1);
+      IterDomain* out = fusion_->newIterDomain(a->extent().multiplied(b->extent()),
+                                               a->isReduction() ? IterType::Reduction : IterType::Iteration);
       out->setDefinition(fusion_->newTransform({IdTransform::Merge, {a, b}, {out}, 0, false}));
       loop_[s.axis] = out;
       loop_.erase(loop_.begin() + s.axis + 1);
@@ -130,8 +186,8 @@ void TensorView::applyStep(const ScheduleStep& step) {
       if (isDeviceDim(step.ptype)) {
         for (size_t i = 0; i < loop_.size(); ++i)
           MF_USER_CHECK(static_cast<int64_t>(i) == s.axis || loop_[i]->parallelType() != step.ptype,
-                        ErrorKind::Placement, "parallelize of {} axis {} on {}: axis {} is already {}",
-                        name, s.axis, parallelTypeName(step.ptype), i, parallelTypeName(step.ptype));
+                        ErrorKind::Placement, "parallelize of {} axis {} on {}: axis {} is already {}", name, s.axis,
+                        parallelTypeName(step.ptype), i, parallelTypeName(step.ptype));
         if (const DeviceMesh* m = mesh()) {
           int64_t mesh_axis = -1;
           try {
@@ -140,11 +196,10 @@ void TensorView::applyStep(const ScheduleStep& step) {
             userError(e.kind(), "parallelize of {} axis {} on {}: {}", name, s.axis, parallelTypeName(step.ptype),
                       e.message());
           }
-          MF_USER_CHECK(!id->extent().isStatic() || id->extent().value() == m->size(mesh_axis),
-                        ErrorKind::Placement,
+          MF_USER_CHECK(!id->extent().isStatic() || id->extent().value() == m->size(mesh_axis), ErrorKind::Placement,
                         "parallelize of {} axis {} on {}: the axis has extent {} but mesh axis {} of {} has {} devices",
-                        name, s.axis, parallelTypeName(step.ptype), id->extent().toString(),
-                        mesh_axis, m->toString(), m->size(mesh_axis));
+                        name, s.axis, parallelTypeName(step.ptype), id->extent().toString(), mesh_axis, m->toString(),
+                        m->size(mesh_axis));
         }
       }
       id->parallelize(step.ptype);

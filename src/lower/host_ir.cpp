@@ -67,11 +67,9 @@ const char* nodeName(HostNodeKind k) {
 
 // "f32[?t/4, 64]": the per-rank type of a TensorView (one block of `blocks` along dim 0).
 std::string localType(const TensorView* tv, int64_t blocks = 1) {
-  std::vector<int64_t> factors = shardFactors(tv);
   std::vector<std::string> dims;
-  std::vector<Extent> shape = tv->shape();
-  for (size_t d = 0; d < shape.size(); ++d)
-    dims.push_back(shape[d].divided(factors[d] * (d == 0 ? blocks : 1)).toString());
+  std::vector<Extent> shape = tv->allocatedShape();
+  for (size_t d = 0; d < shape.size(); ++d) dims.push_back(shape[d].divided(d == 0 ? blocks : 1).toString());
   return fmt::format("{}[{}]", dtypeName(tv->dtype()), fmt::join(dims, ", "));
 }
 

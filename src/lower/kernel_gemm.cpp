@@ -25,12 +25,6 @@
 namespace meshfuse::kir {
 namespace {
 
-int64_t numel(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t x : s) n *= x;
-  return n;
-}
-
 class GemmLowering {
  public:
   explicit GemmLowering(Program& p) : p_(p) {}

@@ -48,6 +48,7 @@ Expr roundTo(Expr v, DataType dt) {
 }
 
 Expr unaryFormula(OpKind k, bool gelu_tanh, Expr x) {
+  static_assert(opCountOf(OpCategory::Unary) == 12, "a new unary op in ops.def: give it a formula here");
   const Type t = x->type;
   auto c = [t](double v) { return constant(v, t); };
   switch (k) {
@@ -91,6 +92,8 @@ Expr power(Expr x, Expr y) {
 }
 
 Expr binaryFormula(OpKind k, Expr a, Expr b) {
+  static_assert(opCountOf(OpCategory::Binary) + opCountOf(OpCategory::Compare) == 13,
+                "a new binary or comparison op in ops.def: give it a formula here");
   switch (k) {
     case OpKind::Add: return add(a, b);
     case OpKind::Sub: return binary(Op::Sub, a, b);

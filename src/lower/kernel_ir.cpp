@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "meshfuse/error.h"
+#include "meshfuse/ir/extent.h"
 #include "meshfuse/ir/op_kind.h"
 
 namespace meshfuse::kir {
@@ -42,11 +43,7 @@ const char* opName(Op op) {
   return "?";
 }
 
-int64_t Buffer::numel() const {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
-}
+int64_t Buffer::numel() const { return meshfuse::numel(shape); }
 
 int64_t Program::addBuffer(Buffer b) {
   buffers.push_back(std::move(b));

@@ -285,12 +285,6 @@ class LoopBuilder {
   std::vector<const ENode*> stored_;
 };
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
-}
-
 }  // namespace
 
 void lowerKernelSegment(const Segment& seg, const LocalShapeFn& shape_of, Program& program) {

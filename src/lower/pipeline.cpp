@@ -4,19 +4,34 @@
 
 #include <chrono>
 
-#include "lower/assign_streams.h"
-#include "lower/dead_code_elimination.h"
 #include "decompose/decompose_for_overlap.h"
 #include "decompose/decompose_reshardings.h"
 #include "decompose/layout_for_communication.h"
-#include "propagation/propagate_shardings.h"
-#include "propagation/propagate_streams.h"
+#include "lower/assign_streams.h"
+#include "lower/dead_code_elimination.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/placement.h"
 #include "meshfuse/ir/printer.h"
 #include "meshfuse/ir/verifier.h"
+#include "propagation/propagate_shardings.h"
+#include "propagation/propagate_streams.h"
 
 namespace meshfuse {
+
+namespace {
+
+// The precondition of every pass after propagate-shardings: each tensor has a mesh. (That the
+// sets are single-axis, which layout-for-communication and later passes also need, is not
+// checked: only decompose-reshardings can tell, by doing it.)
+void requirePropagated(const Fusion& f, const FusionPass& pass) {
+  for (const TensorView* tv : f.tensorViews())
+    MF_USER_CHECK(tv->mesh() != nullptr, ErrorKind::Value,
+                  "{} needs propagate-shardings first: {} has no device mesh (run --pass=propagate-shardings,{})",
+                  pass.name, f.displayName(tv), pass.name);
+}
+
+}  // namespace
 
 const std::vector<FusionPass>& fusionPasses() {
   // Passes that take no options.
@@ -26,13 +41,13 @@ const std::vector<FusionPass>& fusionPasses() {
       {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones",
        [](Fusion& f, const PipelineOptions& o) { propagateShardings(f, o.propagation); }},
       {"decompose-reshardings", "split every op into local compute plus single-axis communications",
-       plain(decomposeReshardings)},
+       plain(decomposeReshardings), requirePropagated},
       {"layout-for-communication", "move each collective's sharded dim outermost (permutes only where needed)",
-       plain(layoutForCommunication)},
+       plain(layoutForCommunication), requirePropagated},
       {"propagate-streams", "carry the inputs' microbatch split (Stream) to every tensor computed from their rows",
-       plain(propagateStreams)},
+       plain(propagateStreams), requirePropagated},
       {"decompose-for-overlap", "pipeline collectives with their GEMMs in chunks (collective- or ring-based)",
-       [](Fusion& f, const PipelineOptions& o) { decomposeForOverlap(f, o.overlap, o.sizes); }},
+       [](Fusion& f, const PipelineOptions& o) { decomposeForOverlap(f, o.overlap, o.sizes); }, requirePropagated},
   };
   return passes;
 }
@@ -50,12 +65,14 @@ void runPasses(Fusion& fusion, const std::vector<std::string>& names, const Pipe
   if (options.verify) verify(fusion);
   for (const std::string& name : names) {
     const FusionPass& pass = findPass(name);
+    if (pass.precondition) pass.precondition(fusion, pass);
     auto start = std::chrono::steady_clock::now();
     pass.run(fusion, options);
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
     if (options.verify) verify(fusion);
     if (options.timing) *options.timing << fmt::format("pass {:<28} {:>8} us\n", name, us);
-    if (options.dump) *options.dump << "// ----- IR after " << name << "\n" << printFusion(fusion);
+    // "# -----" lines split a file into cases (meshfuse --split-input-file): the dump reads back.
+    if (options.dump) *options.dump << "# ----- IR after " << name << "\n" << printFusion(fusion);
   }
 }
 
@@ -66,7 +83,11 @@ const std::vector<std::string>& pipelineStages() {
 
 CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& options, bool keep_stages) {
   CompiledProgram out;
+  requireOutputs(*fusion);
   if (keep_stages) out.stages["fusion"] = printFusion(*fusion);
+  // A single-device fusion (no mesh anywhere) is the program of a one-device mesh.
+  if (fusion->numMeshes() == 0)
+    for (TensorView* in : fusion->inputs()) applyPlacements(in, DeviceMesh({0}), {Placement::replicate()});
   // propagate-shardings must run before decompose-reshardings: decomposition compares each
   // op's operand shardings with what its output's sharding needs.
   runPasses(*fusion, {"propagate-shardings"}, options);

@@ -15,12 +15,6 @@ namespace {
 
 std::vector<int64_t> zeros(size_t n) { return std::vector<int64_t>(n, 0); }
 
-int64_t numel(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t x : s) n *= x;
-  return n;
-}
-
 // Whether blocks along dim `d` of a row-major tensor of `shape` are contiguous.
 bool contiguousBlocks(const std::vector<int64_t>& shape, int64_t d) {
   for (int64_t i = 0; i < d; ++i)

@@ -144,13 +144,24 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
   auto it = cache_.find(key);
   if (it != cache_.end()) return *(last_ = it->second.get());
   // Every check below fails identically on every rank (they all compile the same program).
+  // The world needs ranks up to the largest device id of every mesh: the inputs' and those the
+  // definition pins tensors to (a pipeline stage reached through a `set`).
+  int64_t needed = 0;
+  for (const ShardedTensor& in : inputs)
+    for (int64_t d : in.mesh.devices()) needed = std::max(needed, d + 1);
+  for (int64_t m = 0; m < definition_->numMeshes(); ++m)
+    for (int64_t d : definition_->mesh(m).devices()) needed = std::max(needed, d + 1);
   for (size_t i = 0; i < inputs.size(); ++i)
     for (int64_t d : inputs[i].mesh.devices())
       MF_USER_CHECK(d < comm_.size(), ErrorKind::Mesh,
-                    "input {}: mesh {} names device {} but the world has {} ranks (world size {} < mesh size {}; "
-                    "launch with mpirun -np {})",
-                    i, inputs[i].mesh.toString(), d, comm_.size(), comm_.size(), inputs[i].mesh.size(),
-                    inputs[i].mesh.size());
+                    "input {}: mesh {} names device {} but the world has {} ranks (launch with mpirun -np {})", i,
+                    inputs[i].mesh.toString(), d, comm_.size(), needed);
+  for (int64_t m = 0; m < definition_->numMeshes(); ++m)
+    for (int64_t d : definition_->mesh(m).devices())
+      MF_USER_CHECK(d < comm_.size(), ErrorKind::Mesh,
+                    "mesh @{} {} of the fusion names device {} but the world has {} ranks (launch with mpirun -np "
+                    "{})",
+                    definition_->meshName(m), definition_->mesh(m).toString(), d, comm_.size(), needed);
   auto e = std::make_unique<Entry>();
   PipelineOptions pipeline = options_.pipeline;
   pipeline.sizes = sizes;

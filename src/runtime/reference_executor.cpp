@@ -1,6 +1,4 @@
 // Reference executor: one straightforward loop nest per op over row-major double arrays.
-#include "meshfuse/reference.h"
-
 #include <cblas.h>
 
 #include <algorithm>
@@ -8,9 +6,9 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <numeric>
 
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/reference.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
 namespace meshfuse {
@@ -25,10 +23,6 @@ std::vector<int64_t> stridesOf(const std::vector<int64_t>& shape) {
   std::vector<int64_t> s(shape.size(), 1);
   for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
   return s;
-}
-
-int64_t numel(const std::vector<int64_t>& shape) {
-  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
 }
 
 // Calls f(out_flat, index) for every multi-index of `shape` in row-major order.
@@ -51,6 +45,7 @@ double gelu(double x, bool tanh_approx) {
 }
 
 double unary(OpKind k, double x, const Expr* e) {
+  static_assert(opCountOf(OpCategory::Unary) == 12, "a new unary op in ops.def: compute it here");
   switch (k) {
     case OpKind::Neg: return -x;
     case OpKind::Abs: return std::fabs(x);
@@ -69,6 +64,8 @@ double unary(OpKind k, double x, const Expr* e) {
 }
 
 double binary(OpKind k, double a, double b, DataType dt) {
+  static_assert(opCountOf(OpCategory::Binary) + opCountOf(OpCategory::Compare) == 13,
+                "a new binary or comparison op in ops.def: compute it here");
   switch (k) {
     case OpKind::Add: return a + b;
     case OpKind::Sub: return a - b;
@@ -94,11 +91,7 @@ class Evaluator {
   void set(const Val* v, Array a) { values_[v] = std::move(a); }
   const Array& get(const Val* v) const { return values_.at(v); }
 
-  std::vector<int64_t> shapeOf(const TensorView* tv) const {
-    std::vector<int64_t> s;
-    for (const Extent& e : tv->shape()) s.push_back(e.evaluate(bindings_));
-    return s;
-  }
+  std::vector<int64_t> shapeOf(const TensorView* tv) const { return tv->evaluateShape(bindings_); }
 
   // An operand broadcast to `shape` (same rank; size-1 dims and scalars repeat).
   std::function<double(const std::vector<int64_t>&)> reader(const Val* v) const {
@@ -148,15 +141,9 @@ class Evaluator {
         break;
       }
       case OpCategory::Cast:
-      case OpCategory::Set:
-        out.data = in(e, 0).data;
-        break;
-      case OpCategory::Reduction:
-        reduce(e, out);
-        break;
-      case OpCategory::Gemm:
-        gemm(e, out);
-        break;
+      case OpCategory::Set: out.data = in(e, 0).data; break;
+      case OpCategory::Reduction: reduce(e, out); break;
+      case OpCategory::Gemm: gemm(e, out); break;
       case OpCategory::BroadcastInDim: {
         const Array& x = in(e, 0);
         const auto& bd = e->attr<std::vector<int64_t>>("broadcast_dims");
@@ -168,9 +155,7 @@ class Evaluator {
         });
         break;
       }
-      case OpCategory::Reshape:
-        out.data = in(e, 0).data;
-        break;
+      case OpCategory::Reshape: out.data = in(e, 0).data; break;
       case OpCategory::Permute: {
         const Array& x = in(e, 0);
         const auto& perm = e->attr<std::vector<int64_t>>("dims");
@@ -202,22 +187,17 @@ class Evaluator {
           std::vector<int64_t> ost = stridesOf(out.shape);
           forEachIndex(x.shape, [&](int64_t flat, const auto& idx) {
             int64_t off = 0;
-            for (size_t d = 0; d < idx.size(); ++d) off += (idx[d] + (static_cast<int64_t>(d) == dim ? base : 0)) * ost[d];
+            for (size_t d = 0; d < idx.size(); ++d)
+              off += (idx[d] + (static_cast<int64_t>(d) == dim ? base : 0)) * ost[d];
             out.data[off] = x.data[flat];
           });
           base += x.shape[dim];
         }
         break;
       }
-      case OpCategory::Softmax:
-        softmax(e, out);
-        break;
-      case OpCategory::Norm:
-        norm(e, out);
-        break;
-      case OpCategory::Attention:
-        attention(e, out);
-        break;
+      case OpCategory::Softmax: softmax(e, out); break;
+      case OpCategory::Norm: norm(e, out); break;
+      case OpCategory::Attention: attention(e, out); break;
     }
     for (double& v : out.data) v = roundToDtype(v, out_tv->dtype());
     return out;
@@ -376,6 +356,26 @@ std::vector<Tensor> evaluateReference(const Fusion& f, const std::vector<Tensor>
     outs.push_back(Tensor::fromValues(o->dtype(), a.shape, a.data));
   }
   return outs;
+}
+
+ReferenceComparison compareWithReference(const Tensor& actual, const Tensor& reference) {
+  ReferenceComparison c;
+  std::vector<double> a = actual.toValues(), r = reference.toValues();
+  for (double x : r)
+    if (std::isfinite(x)) c.max_ref = std::max(c.max_ref, std::fabs(x));
+  const double eps = dtypeEpsilon(reference.dtype());
+  c.allowed_abs = kReferenceToleranceEps * eps * c.max_ref;
+  c.pass = actual.shape() == reference.shape();
+  for (size_t k = 0; k < a.size() && k < r.size(); ++k) {
+    // Equal values (infinities included) and NaN against NaN agree; any other NaN or infinity
+    // is an infinite error.
+    double err = a[k] == r[k] || (std::isnan(a[k]) && std::isnan(r[k])) ? 0 : std::fabs(a[k] - r[k]);
+    if (std::isnan(err)) err = INFINITY;
+    c.max_abs_err = std::max(c.max_abs_err, err);
+    c.max_rel_err = std::max(c.max_rel_err, err / std::max(std::fabs(r[k]), 1e-30));
+    c.pass &= err <= c.allowed_abs + kReferenceToleranceEps * eps * (std::isfinite(r[k]) ? std::fabs(r[k]) : 0);
+  }
+  return c;
 }
 
 }  // namespace meshfuse

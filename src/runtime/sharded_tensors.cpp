@@ -2,6 +2,8 @@
 // rank's block out of a full tensor, and assembling the full tensor from every rank's block.
 #include <fmt/ranges.h>
 
+#include <map>
+
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
@@ -34,6 +36,7 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
   MF_USER_CHECK(locals.size() == f.inputs().size(), ErrorKind::Value, "the fusion takes {} inputs but {} were given",
                 f.inputs().size(), locals.size());
   SymbolBindings b;
+  std::map<std::string, std::pair<size_t, size_t>> bound_by;  // symbol -> the input and dim that bound it
   const bool full = rank < 0;
   for (size_t i = 0; i < locals.size(); ++i) {
     const TensorView* tv = f.inputs()[i];
@@ -41,7 +44,8 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
       // Not held here (another pipeline stage): its global shape still binds symbolic sizes.
       if (i < global_shapes.size() && global_shapes[i].size() == tv->shape().size())
         for (size_t d = 0; d < global_shapes[i].size(); ++d)
-          if (!tv->shape()[d].isStatic()) b.emplace(tv->shape()[d].symbol(), global_shapes[i][d]);
+          if (!tv->shape()[d].isStatic() && b.emplace(tv->shape()[d].symbol(), global_shapes[i][d]).second)
+            bound_by[tv->shape()[d].symbol()] = {i, d};
       continue;
     }
     const Tensor& t = locals[i];
@@ -85,9 +89,12 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
         continue;
       }
       auto [it, fresh] = b.emplace(shape[d].symbol(), global);
+      if (fresh) bound_by[shape[d].symbol()] = {i, d};
+      const auto [first_input, first_dim] = bound_by[shape[d].symbol()];
       MF_USER_CHECK(fresh || it->second == global, ErrorKind::Shape,
-                    "input {} ({}): dim {} is ?{} = {} but an earlier input bound it to {}", i, name(), d,
-                    shape[d].symbol(), global, it->second);
+                    "input {} ({}): dim {} is ?{} = {} but input {} ({}) has ?{} = {} (dim {})", i, name(), d,
+                    shape[d].symbol(), global, first_input, f.displayName(f.inputs()[first_input]), shape[d].symbol(),
+                    it->second, first_dim);
     }
   }
   f.checkExtentConstraints(b);

@@ -5,15 +5,25 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "meshfuse/error.h"
+#include "meshfuse/ir/extent.h"
 
 namespace meshfuse {
 
 namespace {
-void checkShape(const std::vector<int64_t>& shape) {
+// x86-64 and AArch64 processes address at most 2^47 bytes (128 TiB): a larger host tensor cannot
+// exist, so it is refused before the allocator is asked (and before sizes wrap around).
+constexpr int64_t kMaxHostTensorBytes = int64_t{1} << 47;
+
+void checkShape(const std::vector<int64_t>& shape, DataType dtype) {
   for (int64_t s : shape) MF_USER_CHECK(s >= 0, ErrorKind::Shape, "negative tensor size {}", s);
+  std::optional<int64_t> n = checkedNumel(shape, dtypeSize(dtype));
+  MF_USER_CHECK(n.has_value(), ErrorKind::Shape,
+                "a {} tensor of shape [{}] has more elements or bytes than an int64 can count", dtypeName(dtype),
+                fmt::join(shape, ", "));
 }
 }  // namespace
 
@@ -22,7 +32,10 @@ Tensor::Tensor(DataType dtype, std::vector<int64_t> shape) : Tensor(empty(dtype,
 }
 
 Tensor Tensor::empty(DataType dtype, std::vector<int64_t> shape) {
-  checkShape(shape);
+  checkShape(shape, dtype);
+  MF_USER_CHECK(meshfuse::numel(shape) * dtypeSize(dtype) <= kMaxHostTensorBytes, ErrorKind::Runtime,
+                "cannot allocate a {} tensor of shape [{}]: {} bytes, more than the 128 TiB a process can address",
+                dtypeName(dtype), fmt::join(shape, ", "), meshfuse::numel(shape) * dtypeSize(dtype));
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
@@ -37,7 +50,7 @@ Tensor Tensor::empty(DataType dtype, std::vector<int64_t> shape) {
 
 Tensor Tensor::wrap(void* data, DataType dtype, std::vector<int64_t> shape, std::shared_ptr<void> owner,
                     Device device) {
-  checkShape(shape);
+  checkShape(shape, dtype);
   Tensor t;
   t.dtype_ = dtype;
   t.device_ = device;
@@ -70,11 +83,7 @@ Tensor Tensor::clone() const {
   return t;
 }
 
-int64_t Tensor::numel() const {
-  int64_t n = 1;
-  for (int64_t s : shape_) n *= s;
-  return n;
-}
+int64_t Tensor::numel() const { return meshfuse::numel(shape_); }
 
 Tensor Tensor::fromValues(DataType dtype, std::vector<int64_t> shape, const std::vector<double>& values) {
   Tensor t(dtype, std::move(shape));

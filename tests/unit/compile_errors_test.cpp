@@ -106,5 +106,47 @@ TEST(CompileErrors, SetAttributesAreChecked) {
       HasSubstr("gelu: approximate must be \"none\" or \"tanh\" but is \"fast\""));
 }
 
+TEST(CompileErrors, PassesRunOutOfOrderSayWhichPassMustComeFirst) {
+  const char* tp = R"(fusion {
+  mesh @tp = [0, 1]
+  %x = input f32[4, 8] @tp {}
+  %w = input f32[6, 8] @tp {split(0, 2), parallelize(0, DIDx)}
+  %y = linear(%x, %w)
+  output %y
+})";
+  for (const char* pass :
+       {"decompose-reshardings", "layout-for-communication", "propagate-streams", "decompose-for-overlap"}) {
+    std::unique_ptr<Fusion> f = parseFusion(tp, "tp.mf");
+    EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { runPasses(*f, {pass}); }),
+              fmt::format("{} needs propagate-shardings first: %y has no device mesh (run "
+                          "--pass=propagate-shardings,{})",
+                          pass, pass));
+  }
+  std::unique_ptr<Fusion> f = parseFusion(tp, "tp.mf");
+  EXPECT_NO_THROW(runPasses(*f, {"propagate-shardings", "decompose-reshardings"}));
+}
+
+TEST(CompileErrors, AFusionWithoutOutputs) {
+  auto f = std::make_unique<Fusion>();
+  f->apply(OpKind::Neg, {f->defineTensor({4}, DataType::Float, "a")});
+  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { compile(std::move(f)); }),
+              HasSubstr("the fusion has no outputs: nothing it computes would be returned"));
+}
+
+TEST(CompileErrors, AFusionWithoutMeshesCompilesForOneDevice) {
+  // Not an error: the issue's own demo (examples/mlp_block.mf) has no mesh; it is the program of
+  // the one-device mesh [0], without collectives.
+  CompiledProgram p = compile(parseFusion(R"(fusion {
+  %x = input f32[?t, 8]
+  %w = input f32[6, 8]
+  %y = linear(%x, %w)
+  output %y
+})",
+                                          "one.mf"));
+  EXPECT_EQ(p.fusion->numMeshes(), 1);
+  EXPECT_EQ(p.fusion->mesh(0), DeviceMesh({0}));
+  EXPECT_TRUE(collectives(programForRank(p, 0), {{"t", 4}}).empty());
+}
+
 }  // namespace
 }  // namespace meshfuse

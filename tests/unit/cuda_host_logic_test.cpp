@@ -23,19 +23,7 @@ namespace {
 
 using testing_helpers::userErrorMessage;
 
-// ---- without a device --------------------------------------------------------------------
-
-TEST(CudaNoDevice, BackendCreationSaysWhy) {
-  if (cudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present: " << cudaDeviceDescription();
-  std::string msg = userErrorMessage(ErrorKind::Runtime, [] { makeCudaBackend(); });
-  EXPECT_NE(msg.find("no CUDA device: "), std::string::npos) << msg;
-  EXPECT_NE(msg.find("--device=cpu"), std::string::npos) << msg;
-  EXPECT_EQ(cudaDeviceDescription().rfind("no CUDA device: ", 0), 0u) << cudaDeviceDescription();
-  EXPECT_EQ(makeBackend("auto")->device(), Device::Cpu);
-  userErrorMessage(ErrorKind::Runtime, [] { makeBackend("cuda"); });
-  userErrorMessage(ErrorKind::Runtime, [] { makeNcclCommunicator(makeSelfCommunicator()); });
-  userErrorMessage(ErrorKind::Runtime, [] { makeHostStagedCommunicator(makeSelfCommunicator()); });
-}
+// (Without a device: cuda_unavailable_test.cpp, which builds without the CUDA backend too.)
 
 // ---- NVRTC -------------------------------------------------------------------------------
 

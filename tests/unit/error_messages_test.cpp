@@ -30,10 +30,16 @@ TEST(ErrorMessages, AddShapeMismatchNamesBothSides) {
   Fusion f;
   TensorView* a = f.defineTensor({4, 8}, DataType::Float, "a");
   TensorView* b = f.defineTensor({4, 16}, DataType::Float, "b");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { f.apply(OpKind::Add, {a, b}); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               f.apply(OpKind::Add, {a, b});
+                             }),
             "add: dim 1 mismatch: %a has 8 but %b has 16");
   TensorView* v = f.defineTensor({4}, DataType::Float, "v");
-  EXPECT_THAT(userErrorMessage(ErrorKind::Shape, [&] { f.apply(OpKind::Mul, {v, b}); }),
+  EXPECT_THAT(userErrorMessage(ErrorKind::Shape,
+                               [&] {
+                                 f.apply(OpKind::Mul, {v, b});
+                               }),
               HasSubstr("mul: rank mismatch: %v has shape [4] but %b has shape [4, 16]"));
   EXPECT_TRUE(f.exprs().empty()) << "a rejected op adds nothing";
 }
@@ -52,10 +58,16 @@ TEST(ErrorMessages, LinearContractedDimMismatch) {
   Fusion f;
   TensorView* x = f.defineTensor({Extent::symbolic("t"), 64}, DataType::Float, "x");
   TensorView* w = f.defineTensor({256, 32}, DataType::Float, "w");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { f.apply(OpKind::Linear, {x, w}); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               f.apply(OpKind::Linear, {x, w});
+                             }),
             "linear: contracted dim (k) mismatch: %x has 64 but %w has 32");
   TensorView* wb = f.defineTensor({256, 64}, DataType::BFloat16, "wb");
-  EXPECT_THAT(userErrorMessage(ErrorKind::Dtype, [&] { f.apply(OpKind::Linear, {x, wb}); }),
+  EXPECT_THAT(userErrorMessage(ErrorKind::Dtype,
+                               [&] {
+                                 f.apply(OpKind::Linear, {x, wb});
+                               }),
               HasSubstr("linear: dtype mismatch: %x is f32 but %wb is bf16"));
 }
 
@@ -69,16 +81,25 @@ TEST(ErrorMessages, ExpOfAnIntegerTensor) {
 TEST(ErrorMessages, WhereNeedsABoolCondition) {
   Fusion f;
   TensorView* c = f.defineTensor({4}, DataType::Float, "c");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Dtype, [&] { f.apply(OpKind::Where, {c, c, c}); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Dtype,
+                             [&] {
+                               f.apply(OpKind::Where, {c, c, c});
+                             }),
             "where: condition %c must be bool but is f32");
 }
 
 TEST(ErrorMessages, ReshapeElementCountMismatch) {
   Fusion f;
   TensorView* x = f.defineTensor({4, 6}, DataType::Float, "x");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { f.apply(OpKind::Reshape, {x}, {{"shape", Ints{5, 5}}}); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               f.apply(OpKind::Reshape, {x}, {{"shape", Ints{5, 5}}});
+                             }),
             "reshape: cannot reshape %x of shape [4, 6] (24 elements) into [5, 5]");
-  EXPECT_THAT(userErrorMessage(ErrorKind::Shape, [&] { f.apply(OpKind::Reshape, {x}, {{"shape", Ints{5, -1}}}); }),
+  EXPECT_THAT(userErrorMessage(ErrorKind::Shape,
+                               [&] {
+                                 f.apply(OpKind::Reshape, {x}, {{"shape", Ints{5, -1}}});
+                               }),
               HasSubstr("into [5, -1]"));
 }
 
@@ -86,20 +107,32 @@ TEST(ErrorMessages, SdpaNeedsRank4) {
   Fusion f;
   TensorView* q = f.defineTensor({2, 16, 8}, DataType::Float, "q");
   TensorView* k = f.defineTensor({2, 4, 16, 8}, DataType::Float, "k");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { f.apply(OpKind::Sdpa, {q, k, k}); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               f.apply(OpKind::Sdpa, {q, k, k});
+                             }),
             "sdpa: query [b, heads, s, e] %q must have rank 4 but has shape [2, 16, 8]");
 }
 
 TEST(ErrorMessages, AttributesAreCheckedAgainstTheSchema) {
   Fusion f;
   TensorView* x = f.defineTensor({4}, DataType::Float, "x");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { f.apply(OpKind::Neg, {x}, {{"alpha", int64_t{2}}}); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value,
+                             [&] {
+                               f.apply(OpKind::Neg, {x}, {{"alpha", int64_t{2}}});
+                             }),
             "neg: unknown attribute 'alpha' (expected one of: none)");
   EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { f.apply(OpKind::Sum, {x}); }),
             "sum: missing required attribute 'dims' (ints)");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { f.apply(OpKind::Sum, {x}, {{"dims", int64_t{0}}}); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value,
+                             [&] {
+                               f.apply(OpKind::Sum, {x}, {{"dims", int64_t{0}}});
+                             }),
             "sum: attribute 'dims' must be of type ints but got 0");
-  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { f.apply(OpKind::Softmax, {x}, {{"dimm", int64_t{0}}}); }),
+  EXPECT_THAT(userErrorMessage(ErrorKind::Value,
+                               [&] {
+                                 f.apply(OpKind::Softmax, {x}, {{"dimm", int64_t{0}}});
+                               }),
               HasSubstr("softmax: unknown attribute 'dimm' (expected one of: dim)"));
   EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { f.apply(OpKind::Add, {x}); }),
             "add: expected 2 operands but got 1");
@@ -110,8 +143,7 @@ TEST(ErrorMessages, AttributesAreCheckedAgainstTheSchema) {
 TEST(ErrorMessages, DuplicateAndReservedNames) {
   Fusion f;
   TensorView* x = f.defineTensor({4}, DataType::Float, "x");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Name, [&] { f.defineTensor({4}, DataType::Float, "x"); }),
-            "duplicate name %x");
+  EXPECT_EQ(userErrorMessage(ErrorKind::Name, [&] { f.defineTensor({4}, DataType::Float, "x"); }), "duplicate name %x");
   EXPECT_EQ(userErrorMessage(ErrorKind::Name, [&] { f.apply(OpKind::Neg, {x}, {}, "x"); }), "duplicate name %x");
   EXPECT_THAT(userErrorMessage(ErrorKind::Name, [&] { f.defineTensor({4}, DataType::Float, "7"); }),
               HasSubstr("name %7 is reserved"));
@@ -136,20 +168,38 @@ TEST(ErrorMessages, MalformedMeshes) {
             "bad.mf:2:13: malformed mesh: device id 1 appears twice");
   EXPECT_THAT(parseError(ErrorKind::Mesh, "fusion {\n  mesh @m = [[0, 1], 2]\n}\n"),
               HasSubstr("mixes device ids and nested lists"));
-  EXPECT_EQ(userErrorMessage(ErrorKind::Mesh, [] { DeviceMesh({0, 1, 2}, {2, 2}); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Mesh,
+                             [] {
+                               DeviceMesh({0, 1, 2}, {2, 2});
+                             }),
             "malformed mesh: shape [2, 2] holds 4 devices but 3 device ids were given");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Mesh, [] { DeviceMesh({0, 1, 1}); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Mesh,
+                             [] {
+                               DeviceMesh({0, 1, 1});
+                             }),
             "malformed mesh: device id 1 appears twice");
   EXPECT_THAT(userErrorMessage(ErrorKind::Mesh, [] { DeviceMesh({0, -2}); }), HasSubstr("device id -2 is negative"));
   EXPECT_THAT(userErrorMessage(ErrorKind::Mesh, [] { DeviceMesh(Ints{}); }), HasSubstr("at least one device"));
-  EXPECT_THAT(userErrorMessage(ErrorKind::Mesh, [] { DeviceMesh({0, 1}, {1, 1, 1, 2}); }),
+  EXPECT_THAT(userErrorMessage(ErrorKind::Mesh,
+                               [] {
+                                 DeviceMesh({0, 1}, {1, 1, 1, 2});
+                               }),
               HasSubstr("rank 4 mesh, but at most 3 mesh axes"));
+}
+
+TEST(ErrorMessages, MeshNestedBeyondTheRankLimitStopsAtTheFourthBracket) {
+  // 50,000 levels: rejected at the first level too many, before the parser recurses further.
+  std::string deep = "fusion {\n  mesh @m = " + std::string(50000, '[') + "0" + std::string(50000, ']') + "\n}\n";
+  EXPECT_EQ(parseError(ErrorKind::Mesh, deep),
+            "bad.mf:2:16: malformed mesh: nested more than 3 deep, but at most 3 mesh axes (DIDz, DIDy, DIDx) are "
+            "supported");
+  EXPECT_NO_THROW(
+      parseFusion("fusion {\n  mesh @m = [[[0, 1]], [[2, 3]]]\n  %x = input f32[2] @m\n  output %x\n}\n", "ok.mf"));
 }
 
 TEST(ErrorMessages, DeviceIdsBeforeANestedListAreMalformed) {
   // [0, [1]] mixes a device id and a nested list just like [[0, 1], 2] does.
-  EXPECT_THAT(parseError(ErrorKind::Mesh, "fusion {\n  mesh @m = [0, [1]]\n}\n"),
-              HasSubstr("bad.mf:2:"));
+  EXPECT_THAT(parseError(ErrorKind::Mesh, "fusion {\n  mesh @m = [0, [1]]\n}\n"), HasSubstr("bad.mf:2:"));
 }
 
 TEST(ErrorMessages, DidAxisBeyondTheMeshRank) {
@@ -158,9 +208,10 @@ TEST(ErrorMessages, DidAxisBeyondTheMeshRank) {
   x->setDeviceMesh(DeviceMesh({0, 1}))->split(0, 2);
   EXPECT_THAT(userErrorMessage(ErrorKind::Placement, [&] { x->parallelize(0, ParallelType::DIDy); }),
               HasSubstr("DIDy is beyond the axes of rank-1 mesh [0, 1] (which has DIDx)"));
-  EXPECT_THAT(parseError(ErrorKind::Placement,
-                         "fusion {\n  mesh @m = [0, 1]\n  %x = input f32[4] @m {split(0, 2), parallelize(0, DIDy)}\n}\n"),
-              AllOf(StartsWith("bad.mf:3:38: "), HasSubstr("DIDy is beyond the axes of rank-1 mesh [0, 1]")));
+  EXPECT_THAT(
+      parseError(ErrorKind::Placement,
+                 "fusion {\n  mesh @m = [0, 1]\n  %x = input f32[4] @m {split(0, 2), parallelize(0, DIDy)}\n}\n"),
+      AllOf(StartsWith("bad.mf:3:38: "), HasSubstr("DIDy is beyond the axes of rank-1 mesh [0, 1]")));
 }
 
 TEST(ErrorMessages, DidAxisBeyondTheMeshRankNamesTheTensor) {
@@ -185,22 +236,56 @@ TEST(ErrorMessages, PlacementsThatDoNotFit) {
             "%x: got 1 placements [Shard(0)] for a rank-2 mesh [[0, 1], [2, 3]] (one placement per mesh axis is "
             "needed)");
   EXPECT_EQ(userErrorMessage(ErrorKind::Placement,
-                             [&] { applyPlacements(x, grid, {Placement::replicate(), Placement::shard(-3)}); }),
+                             [&] {
+                               applyPlacements(x, grid, {Placement::replicate(), Placement::shard(-3)});
+                             }),
             "%x: placement Shard(-3) on mesh axis 1 names a dim that %x of rank 2 does not have");
   EXPECT_EQ(userErrorMessage(ErrorKind::Unsupported,
-                             [&] { applyPlacements(x, DeviceMesh({0, 1, 2, 3}), {Placement::shard(0)}); }),
+                             [&] {
+                               applyPlacements(x, DeviceMesh({0, 1, 2, 3}), {Placement::shard(0)});
+                             }),
             "uneven sharding not supported: %x dim 0 has size 6 which mesh axis 0 does not divide into 4 equal "
             "shards (Shard(0))");
 }
 
-TEST(ErrorMessages, VerifierRejectsADidWithoutAMesh) {
+TEST(ErrorMessages, AFusionWithoutOutputs) {
+  EXPECT_EQ(parseError(ErrorKind::Value, "fusion {\n  %a = input f32[4]\n  %b = neg(%a)\n}\n"),
+            "bad.mf:4:1: the fusion has no outputs: nothing it computes would be returned (mark results with "
+            "`output %x` or add_output)");
+}
+
+TEST(ErrorMessages, ArgumentsGivenTwiceAreRejectedAtTheSecond) {
+  const std::string head = "fusion {\n  %x = input f32[2, 4]\n  %w = input f32[3, 4]\n  %b = input f32[3]\n";
+  EXPECT_EQ(parseError(ErrorKind::Parse, head + "  %y = linear(%x, %w, bias=%b, bias=%b)\n  output %y\n}\n"),
+            "bad.mf:5:32: linear: operand 'bias' is given twice");
+  EXPECT_EQ(parseError(ErrorKind::Parse, head + "  %y = sum(%x, dims=[0], dims=[5])\n  output %y\n}\n"),
+            "bad.mf:5:26: sum: attribute 'dims' is given twice");
+  EXPECT_EQ(parseError(ErrorKind::Parse, head + "  %y = linear(%x, bias=%b, %w)\n  output %y\n}\n"),
+            "bad.mf:5:28: linear: a positional operand after named arguments");
+}
+
+TEST(ErrorMessages, UnknownStringEscapesAreRejectedWithTheirLocation) {
+  EXPECT_EQ(
+      parseError(ErrorKind::Parse, "fusion {\n  %x = input f32[4]\n  %y = gelu(%x, approximate=\"ta\\qnh\")\n}\n"),
+      "bad.mf:3:32: unknown escape '\\q' in a string (known: \\\\ \\\" \\n \\t \\r \\xNN)");
+  // The escapes the printer writes are read back.
   std::unique_ptr<Fusion> f =
-      parseFusion("fusion {\n  %x = input f32[4] {split(0, 2), parallelize(0, DIDx)}\n  output %x\n}\n");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Placement, [&] { verify(*f); }),
-            "%x: loop axis 0 is parallelized on DIDx but the tensor has no mesh");
-  std::unique_ptr<Fusion> g = parseFusion("fusion {\n  %x = input f32[4]\n}\n");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Placement, [&] { verify(*g, {.require_meshes = true}); }),
-            "%x has no device mesh");
+      parseFusion("fusion {\n  %x = input f32[4]\n  %y = gelu(%x, approximate=\"\\x74a\\x6eh\")\n  output %y\n}\n");
+  EXPECT_EQ(f->exprs()[0]->attr<std::string>("approximate"), "tanh");
+}
+
+TEST(ErrorMessages, MessagesEscapeBytesThatAreNotPrintable) {
+  EXPECT_EQ(parseError(ErrorKind::Parse, "\x01\x02"), "bad.mf:1:1: unexpected character '\\x01'");
+  EXPECT_EQ(parseError(ErrorKind::Parse, "fusion {\n  %x = input f32[4]\n  \xC3\xA9\n}\n"),
+            "bad.mf:3:3: unexpected character '\\xC3'");
+  EXPECT_EQ(parseError(ErrorKind::Parse,
+                       "\xEF\xBB\xBF"
+                       "fusion {\n}\n"),
+            "bad.mf:1:1: the file starts with a UTF-8 byte-order mark (bytes \\xEF\\xBB\\xBF); save it without one");
+  EXPECT_EQ(parseError(ErrorKind::Value, "fusion {\n  %x = input f32[4]\n  %y = gelu(%x, approximate=\"a\tb\")\n}\n"),
+            "bad.mf:3:8: gelu: approximate must be \"none\" or \"tanh\" but is \"a\\tb\"");
+  EXPECT_EQ(parseError(ErrorKind::Parse, "fusion {\n  %x = input f32[4]\n  output \"a\x1b[31m\"\n}\n"),
+            "bad.mf:3:10: expected a value name like %3 but found string \"a\\x1B[31m\"");
 }
 
 // ---- parse errors at known positions -------------------------------------------------
@@ -272,7 +357,9 @@ TEST(ErrorMessages, CatWithAScalarOperand) {
   Fusion f;
   TensorView* x = f.defineTensor({4}, DataType::Float, "x");
   EXPECT_THAT(userErrorMessage(ErrorKind::Value,
-                               [&] { f.apply(OpKind::Cat, {x, f.scalar(1.0)}, {{"dim", int64_t{0}}}); }),
+                               [&] {
+                                 f.apply(OpKind::Cat, {x, f.scalar(1.0)}, {{"dim", int64_t{0}}});
+                               }),
               HasSubstr("cat: operand 'xs' must be a tensor, got scalar 1.0"));
 }
 

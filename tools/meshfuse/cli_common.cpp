@@ -3,7 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -17,29 +20,41 @@ namespace meshfuse::cli {
 
 std::string readText(const std::string& path) {
   if (path == "-") return std::string(std::istreambuf_iterator<char>(std::cin), {});
-  std::ifstream in(path);
-  MF_USER_CHECK(in.good(), ErrorKind::Runtime, "cannot open {}", path);
+  std::error_code ec;
+  MF_USER_CHECK(!std::filesystem::is_directory(path, ec), ErrorKind::Runtime,
+                "cannot read {}: it is a directory, not a .mf file", path);
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  MF_USER_CHECK(in.good(), ErrorKind::Runtime, "cannot open {}: {}", path,
+                errno != 0 ? std::strerror(errno) : "unknown reason");
   std::stringstream ss;
   ss << in.rdbuf();
+  MF_USER_CHECK(!in.bad(), ErrorKind::Runtime, "cannot read {}", path);
   return ss.str();
 }
 
 std::string displayPath(const std::string& path) { return path == "-" ? "<stdin>" : path; }
 
-
 std::vector<std::string> splitInput(const std::string& text, bool split) {
   if (!split) return {text};
   std::vector<std::string> pieces(1);
+  std::vector<bool> has_code(1, false);
   int64_t line_no = 0;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line); ++line_no) {
-    if (line == "# -----") {
+    if (line == "# -----" || line.starts_with("# ----- ")) {
       pieces.emplace_back(static_cast<size_t>(line_no + 1), '\n');  // keep later line numbers
+      has_code.push_back(false);
       continue;
     }
+    size_t first = line.find_first_not_of(" \t\r");
+    has_code.back() = has_code.back() || (first != std::string::npos && line[first] != '#');
     pieces.back() += line + "\n";
   }
-  return pieces;
+  std::vector<std::string> cases;
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (has_code[i]) cases.push_back(std::move(pieces[i]));
+  return cases;
 }
 
 SymbolBindings parseSizes(const std::vector<std::string>& args) {
@@ -57,11 +72,22 @@ SymbolBindings parseSizes(const std::vector<std::string>& args) {
 }
 
 SymbolBindings completeBindings(const Fusion& f, SymbolBindings b, bool warn) {
+  std::set<std::string> known;
+  for (const TensorView* tv : f.inputs())
+    for (const Extent& e : tv->shape())
+      if (!e.isStatic()) known.insert("?" + e.symbol());
+  for (const auto& [name, value] : b)
+    MF_USER_CHECK(known.count("?" + name), ErrorKind::Value, "--size {}={}: the fusion has no size ?{} ({})", name,
+                  value, name,
+                  known.empty() ? std::string("it has no symbolic sizes")
+                                : fmt::format("its symbolic sizes: {}", fmt::join(known, ", ")));
   for (const TensorView* tv : f.inputs())
     for (const Extent& e : tv->shape()) {
       if (e.isStatic() || b.count(e.symbol())) continue;
       b[e.symbol()] = 8;
-      if (warn) std::cerr << fmt::format("note: size ?{} is not given; using 8 (set it with --size {}=N)\n", e.symbol(), e.symbol());
+      if (warn)
+        std::cerr << fmt::format("note: size ?{} is not given; using 8 (set it with --size {}=N)\n", e.symbol(),
+                                 e.symbol());
     }
   return b;
 }
@@ -83,11 +109,15 @@ std::vector<Tensor> makeInputs(const Fusion& f, const std::vector<std::string>& 
   }
   for (size_t i = 0; i < f.inputs().size(); ++i) {
     const TensorView* tv = f.inputs()[i];
-    std::vector<int64_t> shape;
-    for (const Extent& e : tv->shape()) shape.push_back(e.evaluate(sizes));
-    inputs.push_back(Tensor::random(tv->dtype(), shape, seed + i));
+    inputs.push_back(Tensor::random(tv->dtype(), tv->evaluateShape(sizes), seed + i));
   }
   return inputs;
+}
+
+void createOutputDirectory(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  MF_USER_CHECK(!ec, ErrorKind::Runtime, "--save-outputs {}: cannot create the directory: {}", dir, ec.message());
 }
 
 std::string summary(const Tensor& t) {
@@ -105,14 +135,25 @@ std::string formatCollective(const CollectiveInfo& c) {
                      c.tensor, c.mesh_axis, fmt::join(c.team, ", "), c.bytes, c.provenance);
 }
 
-std::string collectiveReport(const CompiledProgram& program, const std::vector<int64_t>& ranks,
-                             const SymbolBindings& sizes) {
+std::set<int64_t> meshRanks(const CompiledProgram& program) {
   std::set<int64_t> all;
   for (int64_t m = 0; m < program.fusion->numMeshes(); ++m)
     for (int64_t d : program.fusion->mesh(m).devices()) all.insert(d);
   if (all.empty()) all.insert(0);
-  for (int64_t r : ranks)
-    MF_USER_CHECK(all.count(r), ErrorKind::Value, "--rank {}: no mesh of the fusion holds rank {}", r, r);
+  return all;
+}
+
+void checkRankOption(const CompiledProgram& program, int64_t rank, bool all_allowed) {
+  std::set<int64_t> all = meshRanks(program);
+  MF_USER_CHECK(all.count(rank) || (all_allowed && rank == -1), ErrorKind::Value,
+                "--rank {}: no mesh of the fusion holds rank {} (its ranks: {}{})", rank, rank, fmt::join(all, ", "),
+                all_allowed ? "; -1: all of them" : "");
+}
+
+std::string collectiveReport(const CompiledProgram& program, const std::vector<int64_t>& ranks,
+                             const SymbolBindings& sizes) {
+  std::set<int64_t> all = meshRanks(program);
+  for (int64_t r : ranks) checkRankOption(program, r, /*all_allowed=*/false);
   std::string out;
   for (int64_t r : all) {
     if (!ranks.empty() && std::find(ranks.begin(), ranks.end(), r) == ranks.end()) continue;

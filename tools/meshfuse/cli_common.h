@@ -3,30 +3,36 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "meshfuse/ir/fusion.h"
 #include "meshfuse/host_ir.h"
+#include "meshfuse/ir/fusion.h"
 #include "meshfuse/pipeline.h"
 #include "meshfuse/tensor.h"
 
 namespace meshfuse::cli {
 
 std::string readText(const std::string& path);
-// The texts of FILE's cases: the whole file, or with `split` the pieces between lines that are
-// exactly "# -----" (as MLIR's --split-input-file). Each piece keeps its line numbers (earlier
-// lines become blank), so errors point into the original file.
+// The texts of FILE's cases: the whole file, or with `split` the pieces between separator lines:
+// "# -----", optionally followed by a space and a comment ("# ----- IR after propagate-shardings",
+// as --dump-after-each writes), like MLIR's --split-input-file. Pieces with nothing but blank and
+// comment lines (before a leading separator) are dropped. Each piece keeps its line numbers
+// (earlier lines become blank), so errors point into the original file.
 std::vector<std::string> splitInput(const std::string& text, bool split);
 // The name parse errors use for `path`.
 std::string displayPath(const std::string& path);
 // "t=128" arguments of --size.
 SymbolBindings parseSizes(const std::vector<std::string>& args);
 // Binds every symbolic input size: from `sizes`, else 8 (with a note on stderr when `warn`).
+// A size the fusion does not have is a ValueError naming the sizes it has.
 SymbolBindings completeBindings(const Fusion& f, SymbolBindings sizes, bool warn);
 // Full (global) inputs: seeded random (input i uses seed + i), or read from .npy files.
 std::vector<Tensor> makeInputs(const Fusion& f, const std::vector<std::string>& npy_files, const SymbolBindings& sizes,
                                uint64_t seed);
+// Creates --save-outputs' directory (RuntimeError naming it and the system's reason on failure).
+void createOutputDirectory(const std::string& dir);
 // "mean .. std .. min .. max .. sum .." of a tensor.
 std::string summary(const Tensor& t);
 
@@ -37,25 +43,21 @@ struct ShardedRunOptions {
   bool check = false;
   bool print_hostir = false;
   std::string save_dir;
-  std::string trace_file;      // --trace: Chrome/Perfetto timeline of every rank
+  std::string trace_file;       // --trace: Chrome/Perfetto timeline of every rank
   std::string device = "auto";  // --device
-  PipelineOptions pipeline;    // --overlap, --chunks, --streams
-  int64_t fail_on_rank = -1;  // --inject-failure-on-rank: this rank throws before running
+  PipelineOptions pipeline;     // --overlap, --chunks, --streams
+  int64_t fail_on_rank = -1;    // --inject-failure-on-rank: this rank throws before running
 };
-// Runs `definition` (inputs carry placements) on this process's rank; rank 0 gathers the
-// outputs and, with `check`, compares them with single-device execution. Returns the exit code.
+// Runs `definition` on this process's rank of the world its meshes need (one rank when it has no
+// mesh) on `options.device`; rank 0 gathers the outputs and, with `check`, compares them with the
+// reference executor (compareWithReference). Returns the exit code.
 int runSharded(const Fusion& definition, const ShardedRunOptions& options);
 
-// Dtype-appropriate tolerances: |a - b| <= atol + rtol * |b|.
-struct Tolerance {
-  double rtol, atol;
-};
-Tolerance toleranceFor(DataType dt);
-struct Comparison {
-  double max_abs = 0, max_rel = 0;
-  bool pass = false;
-};
-Comparison compare(const Tensor& actual, const Tensor& expected);
+// The ranks the meshes of `program` name (just 0 for a fusion without meshes).
+std::set<int64_t> meshRanks(const CompiledProgram& program);
+// --rank RANK must be one of meshRanks (or -1 where `all_allowed`: every rank); ValueError naming
+// the ranks there are otherwise.
+void checkRankOption(const CompiledProgram& program, int64_t rank, bool all_allowed);
 
 // "allreduce  axis 0  team [0, 1]  4096 bytes  -> %5  (why)".
 std::string formatCollective(const CollectiveInfo& c);

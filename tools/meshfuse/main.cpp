@@ -1,10 +1,10 @@
 // The `meshfuse` command-line tool: print, transform, dump and run .mf fusions.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
-#include <filesystem>
 #include <iostream>
+#include <new>
 #include <sstream>
 
 #include "cli_common.h"
@@ -23,12 +23,19 @@ namespace cli = meshfuse::cli;
 
 namespace {
 
+// The message of an exception that is neither a UserError nor an InternalError (the file system,
+// the allocator, a library): reported with a non-zero exit status, never an abort.
+std::string otherError(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return "meshfuse: error: out of memory";
+  return fmt::format("meshfuse: error: {}", e.what());
+}
+
 // Single-device execution with the reference executor.
 void runReference(const mf::Fusion& fusion, const cli::ShardedRunOptions& o, const std::string& save_dir) {
   mf::SymbolBindings sizes = cli::completeBindings(fusion, o.sizes, /*warn=*/true);
   std::vector<mf::Tensor> inputs = cli::makeInputs(fusion, o.npy_inputs, sizes, o.seed);
   std::vector<mf::Tensor> outputs = mf::evaluateReference(fusion, inputs);
-  if (!save_dir.empty()) std::filesystem::create_directories(save_dir);
+  if (!save_dir.empty()) cli::createOutputDirectory(save_dir);
   for (size_t i = 0; i < outputs.size(); ++i) {
     const mf::TensorView* tv = fusion.outputs()[i];
     std::cout << fmt::format("output {} {}: {}{}  {}\n", i, fusion.displayName(tv), mf::dtypeName(tv->dtype()),
@@ -41,16 +48,18 @@ void runReference(const mf::Fusion& fusion, const cli::ShardedRunOptions& o, con
 // backend, the first run compiling the kernels; rank 0 prints the report.
 void reportTiming(const mf::Fusion& definition, const cli::ShardedRunOptions& o, mf::PipelineOptions pipeline) {
   using Clock = std::chrono::steady_clock;
-  auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  auto ms = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
   std::unique_ptr<mf::Communicator> comm = mf::makeDefaultCommunicator();
   std::ostringstream passes;
   pipeline.timing = &passes;
   std::unique_ptr<mf::Backend> owned = mf::makeCpuBackend();
   mf::Backend* backend = owned.get();
-  mf::MultiDeviceExecutor exec(mf::cloneFusion(definition), *comm, std::move(owned), {.pipeline = pipeline, .trace = true});
+  mf::MultiDeviceExecutor exec(mf::cloneFusion(definition), *comm, std::move(owned),
+                               {.pipeline = pipeline, .trace = true});
+  // (A single-device fusion compiles to the program of a one-device mesh.)
   std::vector<mf::ShardedTensor> inputs = mf::inputLayouts(definition);
-  if (definition.numMeshes() == 0)  // a single-device fusion: the program of a one-device mesh
-    for (mf::ShardedTensor& in : inputs) in = {{}, mf::DeviceMesh({0}), {mf::Placement::replicate()}};
   auto t0 = Clock::now();
   const mf::CompiledProgram& compiled = exec.plan(inputs);
   auto t1 = Clock::now();
@@ -84,10 +93,11 @@ void reportTiming(const mf::Fusion& definition, const cli::ShardedRunOptions& o,
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"meshfuse: a sharding-aware tensor compiler.\n"
-               "Reads single-device fusions written as .mf text (docs/text-format.md) whose inputs may carry\n"
-               "placements on a device mesh, derives the multi-device program and runs it (under mpirun for\n"
-               "several ranks)."};
+  CLI::App app{
+      "meshfuse: a sharding-aware tensor compiler.\n"
+      "Reads single-device fusions written as .mf text (docs/text-format.md) whose inputs may carry\n"
+      "placements on a device mesh, derives the multi-device program and runs it (under mpirun for\n"
+      "several ranks)."};
   app.set_version_flag("--version", "meshfuse 0.1.0");
   app.require_subcommand(1);
 
@@ -110,7 +120,9 @@ int main(int argc, char** argv) {
   std::string pass_help = "passes to run, in order (comma-separated):";
   for (const mf::FusionPass& p : mf::fusionPasses()) pass_help += "\n  " + p.name + ": " + p.description;
   opt->add_option("--pass", passes, pass_help)->delimiter(',')->required();
-  opt->add_flag("--dump-after-each", dump_each, "print the IR after every pass");
+  opt->add_flag("--dump-after-each", dump_each,
+                "print the IR after every pass, each headed by a line '# ----- IR after PASS' (so the output reads "
+                "back with --split-input-file)");
   opt->add_flag("--timing", timing, "print each pass's wall time to stderr");
 
   std::string stage = "hostir";
@@ -125,12 +137,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(stages))
       ->capture_default_str();
   addSizes(dump);
-  dump->add_option("--rank", dump_rank, "the rank whose host program --stage=hostir prints (-1: all ranks together)")
+  dump->add_option("--rank", dump_rank,
+                   "the rank whose host program (--stage=hostir; -1: all ranks together) or kernels (--stage=kernels, "
+                   "llvm) are printed; one of the ranks of the fusion's meshes")
       ->capture_default_str();
 
   int64_t report_rank = -1;
-  auto* coll = app.add_subcommand("collectives", "Print each rank's collectives (kind, mesh axis, team, bytes, why) "
-                                                 "without running");
+  auto* coll = app.add_subcommand("collectives",
+                                  "Print each rank's collectives (kind, mesh axis, team, bytes, why) "
+                                  "without running");
   addFile(coll);
   addSizes(coll);
   coll->add_option("--rank", report_rank, "only this rank (default: every rank of the meshes)");
@@ -139,17 +154,25 @@ int main(int argc, char** argv) {
   std::string save_dir;
   bool reference = false;
   auto* run = app.add_subcommand(
-      "run", "Execute FILE.mf with seeded random inputs: sharded over the MPI ranks when its inputs carry placements\n"
-             "(launch with mpirun -np N), else on one device");
+      "run",
+      "Execute FILE.mf with seeded random inputs on --device: sharded over the MPI ranks when its inputs carry\n"
+      "placements (launch with mpirun -np N), else on one device (the first line says which backend ran)");
   addFile(run);
   addSizes(run);
   run->add_option("--seed", run_opts.seed, "seed of the random inputs (input i uses seed+i)")->capture_default_str();
   run->add_option("--inputs", run_opts.npy_inputs, "read the full inputs from .npy files instead (comma-separated)")
       ->delimiter(',');
   run->add_option("--save-outputs", save_dir, "write each (gathered) output to DIR/output<i>.npy");
-  run->add_flag("--check", run_opts.check, "compare the sharded result with single-device execution");
+  run->add_flag("--check", run_opts.check,
+                fmt::format("compare the sharded result with single-device execution (the reference executor): "
+                            "element i passes when |out_i - ref_i| <= {:g} eps x (max|ref| + |ref_i|), eps the "
+                            "dtype's machine epsilon (f32 2^-23, bf16 2^-7, f16 2^-10; i64/bool exact), because a "
+                            "sharded program sums in another order, with an error that scales with the output's "
+                            "largest values",
+                            mf::kReferenceToleranceEps));
   run->add_flag("--print-hostir", run_opts.print_hostir, "print rank 0's host program before running");
-  run->add_flag("--reference", reference, "ignore placements: run on one device with the reference executor");
+  run->add_flag("--reference", reference,
+                "ignore placements and --device: run on one device with the reference executor (no header line)");
   bool run_timing = false;
   run->add_flag("--timing", run_timing,
                 "then run again through the CPU backend and report (rank 0) each compile pass, kernel compilation, a "
@@ -165,25 +188,29 @@ int main(int argc, char** argv) {
                     "collective | ring (default none: only pairs whose GEMM the fusion's schedule chunks)")
         ->check(CLI::IsMember({"none", "collective", "ring"}));
     sub->add_option("--chunks", pipeline.overlap.chunks, "chunks per overlapped pair (default: one per device)");
-    sub->add_option("--streams", pipeline.overlap.streams, "streams the chunks of collective-based overlap rotate "
-                                                           "through")
+    sub->add_option("--streams", pipeline.overlap.streams,
+                    "streams the chunks of collective-based overlap rotate "
+                    "through")
         ->capture_default_str();
     sub->add_flag("--fsdp", pipeline.propagation.gather_parameters,
                   "fully sharded data parallelism: all-gather sharded parameters where they are used (prefetched one "
                   "ahead on a communication stream) instead of moving the activations");
   }
-  run->add_option("--device", run_opts.device, "where to run: cpu, cuda, auto (cuda when a GPU is present) or "
-                                               "reference (the reference executor's loops)")
+  run->add_option("--device", run_opts.device,
+                  "where to run: cpu, cuda, auto (cuda when a GPU is present) or "
+                  "reference (the reference executor's loops)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto", "reference"}))
       ->capture_default_str();
   run->add_option("--trace", run_opts.trace_file,
                   "write every rank's timeline (kernels, GEMMs, collectives per stream) as Chrome/Perfetto trace "
-                  "JSON, and report the fraction of communication hidden behind compute");
+                  "JSON, and report the fraction of communication hidden behind compute; the timeline is of a warm "
+                  "run (one warm-up run first, so that kernel compilation is not in it)");
 
   bool split = false;
   for (CLI::App* sub : {print, opt, dump, coll})
-    sub->add_flag("--split-input-file", split, "FILE holds several cases separated by lines '# -----'; handle each "
-                                              "on its own and print '# -----' between the results");
+    sub->add_flag("--split-input-file", split,
+                  "FILE holds several cases separated by lines '# -----' (the rest of such a line is a comment); "
+                  "handle each on its own and print '# -----' between the results");
 
   CLI11_PARSE(app, argc, argv);
 
@@ -194,6 +221,9 @@ int main(int argc, char** argv) {
     pieces = cli::splitInput(cli::readText(file), split);
   } catch (const mf::UserError& e) {
     std::cerr << "meshfuse: " << mf::errorKindName(e.kind()) << ": " << e.message() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << otherError(e) << "\n";
     return 1;
   }
   int status = 0;
@@ -211,13 +241,16 @@ int main(int argc, char** argv) {
         if (timing) o.timing = &std::cerr;
         mf::runPasses(*fusion, passes, o);
         if (!dump_each) std::cout << mf::printFusion(*fusion);
+      } else if (*dump && stage == "fusion") {  // the parsed fusion: nothing to compile
+        std::cout << mf::printFusion(*fusion);
       } else if (*dump) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/false);
         mf::PipelineOptions o = pipeline;
         o.sizes = run_opts.sizes;  // chunk counts for the sizes given (symbolic otherwise)
         mf::CompiledProgram p = mf::compile(std::move(fusion), o, /*keep_stages=*/true);
+        cli::checkRankOption(p, dump_rank, /*all_allowed=*/stage == "hostir");
         if (stage == "kernels" || stage == "llvm") {
-          std::cout << mf::dumpKernels(p, std::max<int64_t>(dump_rank, 0), sizes, stage == "llvm");
+          std::cout << mf::dumpKernels(p, dump_rank, sizes, stage == "llvm");
         } else if (stage == "hostir") {
           std::cout << (dump_rank < 0 ? p.host.toString() : mf::programForRank(p, dump_rank).toString());
         } else {
@@ -228,11 +261,13 @@ int main(int argc, char** argv) {
         mf::PipelineOptions o = pipeline;
         o.sizes = sizes;  // chunk counts as `run` chooses them for these sizes
         mf::CompiledProgram p = mf::compile(std::move(fusion), o);
-        std::cout << cli::collectiveReport(p, report_rank < 0 ? std::vector<int64_t>{} : std::vector<int64_t>{report_rank},
-                                           sizes);
+        std::cout << cli::collectiveReport(
+            p, report_rank == -1 ? std::vector<int64_t>{} : std::vector<int64_t>{report_rank}, sizes);
       } else if (*run) {
         int rc = 0;
-        if (reference || fusion->numMeshes() == 0) {
+        // A fusion without meshes runs on one device, on the --device asked for (the pipeline
+        // compiles it for the mesh [0]); --reference alone means the reference executor's loops.
+        if (reference) {
           runReference(*fusion, run_opts, save_dir);
         } else {
           run_opts.pipeline = pipeline;
@@ -250,6 +285,10 @@ int main(int argc, char** argv) {
       std::cerr << e.what() << "\n";
       if (fusion) std::cerr << "IR at the time of the error:\n" << mf::printFusion(*fusion);
       return 2;
+    } catch (const std::exception& e) {
+      std::cout << std::flush;
+      std::cerr << otherError(e) << "\n";
+      return 1;
     }
   }
   return status;

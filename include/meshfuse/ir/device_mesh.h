@@ -15,6 +15,9 @@ namespace meshfuse {
 
 class DeviceMesh {
  public:
+  // Mesh axes have the parallel types DIDz, DIDy, DIDx: at most three.
+  static constexpr int64_t kMaxRank = 3;
+
   DeviceMesh() = default;
   // `shape` empty means 1-D over `devices`. Throws MeshError on a malformed mesh
   // (product of shape != number of devices, negative or duplicate ids, rank > 3).

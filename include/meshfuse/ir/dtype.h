@@ -25,6 +25,9 @@ std::string_view dtypeName(DataType dt);                     // "f32"
 std::optional<DataType> parseDtype(std::string_view name);   // nullopt when unknown
 int64_t dtypeSize(DataType dt);
 bool isFloatingPoint(DataType dt);
+// The machine epsilon (1 to the next representable value) of a floating-point dtype: f32 2^-23,
+// bf16 2^-7, f16 2^-10; 0 for i64 and bool.
+double dtypeEpsilon(DataType dt);
 // Result dtype of a binary op between two tensors (torch-like promotion among our dtypes).
 DataType promote(DataType a, DataType b);
 

@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace meshfuse {
 
@@ -29,7 +31,8 @@ class Extent {
   Extent multiplied(int64_t n) const;
   Extent multiplied(const Extent& o) const;  // at most one side symbolic
 
-  // Value under `bindings`; throws ShapeError naming the symbol when unbound or not integral.
+  // Value under `bindings`; throws ShapeError naming the symbol when unbound or when the value
+  // is not an integer (a reshape of ?t rows into a size that ?t does not divide).
   int64_t evaluate(const SymbolBindings& bindings) const;
 
   std::string toString() const;  // "64", "?t", "?t/4", "?t*2"
@@ -43,5 +46,11 @@ class Extent {
   std::string symbol_;
   int64_t num_ = 1, den_ = 1;
 };
+
+// The element count of an evaluated shape whose sizes are known to be valid (no overflow check).
+int64_t numel(const std::vector<int64_t>& shape);
+// The element count of `shape`, or nullopt when it, or its size in bytes (times
+// `bytes_per_element`), does not fit in an int64. Sizes must be >= 0.
+std::optional<int64_t> checkedNumel(const std::vector<int64_t>& shape, int64_t bytes_per_element = 1);
 
 }  // namespace meshfuse

@@ -21,15 +21,13 @@ class Fusion {
 
   // A fusion input of `shape` (-1 or Extent::symbolic: a size bound at run time; a size of 1
   // is a broadcast dim). Throws NameError on a duplicate name, ShapeError on a bad extent.
-  TensorView* defineTensor(const std::vector<Extent>& shape, DataType dtype,
-                           std::string name = "");
+  TensorView* defineTensor(const std::vector<Extent>& shape, DataType dtype, std::string name = "");
   Scalar* scalar(double value, DataType dtype = DataType::Float);
 
   // Appends an op: checks operands and attributes against the kind's schema (missing
   // attributes get their defaults), infers the output's shape and dtype, and returns it.
   // Throws a typed UserError that names the op and tensors on bad input.
-  TensorView* apply(OpKind kind, std::vector<Val*> inputs, Attributes attrs = {},
-                    std::string out_name = "");
+  TensorView* apply(OpKind kind, std::vector<Val*> inputs, Attributes attrs = {}, std::string out_name = "");
   void addOutput(TensorView* tv);
   // Unlinks `e` from the program (its output must be unused and not a fusion output).
   void removeExpr(Expr* e);
@@ -76,19 +74,24 @@ class Fusion {
   std::string displayName(const Val* v) const;
 
   // Two extents an op requires equal that are only known at run time (?s0 vs ?s1, or ?s0 vs
-  // 8): recorded by shape inference, checked by checkExtentConstraints once sizes are bound.
+  // 8): found by shape inference, recorded by apply(), checked by checkExtentConstraints once
+  // sizes are bound.
   struct ExtentConstraint {
     Extent a, b;
-    std::string op, what;   // "add", "dim 0"
-    const Val *ta, *tb;     // the operands that have them
+    std::string op, what;             // "add", "dim 0"
+    const Val *ta, *tb;               // the operands that have them
+    const TensorView* out = nullptr;  // the op's output (names the op in messages)
   };
-  void addExtentConstraint(ExtentConstraint c) { extent_constraints_.push_back(std::move(c)); }
-  // Throws ShapeError naming the op, both tensors and both values on a violated constraint.
+  // Throws ShapeError naming the op (by its output and operands), both tensors and both values
+  // on a violated constraint.
   void checkExtentConstraints(const SymbolBindings& bindings) const;
   // Looks a TensorView up by display name; nullptr when absent.
   TensorView* findTensor(std::string_view display_name) const;
 
  private:
+  // tests/unit/verifier_test.cpp: builds IR that no API can (a value defined twice, an input with
+  // a definition) to test that the verifier catches it.
+  friend struct FusionTestAccess;
   struct MeshEntry {
     std::unique_ptr<DeviceMesh> mesh;
     std::string name;

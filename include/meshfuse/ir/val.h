@@ -67,8 +67,8 @@ struct Provenance {
 struct ScheduleStep {
   enum Kind { Split, Merge, Parallelize } kind;
   int64_t axis = 0;
-  int64_t factor = 0;          // Split
-  bool inner_split = false;    // Split
+  int64_t factor = 0;                         // Split
+  bool inner_split = false;                   // Split
   ParallelType ptype = ParallelType::Serial;  // Parallelize
   bool operator==(const ScheduleStep&) const = default;
 };
@@ -79,12 +79,29 @@ class TensorView : public Val {
   const std::vector<IterDomain*>& logical() const { return logical_; }
   // Loop domain: the logical domain after `schedule()` is applied.
   const std::vector<IterDomain*>& loop() const { return loop_; }
+  // Allocation domain (derived from the logical domain and the schedule, not stored): the logical
+  // domain with the splits applied that lead to a DID-parallelized loop axis, and no others. A
+  // DID-split dim is thus allocated at its local extent (the DID axis is one device's index, the
+  // remainder is what each device holds); a Stream split (microbatches, overlap chunks) and a
+  // merge exist only in the loop domain: the whole dim stays allocated (the seed's `s*`) -- unless
+  // a DID split is nested inside the Stream split, which then says which parts are whose.
+  // Reduction dims, Partial ones included, appear as in the logical domain.
+  std::vector<IterDomain*> allocation() const;
+  // What one device allocates: per non-reduction logical dim, the product of the extents of its
+  // allocation axes that are not DID-parallelized ([?t, 64] Shard(0) on 4 devices: [?t/4, 64]).
+  std::vector<Extent> allocatedShape() const;
   const std::vector<ScheduleStep>& schedule() const { return schedule_; }
 
   // Non-reduction logical dims: the tensor's global shape as a user sees it.
   std::vector<IterDomain*> dims() const;
   std::vector<Extent> shape() const;
   int64_t rank() const { return static_cast<int64_t>(dims().size()); }
+  // The global shape with symbolic sizes bound by `bindings`. Throws ShapeError naming this
+  // tensor and the op that defines it when a size is unbound or not an integer, or when the
+  // element count or byte size does not fit in an int64.
+  std::vector<int64_t> evaluateShape(const SymbolBindings& bindings) const;
+  // "%y = reshape(%x, shape=[-1, 3])", or "input %x": where a tensor comes from, for messages.
+  std::string describe() const;
 
   // Device mesh (nullptr: not yet decided). Owned by the Fusion's mesh table.
   const DeviceMesh* mesh() const;
