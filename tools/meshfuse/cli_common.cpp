@@ -131,8 +131,9 @@ std::string summary(const Tensor& t) {
 }
 
 std::string formatCollective(const CollectiveInfo& c) {
-  return fmt::format("{:<15} {} -> {}  mesh axis {}  team [{}]  {} bytes  ({})", commKindName(c.kind), c.source,
-                     c.tensor, c.mesh_axis, fmt::join(c.team, ", "), c.bytes, c.provenance);
+  return fmt::format("{:<15} {} -> {}  mesh axis {}  team [{}]{}  {} bytes  ({})", commKindName(c.kind), c.source,
+                     c.tensor, c.mesh_axis, fmt::join(c.team, ", "),
+                     c.root >= 0 ? fmt::format("  root {}", c.root) : "", c.bytes, c.provenance);
 }
 
 std::set<int64_t> meshRanks(const CompiledProgram& program) {
