@@ -82,8 +82,10 @@ class MultiDeviceExecutor {
 
  private:
   struct Entry;
+  struct Layout;
   Entry& entryFor(const std::vector<ShardedTensor>& inputs);
-  Entry& entryFor(const std::vector<ShardedTensor>& inputs, const std::string& key, const SymbolBindings& sizes);
+  Entry& entryFor(const std::vector<ShardedTensor>& inputs, const std::string& key, const SymbolBindings& sizes,
+                  bool sized);
   std::vector<ShardedTensor> runChecked(const std::vector<ShardedTensor>& inputs);
 
   std::unique_ptr<Fusion> definition_;
@@ -91,7 +93,8 @@ class MultiDeviceExecutor {
   std::unique_ptr<Backend> backend_;
   ExecutorOptions options_;
   std::map<std::string, std::unique_ptr<Entry>> cache_;
-  Entry* last_ = nullptr;  // the entry the last call used
+  std::map<std::string, Layout> layouts_;  // per input layout (meshes + placements)
+  Entry* last_ = nullptr;                  // the entry the last call used
   std::vector<CollectiveInfo> last_collectives_;
   std::vector<TraceEvent> last_trace_;
 };

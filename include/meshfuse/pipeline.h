@@ -18,15 +18,15 @@ namespace meshfuse {
 class Fusion;
 
 struct PipelineOptions {
-  PropagationOptions propagation;    // propagate-shardings (e.g. FSDP: gather parameters)
-  OverlapOptions overlap;            // decompose-for-overlap and the stream pool of its loops
+  PropagationOptions propagation;  // propagate-shardings (e.g. FSDP: gather parameters)
+  OverlapOptions overlap;          // decompose-for-overlap and the stream pool of its loops
   // Symbolic sizes known at compile time (empty: bound at run time). Chunked loops (overlap,
   // microbatches) are checked against them, and default chunk counts chosen to divide them.
   SymbolBindings sizes;
-  bool verify = true;                // run the verifier after every pass
-  std::ostream* dump = nullptr;      // when set, print the IR after each pass here, each headed
-                                     // by "# ----- IR after <pass>" (readable with --split-input-file)
-  std::ostream* timing = nullptr;    // when set, print each pass's wall time here
+  bool verify = true;              // run the verifier after every pass
+  std::ostream* dump = nullptr;    // when set, print the IR after each pass here, each headed
+                                   // by "# ----- IR after <pass>" (readable with --split-input-file)
+  std::ostream* timing = nullptr;  // when set, print each pass's wall time here
 };
 
 struct FusionPass {
@@ -50,8 +50,8 @@ void runPasses(Fusion& fusion, const std::vector<std::string>& names, const Pipe
 // decomposed fusion plus the collective host program. A fusion without any mesh is compiled for
 // one device: its inputs are placed (replicated) on the mesh [0].
 struct CompiledProgram {
-  std::shared_ptr<Fusion> fusion;  // after propagation and decomposition
-  HostProgram host;                // all ranks together (not specialized)
+  std::shared_ptr<Fusion> fusion;                          // after propagation and decomposition
+  HostProgram host;                                        // all ranks together (not specialized)
   std::map<std::string, std::string, std::less<>> stages;  // IR text per stage, when asked for
 };
 
@@ -60,6 +60,10 @@ struct CompiledProgram {
 const std::vector<std::string>& pipelineStages();
 // With `keep_stages`, the text of each stage is kept in CompiledProgram::stages.
 CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& options = {}, bool keep_stages = false);
+// Whether compiling `fusion` (placed, or decomposed) with other sizes may give other chunk
+// counts or errors: it has symbolic sizes and chunked loops (overlap asked for, or Stream
+// splits). MultiDeviceExecutor compiles such programs for the sizes of each run.
+bool chunkingDependsOnSizes(const Fusion& fusion, const OverlapOptions& options);
 // What `rank` runs: specialize-for-rank then insert-deallocations.
 HostProgram programForRank(const CompiledProgram& program, int64_t rank);
 

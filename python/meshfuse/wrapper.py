@@ -93,7 +93,8 @@ CHECK_INPUTS = ("first", "always", "never")
 
 class FusionDefinitionWrapper:
     def __init__(self, define_fusion, *, overlap: str = "none", chunks: int = 0, streams: int = 2,
-                 fsdp: bool = False, trace: bool = False, check_inputs: str = "first"):
+                 fsdp: bool = False, trace: bool = False, check_inputs: str = "first",
+                 abort_on_failure: bool = True):
         """`define_fusion(fd)` defines the single-device program (called once, lazily).
 
         overlap: "collective" or "ring" pipelines every allgather+GEMM, GEMM+reduce-scatter and
@@ -107,13 +108,19 @@ class FusionDefinitionWrapper:
             rank raise the same meshfuse.ValueError instead of leaving the others waiting in a
             collective: "first" (default) on the first call of each signature, "always" on every
             call (one allgather of 16 bytes per rank), "never". Only in multi-rank worlds.
+        abort_on_failure: in a multi-rank world, a failure once this rank's program is running (its
+            inputs were accepted) ends the whole job with this rank's message (MPI_Abort), since
+            the other ranks may be waiting for it in a collective; False raises the error on this
+            rank only, and the others then wait until MESHFUSE_COMM_TIMEOUT. Errors in the inputs
+            are raised either way.
         """
         if check_inputs not in CHECK_INPUTS:
             raise _C.ValueError(f"check_inputs must be one of {', '.join(map(repr, CHECK_INPUTS))}, got {check_inputs!r}")
         self._check_inputs = check_inputs
         self._run_check = None  # check_inputs, or "never" in a world of one rank (known at the first call)
         self._define_fusion = define_fusion
-        self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, trace=trace)
+        self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, trace=trace,
+                             abort_on_failure=abort_on_failure)
         self._fd = None
         self._executor = None
         self._calls: dict = {}

@@ -28,15 +28,32 @@ namespace {
 
 using namespace pybind11::literals;
 
-std::shared_ptr<Communicator>& worldSlot() {
-  static std::shared_ptr<Communicator> world;
-  return world;
+// The process's communicators: `world` runs the programs; `control` carries the front end's
+// own small collectives (the ranks' input-signature check), on a communicator of its own so that
+// a rank checking while a peer already runs a program can never have its message matched with
+// the program's collectives (at worst it waits until the watchdog). Both are created together,
+// by init() on every rank.
+struct Communicators {
+  std::shared_ptr<Communicator> world, control;
+};
+
+Communicators& communicatorSlots() {
+  static Communicators slots;
+  return slots;
 }
 
 const std::shared_ptr<Communicator>& world() {
-  std::shared_ptr<Communicator>& w = worldSlot();
-  if (!w) w = makeDefaultCommunicator();
-  return w;
+  Communicators& c = communicatorSlots();
+  if (!c.world) {
+    c.world = makeDefaultCommunicator();
+    c.control = c.world->size() > 1 ? makeDefaultCommunicator() : c.world;
+  }
+  return c.world;
+}
+
+Communicator& control() {
+  world();
+  return *communicatorSlots().control;
 }
 
 // Binds the symbolic sizes of `f`'s inputs from their global shapes (one per input).
@@ -155,7 +172,7 @@ py::object layoutOf(const TensorView* tv) {
 void bindCommunicator(py::module_& m) {
   m.def(
       "init", [] { return world()->name(); }, "Creates the process's communicator (idempotent); returns its name.");
-  m.def("is_initialized", [] { return worldSlot() != nullptr; });
+  m.def("is_initialized", [] { return communicatorSlots().world != nullptr; });
   m.def(
       "launched_by_mpi", [] { return readRuntimeEnvironment().launched_by_mpi; },
       "Whether mpirun/srun started this process (the variables runtime/environment.h reads).");
@@ -169,7 +186,7 @@ void bindCommunicator(py::module_& m) {
   m.def(
       "allgather_int64",
       [](const std::vector<int64_t>& mine, std::optional<Team> team) {
-        Communicator& comm = *world();
+        Communicator& comm = control();
         Team t = team.value_or(Team{});
         if (!team)
           for (int64_t r = 0; r < comm.size(); ++r) t.push_back(r);
@@ -326,7 +343,7 @@ void bindPrograms(py::module_& m) {
 
   py::class_<PyExecutor, std::shared_ptr<PyExecutor>>(m, "Executor")
       .def(py::init([](const Fusion& definition, bool keep_stages, const std::string& overlap, int64_t chunks,
-                       int64_t streams, bool fsdp, bool trace) {
+                       int64_t streams, bool fsdp, bool trace, bool abort_on_failure) {
              auto e = std::make_shared<PyExecutor>();
              e->comm = world();
              ExecutorOptions options;
@@ -334,13 +351,15 @@ void bindPrograms(py::module_& m) {
              options.pipeline.overlap = {overlap, chunks, streams};
              options.pipeline.propagation.gather_parameters = fsdp;
              options.trace = trace;
+             options.abort_on_failure = abort_on_failure;
              e->exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *e->comm, nullptr, options);
              return e;
            }),
            "definition"_a, "keep_stages"_a = true, "overlap"_a = "none", "chunks"_a = 0, "streams"_a = 2,
-           "fsdp"_a = false, "trace"_a = false,
+           "fsdp"_a = false, "trace"_a = false, "abort_on_failure"_a = true,
            "overlap: none | collective | ring (decompose-for-overlap); fsdp: gather parameters where used; trace: "
-           "record each run's timeline")
+           "record each run's timeline; abort_on_failure: a failure while a multi-rank program runs ends the job "
+           "(MPI_Abort) instead of raising on this rank while the others wait")
       .def(
           "prepare",
           [](const std::shared_ptr<PyExecutor>& self, const py::sequence& layouts) {

@@ -298,4 +298,11 @@ TensorView* Fusion::findTensor(std::string_view display_name) const {
   return nullptr;
 }
 
+int64_t Fusion::worldSizeNeeded() const {
+  int64_t needed = 0;
+  for (const MeshEntry& m : meshes_)
+    for (int64_t d : m.mesh->devices()) needed = std::max(needed, d + 1);
+  return needed;
+}
+
 }  // namespace meshfuse

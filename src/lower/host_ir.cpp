@@ -225,16 +225,10 @@ void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const Sym
     Team team = n.team;
     int64_t bytes = 0;
     if (n.comm == CommKind::SendRecv && p.rank >= 0) {
-      // The pair (sender, receiver): a ring step sends `shift` places ahead in the team and
-      // counts once per rank; a stage boundary counts on both sides, with the bytes that cross.
-      int64_t to = n.send_to;
-      if (n.shift != 0 && !n.team.empty()) {
-        const int64_t size = static_cast<int64_t>(n.team.size());
-        const int64_t me = std::find(n.team.begin(), n.team.end(), p.rank) - n.team.begin();
-        to = n.team.at((me + n.shift % size + size) % size);
-      }
-      const bool sends = to >= 0;
-      team = sends ? Team{p.rank, to} : Team{n.recv_from, p.rank};
+      // The pair (sender, receiver), as specialize-for-rank resolved it: a ring step counts once
+      // per rank (each sends); a stage boundary on both sides, with the bytes that cross.
+      const bool sends = n.send_to >= 0;
+      team = sends ? Team{p.rank, n.send_to} : Team{n.recv_from, p.rank};
       const BlockRef& moved = sends ? n.in : n.out;
       auto it = chunk_blocks.find({moved.tv, moved.slot});
       bytes = localBytes(moved.tv, b, moved.blocks * (it == chunk_blocks.end() ? 1 : it->second));

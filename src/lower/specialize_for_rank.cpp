@@ -49,9 +49,7 @@ bool specialize(const HostProgram& p, const std::vector<HostNode>& in, int64_t r
       case HostNodeKind::RecordEvent:
       case HostNodeKind::WaitEvent:
       case HostNodeKind::HostWaitEvent:
-      case HostNodeKind::Synchronize:
-        out.push_back(n);
-        continue;
+      case HostNodeKind::Synchronize: out.push_back(n); continue;
       case HostNodeKind::Communication:
         if (n.comm == CommKind::SendRecv && n.mesh_axis < 0) {  // a stage boundary between meshes
           // Between stages of one shape, this rank sends to the device at its coordinates in the
@@ -100,6 +98,12 @@ bool specialize(const HostProgram& p, const std::vector<HostNode>& in, int64_t r
     if (n.kind == HostNodeKind::Communication) {
       s.team = tv->mesh()->team(rank, n.mesh_axis);
       handles.push_back(n.handle);
+      if (n.comm == CommKind::SendRecv && n.shift != 0) {  // a ring step: `shift` places along the team
+        const int64_t size = static_cast<int64_t>(s.team.size());
+        const int64_t me = std::find(s.team.begin(), s.team.end(), rank) - s.team.begin();
+        s.send_to = s.team[((me + n.shift) % size + size) % size];
+        s.recv_from = s.team[((me - n.shift) % size + size) % size];
+      }
     }
     out.push_back(s);
     work = true;

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <set>
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
@@ -23,6 +24,16 @@ bool contiguousBlocks(const std::vector<int64_t>& shape, int64_t d) {
 }
 
 int64_t positiveMod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
+
+std::string currentExceptionMessage() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
 
 bool hasCommunication(const std::vector<HostNode>& nodes) {
   return std::any_of(nodes.begin(), nodes.end(), [](const HostNode& n) {
@@ -87,6 +98,10 @@ HostIrEvaluator::HostIrEvaluator(const HostProgram& program, Backend& backend, C
       gate_(std::make_shared<IssueGate>()) {
   MF_CHECK(program.rank == comm.rank(), "program for rank {} run on rank {}", program.rank, comm.rank());
   communicates_ = hasCommunication(program.nodes);
+  std::set<int64_t> ranks;
+  for (int64_t m = 0; m < program.fusion->numMeshes(); ++m)
+    for (int64_t d : program.fusion->mesh(m).devices()) ranks.insert(d);
+  if (ranks.count(comm.rank())) program_ranks_.assign(ranks.begin(), ranks.end());
 }
 
 HostIrEvaluator::~HostIrEvaluator() = default;
@@ -194,21 +209,25 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
     values_[{f.inputs()[i], 0}] = local_inputs[i].defined() && local_inputs[i].device() != backend_.device()
                                       ? backend_.upload(local_inputs[i])
                                       : local_inputs[i];
-  // A traced run starts with a barrier of the world: every rank's timeline then has (nearly)
-  // the same origin, so a merged multi-rank trace lines up.
-  if (tracing_ && comm_.size() > 1) comm_.barrier();
+  // A traced run starts with a barrier of the program's ranks: every rank's timeline then has
+  // (nearly) the same origin, so a merged multi-rank trace lines up.
+  if (tracing_ && program_ranks_.size() > 1) {
+    int64_t one = 1, sum = 0;
+    comm_.allreduce(&one, &sum, 1, DataType::Int64, ReduceOp::Sum, program_ranks_)->wait();
+  }
   streams_.setTracing(tracing_);
   try {
     execute(program_.nodes);
     streams_.synchronize();
-  } catch (const std::exception& e) {
+  } catch (...) {
+    // The other ranks may be waiting in a collective this rank will not join: end the job now
+    // with this rank's message (not after this rank's own in-flight work, which may itself wait
+    // for them) rather than leave them hanging until the watchdog fires.
+    if (abort_on_failure_ && communicates_ && comm_.size() > 1) comm_.abort(currentExceptionMessage());
     try {
       streams_.synchronize();  // let in-flight tasks finish before the buffers go away
     } catch (...) {
     }
-    // The other ranks may be waiting in a collective this rank will not join: end the job with
-    // this rank's message rather than leave them hanging until the watchdog fires.
-    if (abort_on_failure_ && communicates_ && comm_.size() > 1) comm_.abort(e.what());
     throw;
   }
   if (tracing_) trace_ = streams_.takeTrace();
@@ -484,15 +503,7 @@ void HostIrEvaluator::submit(TaskKind kind, const std::string& name, std::functi
 void HostIrEvaluator::sendRecv(const HostNode& n) {
   auto h = std::make_shared<Handle>();
   handles_[{n.handle, iteration()}] = h;
-  int64_t to = n.send_to, from = n.recv_from;
-  if (n.shift != 0) {  // a ring step along a mesh axis
-    const DeviceMesh* mesh = n.in.tv->mesh();
-    Team team = mesh->team(comm_.rank(), n.mesh_axis);
-    const int64_t size = static_cast<int64_t>(team.size());
-    const int64_t me = mesh->indexAlong(comm_.rank(), n.mesh_axis);
-    to = team[positiveMod(me + n.shift, size)];
-    from = team[positiveMod(me - n.shift, size)];
-  }
+  const int64_t to = n.send_to, from = n.recv_from;  // resolved by specialize-for-rank (ring steps too)
   Tensor in = to >= 0 ? view(n.in) : Tensor(), out = from >= 0 ? view(n.out) : Tensor();
   h->buffers = {in, out};
   // Reported once per rank, as the pair (sender, receiver): what a rank sends, or on the receiving

@@ -200,9 +200,9 @@ class MpiCommunicator final : public Communicator {
     watchdog_.guard("creating meshfuse's world communicator (MPI_Comm_dup)",
                     [&] { return MPI_Comm_dup(MPI_COMM_WORLD, &world); });
     MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
-    Team everyone(size_);
-    for (int64_t i = 0; i < size_; ++i) everyone[i] = i;
-    comms_.emplace(everyone, world);
+    everyone_.resize(size_);
+    for (int64_t i = 0; i < size_; ++i) everyone_[i] = i;
+    comms_.emplace(everyone_, world);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -275,19 +275,22 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> send(const void* buf, int64_t count, DataType dt, int64_t peer, int64_t tag) override {
     checkPeer("send", peer);
     Team pair = {rank_, peer};
+    MPI_Comm world = commOf("send", everyone(), -1);  // meshfuse's copy of the world: tags stay ours
     return issue("send", pair, [&](MPI_Request* r) {
-      return MPI_Isend(buf, toInt(count), type(dt), static_cast<int>(peer), static_cast<int>(tag), MPI_COMM_WORLD, r);
+      return MPI_Isend(buf, toInt(count), type(dt), static_cast<int>(peer), static_cast<int>(tag), world, r);
     });
   }
   std::unique_ptr<Work> recv(void* buf, int64_t count, DataType dt, int64_t peer, int64_t tag) override {
     checkPeer("recv", peer);
     Team pair = {peer, rank_};
+    MPI_Comm world = commOf("recv", everyone(), -1);
     return issue("recv", pair, [&](MPI_Request* r) {
-      return MPI_Irecv(buf, toInt(count), type(dt), static_cast<int>(peer), static_cast<int>(tag), MPI_COMM_WORLD, r);
+      return MPI_Irecv(buf, toInt(count), type(dt), static_cast<int>(peer), static_cast<int>(tag), world, r);
     });
   }
   void barrier() override {
-    issue("barrier", {}, [&](MPI_Request* r) { return MPI_Ibarrier(MPI_COMM_WORLD, r); })->wait();
+    MPI_Comm c = commOf("barrier", everyone(), -1);
+    issue("barrier", {}, [&](MPI_Request* r) { return MPI_Ibarrier(c, r); })->wait();
   }
 
   [[noreturn]] void abort(const std::string& reason) override {
@@ -320,6 +323,7 @@ class MpiCommunicator final : public Communicator {
                   "a single MPI message of {} elements exceeds MPI's 2^31 - 1 element limit", count);
     return static_cast<int>(count);
   }
+  const Team& everyone() const { return everyone_; }
   static int indexIn(const Team& team, int64_t rank) {
     return static_cast<int>(std::find(team.begin(), team.end(), rank) - team.begin());
   }
@@ -332,18 +336,24 @@ class MpiCommunicator final : public Communicator {
   // The sub-communicator of `team`; created on first use by the team's members only.
   MPI_Comm commOf(const char* what, const Team& team, int64_t root) {
     checkTeamAndRoot(what, team, root, rank_, size_);
-    auto lk = lock();
+    // The map has its own lock: with MPI_THREAD_MULTIPLE, lock() serializes nothing, and stream
+    // threads and the Python thread may look up teams at once.
+    std::lock_guard<std::mutex> map_lock(comms_mu_);
     auto it = comms_.find(team);
     if (it != comms_.end()) return it->second;
-    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
-    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    auto lk = lock();
+    // Children of meshfuse's own copy of the world, so that they never race with another
+    // communicator's (or the application's) group creations on MPI_COMM_WORLD.
+    MPI_Comm parent = comms_.at(everyone_);
+    MPI_Group parent_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    MPI_Comm_group(parent, &parent_group);
     std::vector<int> ranks(team.begin(), team.end());
-    MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+    MPI_Group_incl(parent_group, static_cast<int>(ranks.size()), ranks.data(), &group);
     MPI_Comm comm = MPI_COMM_NULL;
     int rc = watchdog_.guard(fmt::format("creating the communicator of team [{}] for {}", fmt::join(team, ", "), what),
-                             [&] { return MPI_Comm_create_group(MPI_COMM_WORLD, group, /*tag=*/0, &comm); });
+                             [&] { return MPI_Comm_create_group(parent, group, /*tag=*/0, &comm); });
     MPI_Group_free(&group);
-    MPI_Group_free(&world_group);
+    MPI_Group_free(&parent_group);
     MF_USER_CHECK(rc == MPI_SUCCESS && comm != MPI_COMM_NULL, ErrorKind::Runtime,
                   "{}: creating the communicator of team [{}] failed (MPI error {})", what, fmt::join(team, ", "), rc);
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -355,8 +365,10 @@ class MpiCommunicator final : public Communicator {
   double timeout_s_;
   Watchdog watchdog_;
   int64_t rank_ = 0, size_ = 1;
-  std::mutex mu_;
+  std::mutex mu_;        // serializes MPI calls below MPI_THREAD_MULTIPLE (lock())
+  std::mutex comms_mu_;  // guards comms_
   std::map<Team, MPI_Comm> comms_;
+  Team everyone_;  // 0 .. size - 1
 };
 
 class MpiWork final : public Work {

@@ -2,12 +2,44 @@
 // caches per input layout, and runs this rank's host program.
 #include <typeinfo>
 
-#include "decompose/decompose_for_overlap.h"
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
 namespace meshfuse {
+namespace {
+
+// The sizes `inputs` bind in `placed` (a definition with the inputs' placements): their global
+// shapes where given, else their local blocks times their shards; nullopt without either (plan()
+// of layouts alone). Mismatches are the run's to report (bindLocalInputs), with names.
+std::optional<SymbolBindings> runSizes(const Fusion& placed, const std::vector<ShardedTensor>& inputs, int64_t rank) {
+  SymbolBindings sizes;
+  for (size_t i = 0; i < inputs.size() && i < placed.inputs().size(); ++i) {
+    const TensorView* tv = placed.inputs()[i];
+    const std::vector<Extent> shape = tv->shape();
+    std::vector<int64_t> global = inputs[i].global_shape;
+    const bool held = tv->mesh() == nullptr || tv->mesh()->contains(rank);
+    if (global.empty() && held && inputs[i].local.defined() &&
+        static_cast<size_t>(inputs[i].local.rank()) == shape.size()) {
+      global = inputs[i].local.shape();
+      std::vector<int64_t> factors = shardFactors(tv);
+      for (size_t d = 0; d < global.size(); ++d) global[d] *= factors[d];
+    }
+    if (global.size() != shape.size()) return std::nullopt;
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (!shape[d].isStatic()) sizes.emplace(shape[d].symbol(), global[d]);
+  }
+  return sizes;
+}
+
+}  // namespace
+
+struct MultiDeviceExecutor::Layout {
+  // Whether this layout's programs depend on the sizes (chunked loops over symbolic sizes: their
+  // chunk counts are checked against, or chosen for, each run's sizes; decompose_for_overlap.h).
+  bool sized = false;
+  std::unique_ptr<Fusion> placed;  // the definition with these placements (sized layouts only)
+};
 
 struct MultiDeviceExecutor::Entry {
   CompiledProgram compiled;
@@ -26,29 +58,6 @@ struct MultiDeviceExecutor::Entry {
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].mesh != layouts[i].mesh || inputs[i].placements != layouts[i].placements) return false;
     return true;
-  }
-  // The sizes the inputs bind: their global shapes where given, else their local blocks times
-  // their shards; nullopt without either (plan() of layouts alone). Mismatches are the run's to
-  // report (bindLocalInputs), with names.
-  std::optional<SymbolBindings> sizesOf(const std::vector<ShardedTensor>& inputs, int64_t rank) const {
-    const Fusion& f = *compiled.fusion;
-    SymbolBindings sizes;
-    for (size_t i = 0; i < inputs.size() && i < f.inputs().size(); ++i) {
-      const TensorView* tv = f.inputs()[i];
-      const std::vector<Extent> shape = tv->shape();
-      std::vector<int64_t> global = inputs[i].global_shape;
-      const bool held = tv->mesh() == nullptr || tv->mesh()->contains(rank);
-      if (global.empty() && held && inputs[i].local.defined() &&
-          static_cast<size_t>(inputs[i].local.rank()) == shape.size()) {
-        global = inputs[i].local.shape();
-        std::vector<int64_t> factors = shardFactors(tv);
-        for (size_t d = 0; d < global.size(); ++d) global[d] *= factors[d];
-      }
-      if (global.size() != shape.size()) return std::nullopt;
-      for (size_t d = 0; d < shape.size(); ++d)
-        if (!shape[d].isStatic()) sizes.emplace(shape[d].symbol(), global[d]);
-    }
-    return sizes;
   }
   // Whether this program is the one for `sizes` (an unsized one is for any).
   bool fits(const SymbolBindings& run_sizes) const {
@@ -123,34 +132,45 @@ MultiDeviceExecutor::MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Com
 MultiDeviceExecutor::~MultiDeviceExecutor() = default;
 
 MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs) {
-  // Training loops call with the same layouts every step: check the last entry first.
-  if (last_ != nullptr && last_->matches(inputs) && !last_->sized) return *last_;
+  // Training loops call with the same layouts (and sizes) every step: check the last entry first.
+  if (last_ != nullptr && last_->matches(inputs)) {
+    if (!last_->sized) return *last_;
+    std::optional<SymbolBindings> sizes = runSizes(*last_->compiled.fusion, inputs, comm_.rank());
+    if (!sizes || last_->fits(*sizes)) return *last_;
+  }
   std::string key;
   for (const ShardedTensor& in : inputs)
     key += fmt::format("{}{};", in.mesh.toString(), placementsToString(in.placements));
-  Entry& e = entryFor(inputs, key, options_.pipeline.sizes);
-  if (!e.sized) return e;
-  std::optional<SymbolBindings> sizes = e.sizesOf(inputs, comm_.rank());
-  if (!sizes || e.fits(*sizes)) return e;  // without data: the program for the sizes known so far
+  // Whether this layout's programs depend on the sizes is known from the placed definition,
+  // before anything is compiled (a sized program is compiled once, for the run's sizes).
+  auto [layout, fresh] = layouts_.try_emplace(key);
+  if (fresh) {
+    std::unique_ptr<Fusion> placed = placeInputs(*definition_, inputs);
+    layout->second.sized = chunkingDependsOnSizes(*placed, options_.pipeline.overlap);
+    if (layout->second.sized) layout->second.placed = std::move(placed);
+  }
+  if (!layout->second.sized) return entryFor(inputs, key, options_.pipeline.sizes, false);
+  std::optional<SymbolBindings> sizes = runSizes(*layout->second.placed, inputs, comm_.rank());
+  // Layouts alone (plan() without data): the program for the sizes known so far.
+  if (!sizes) return entryFor(inputs, key, options_.pipeline.sizes, true);
   std::string sized_key = key;
   for (const auto& [symbol, value] : *sizes) sized_key += fmt::format(" {}={}", symbol, value);
   SymbolBindings all = options_.pipeline.sizes;
   all.insert(sizes->begin(), sizes->end());
-  return entryFor(inputs, sized_key, all);
+  return entryFor(inputs, sized_key, all, true);
 }
 
 MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs,
-                                                          const std::string& key, const SymbolBindings& sizes) {
+                                                          const std::string& key, const SymbolBindings& sizes,
+                                                          bool sized) {
   auto it = cache_.find(key);
   if (it != cache_.end()) return *(last_ = it->second.get());
   // Every check below fails identically on every rank (they all compile the same program).
   // The world needs ranks up to the largest device id of every mesh: the inputs' and those the
   // definition pins tensors to (a pipeline stage reached through a `set`).
-  int64_t needed = 0;
+  int64_t needed = definition_->worldSizeNeeded();
   for (const ShardedTensor& in : inputs)
     for (int64_t d : in.mesh.devices()) needed = std::max(needed, d + 1);
-  for (int64_t m = 0; m < definition_->numMeshes(); ++m)
-    for (int64_t d : definition_->mesh(m).devices()) needed = std::max(needed, d + 1);
   for (size_t i = 0; i < inputs.size(); ++i)
     for (int64_t d : inputs[i].mesh.devices())
       MF_USER_CHECK(d < comm_.size(), ErrorKind::Mesh,
@@ -166,7 +186,7 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
   PipelineOptions pipeline = options_.pipeline;
   pipeline.sizes = sizes;
   std::unique_ptr<Fusion> placed = placeInputs(*definition_, inputs);
-  e->sized = chunkingDependsOnSizes(*placed, pipeline.overlap);
+  e->sized = sized;
   e->sizes = sizes;
   e->compiled = compile(std::move(placed), pipeline, options_.keep_stages);
   e->program = programForRank(e->compiled, comm_.rank());

@@ -327,6 +327,8 @@ TEST(Overlap, DefaultChunkCountIsTheLargestThatSplitsEachRunsRows) {
                                                    n)));
     }
   }
+  // One program per size, each compiled once (the second 2n-row call finds it in the cache).
+  EXPECT_EQ(exec.cacheSize(), 2);
   for (int64_t rows : {2 * n, int64_t{3}}) expectMatchesReference(rowParallel(false, overlap("collective", 0), rows));
 }
 

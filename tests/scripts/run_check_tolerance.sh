@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `meshfuse run --check` passes sharded programs whose only difference from single-device
-# execution is summation order (the audit's false MISMATCHes), and prints the tolerance it used.
+# execution is summation order, and prints the tolerance it used.
 # (That wrong programs fail: ReferenceComparison.* unit tests.)
 # Usage: run_check_tolerance.sh MPIRUN MESHFUSE SOURCE_DIR
 set -uo pipefail

@@ -1,5 +1,5 @@
 // compareWithReference, the check of `meshfuse run --check`: rounding noise that scales with the
-// output's largest values passes (the audit's false MISMATCHes), wrong programs fail.
+// output's largest values passes, wrong programs fail.
 #include <gtest/gtest.h>
 
 #include <cmath>

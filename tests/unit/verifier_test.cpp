@@ -113,7 +113,7 @@ TEST(Verifier, NoOutputsIsAUserErrorWhenCompiled) {
 }
 
 TEST(Verifier, WrongDtypeAndShapeAfterReplaceOperand) {
-  // The audit's case: %0 = neg(%b) : f32[4] where %b became i64[7, 3].
+  // An operand replaced by one of another type: %0 = neg(%b) : f32[4] where %b became i64[7, 3].
   Fusion f;
   TensorView* a = f.defineTensor({4}, DataType::Float, "a");
   TensorView* b = f.defineTensor({7, 3}, DataType::Int64, "b");

@@ -54,11 +54,7 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
   try {
     // Ranks 0..max device id of every mesh (input placements and pins alike, e.g. a pipeline
     // stage reached through a `set`) must exist, and no more. A fusion without meshes runs on one.
-    int64_t covered = single_device ? 1 : 0;
-    for (int64_t m = 0; m < definition.numMeshes(); ++m)
-      for (int64_t d : definition.mesh(m).devices()) covered = std::max(covered, d + 1);
-    for (const ShardedTensor& in : inputs)
-      for (int64_t d : in.mesh.devices()) covered = std::max(covered, d + 1);
+    const int64_t covered = single_device ? 1 : definition.worldSizeNeeded();  // inputs' meshes included
     MF_USER_CHECK(world == covered || !single_device, ErrorKind::Mesh,
                   "world size {}, but the fusion has no mesh: it runs on one device (without mpirun)", world);
     MF_USER_CHECK(world == covered, ErrorKind::Mesh,

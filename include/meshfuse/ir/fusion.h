@@ -64,6 +64,8 @@ class Fusion {
   int64_t addMesh(const DeviceMesh& mesh, std::string name = "");
   const DeviceMesh& mesh(int64_t index) const { return *meshes_.at(index).mesh; }
   int64_t numMeshes() const { return static_cast<int64_t>(meshes_.size()); }
+  // The world size the meshes need: their largest device id + 1 (0 without meshes).
+  int64_t worldSizeNeeded() const;
   std::string meshName(int64_t index) const;
 
   IterDomain* newIterDomain(Extent extent, IterType type);

@@ -84,6 +84,7 @@ class HostIrEvaluator {
   bool tracing_ = false;
   bool abort_on_failure_ = true;
   bool communicates_ = false;  // the program holds a communication (set at construction)
+  Team program_ranks_;         // every rank of the fusion's meshes (empty when not among them)
   std::vector<TraceEvent> trace_;
 };
 
