@@ -84,6 +84,8 @@ class MultiDeviceExecutor {
   struct Entry;
   struct Layout;
   Entry& entryFor(const std::vector<ShardedTensor>& inputs);
+  // The world has every rank the inputs' and the definition's meshes name (a MeshError if not).
+  void checkWorld(const std::vector<ShardedTensor>& inputs) const;
   Entry& entryFor(const std::vector<ShardedTensor>& inputs, const std::string& key, const SymbolBindings& sizes,
                   bool sized);
   std::vector<ShardedTensor> runChecked(const std::vector<ShardedTensor>& inputs);

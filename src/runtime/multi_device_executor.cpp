@@ -131,40 +131,7 @@ MultiDeviceExecutor::MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Com
 
 MultiDeviceExecutor::~MultiDeviceExecutor() = default;
 
-MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs) {
-  // Training loops call with the same layouts (and sizes) every step: check the last entry first.
-  if (last_ != nullptr && last_->matches(inputs)) {
-    if (!last_->sized) return *last_;
-    std::optional<SymbolBindings> sizes = runSizes(*last_->compiled.fusion, inputs, comm_.rank());
-    if (!sizes || last_->fits(*sizes)) return *last_;
-  }
-  std::string key;
-  for (const ShardedTensor& in : inputs)
-    key += fmt::format("{}{};", in.mesh.toString(), placementsToString(in.placements));
-  // Whether this layout's programs depend on the sizes is known from the placed definition,
-  // before anything is compiled (a sized program is compiled once, for the run's sizes).
-  auto [layout, fresh] = layouts_.try_emplace(key);
-  if (fresh) {
-    std::unique_ptr<Fusion> placed = placeInputs(*definition_, inputs);
-    layout->second.sized = chunkingDependsOnSizes(*placed, options_.pipeline.overlap);
-    if (layout->second.sized) layout->second.placed = std::move(placed);
-  }
-  if (!layout->second.sized) return entryFor(inputs, key, options_.pipeline.sizes, false);
-  std::optional<SymbolBindings> sizes = runSizes(*layout->second.placed, inputs, comm_.rank());
-  // Layouts alone (plan() without data): the program for the sizes known so far.
-  if (!sizes) return entryFor(inputs, key, options_.pipeline.sizes, true);
-  std::string sized_key = key;
-  for (const auto& [symbol, value] : *sizes) sized_key += fmt::format(" {}={}", symbol, value);
-  SymbolBindings all = options_.pipeline.sizes;
-  all.insert(sizes->begin(), sizes->end());
-  return entryFor(inputs, sized_key, all, true);
-}
-
-MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs,
-                                                          const std::string& key, const SymbolBindings& sizes,
-                                                          bool sized) {
-  auto it = cache_.find(key);
-  if (it != cache_.end()) return *(last_ = it->second.get());
+void MultiDeviceExecutor::checkWorld(const std::vector<ShardedTensor>& inputs) const {
   // Every check below fails identically on every rank (they all compile the same program).
   // The world needs ranks up to the largest device id of every mesh: the inputs' and those the
   // definition pins tensors to (a pipeline stage reached through a `set`).
@@ -182,6 +149,49 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
                     "mesh @{} {} of the fusion names device {} but the world has {} ranks (launch with mpirun -np "
                     "{})",
                     definition_->meshName(m), definition_->mesh(m).toString(), d, comm_.size(), needed);
+}
+
+MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs) {
+  // Training loops call with the same layouts (and sizes) every step: check the last entry first.
+  if (last_ != nullptr && last_->matches(inputs)) {
+    if (!last_->sized) return *last_;
+    std::optional<SymbolBindings> sizes = runSizes(*last_->compiled.fusion, inputs, comm_.rank());
+    if (!sizes || last_->fits(*sizes)) return *last_;
+  }
+  std::string key;
+  for (const ShardedTensor& in : inputs)
+    key += fmt::format("{}{};", in.mesh.toString(), placementsToString(in.placements));
+  // Whether this layout's programs depend on the sizes is known from the placed definition,
+  // before anything is compiled (a sized program is compiled once, for the run's sizes).
+  auto [layout, fresh] = layouts_.try_emplace(key);
+  if (fresh) {
+    try {
+      checkWorld(inputs);
+      std::unique_ptr<Fusion> placed = placeInputs(*definition_, inputs);
+      layout->second.sized = chunkingDependsOnSizes(*placed, options_.pipeline.overlap);
+      if (layout->second.sized) layout->second.placed = std::move(placed);
+    } catch (...) {
+      layouts_.erase(layout);  // bad inputs leave nothing behind
+      throw;
+    }
+  }
+  if (!layout->second.sized) return entryFor(inputs, key, options_.pipeline.sizes, false);
+  std::optional<SymbolBindings> sizes = runSizes(*layout->second.placed, inputs, comm_.rank());
+  // Layouts alone (plan() without data): the program for the sizes known so far.
+  if (!sizes) return entryFor(inputs, key, options_.pipeline.sizes, true);
+  std::string sized_key = key;
+  for (const auto& [symbol, value] : *sizes) sized_key += fmt::format(" {}={}", symbol, value);
+  SymbolBindings all = options_.pipeline.sizes;
+  all.insert(sizes->begin(), sizes->end());
+  return entryFor(inputs, sized_key, all, true);
+}
+
+MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs,
+                                                          const std::string& key, const SymbolBindings& sizes,
+                                                          bool sized) {
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return *(last_ = it->second.get());
+  checkWorld(inputs);
   auto e = std::make_unique<Entry>();
   PipelineOptions pipeline = options_.pipeline;
   pipeline.sizes = sizes;
