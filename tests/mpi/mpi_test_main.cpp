@@ -106,6 +106,7 @@ void expectSameCollectives(const std::vector<CollectiveInfo>& reported, const st
     EXPECT_EQ(reported[i].bytes, executed[i].bytes);
     EXPECT_EQ(reported[i].team, executed[i].team);
     EXPECT_EQ(reported[i].mesh_axis, executed[i].mesh_axis);
+    EXPECT_EQ(reported[i].root, executed[i].root);
     EXPECT_EQ(reported[i].source, executed[i].source);
     EXPECT_EQ(reported[i].tensor, executed[i].tensor);
     EXPECT_EQ(reported[i].provenance, executed[i].provenance);

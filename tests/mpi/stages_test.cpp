@@ -46,6 +46,8 @@ StagedRun runStaged(const std::string& text) {
   run.compiled = exec.plan(inputs).fusion;
   std::vector<ShardedTensor> outs = exec.run(inputs);
   run.collectives = exec.lastCollectives();
+  // The static report (`meshfuse collectives`, plan()) says what the run did, rank by rank.
+  expectSameCollectives(collectives(exec.programFor(inputs), {}), run.collectives);
   Team everyone(worldSize());
   std::iota(everyone.begin(), everyone.end(), 0);
   for (size_t i = 0; i < outs.size(); ++i) {
