@@ -9,6 +9,7 @@
 // Every function checks its operands and throws a typed UserError naming the op and tensors.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,9 @@ TensorView* cat(const std::vector<TensorView*>& xs, int64_t dim);
 TensorView* softmax(TensorView* x, int64_t dim);
 TensorView* layerNorm(TensorView* x, TensorView* weight = nullptr, TensorView* bias = nullptr, double eps = 1e-5);
 TensorView* rmsNorm(TensorView* x, TensorView* weight = nullptr, double eps = 1e-6);
-TensorView* sdpa(TensorView* q, TensorView* k, TensorView* v, bool is_causal = false, double scale = 0);
+// `scale` multiplies the scores; none means 1/sqrt(head size), as in PyTorch. An explicit 0 is
+// refused (it would zero every score), which also keeps the IR's "0 = default" encoding unambiguous.
+TensorView* sdpa(TensorView* q, TensorView* k, TensorView* v, bool is_causal = false,
+                 std::optional<double> scale = std::nullopt);
 
 }  // namespace meshfuse::ops

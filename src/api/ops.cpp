@@ -116,8 +116,11 @@ TensorView* layerNorm(TensorView* x, TensorView* weight, TensorView* bias, doubl
 TensorView* rmsNorm(TensorView* x, TensorView* weight, double eps) {
   return owner(x, OpKind::RmsNorm).apply(OpKind::RmsNorm, {x, weight}, {{"eps", eps}});
 }
-TensorView* sdpa(TensorView* q, TensorView* k, TensorView* v, bool is_causal, double scale) {
-  return owner(q, OpKind::Sdpa).apply(OpKind::Sdpa, {q, k, v}, {{"is_causal", is_causal}, {"scale", scale}});
+TensorView* sdpa(TensorView* q, TensorView* k, TensorView* v, bool is_causal, std::optional<double> scale) {
+  MF_USER_CHECK(!scale || *scale != 0, ErrorKind::Value,
+                "sdpa: scale 0 would zero every attention score; leave it unset for 1/sqrt(head size)");
+  return owner(q, OpKind::Sdpa)
+      .apply(OpKind::Sdpa, {q, k, v}, {{"is_causal", is_causal}, {"scale", scale.value_or(0.0)}});
 }
 
 }  // namespace meshfuse::ops

@@ -8,6 +8,7 @@
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/ir/verifier.h"
+#include "meshfuse/ops.h"
 #include "test_helpers.h"
 
 namespace meshfuse {
@@ -76,6 +77,14 @@ TEST(ErrorMessages, ExpOfAnIntegerTensor) {
   TensorView* i = f.defineTensor({4}, DataType::Int64, "i");
   EXPECT_EQ(userErrorMessage(ErrorKind::Dtype, [&] { f.apply(OpKind::Exp, {i}); }),
             "exp: expected a floating-point tensor (f32, bf16, f16) but %i is i64");
+}
+
+TEST(ErrorMessages, SdpaRefusesAnExplicitZeroScale) {
+  Fusion f;
+  TensorView* q = f.defineTensor({1, 2, 4, 8}, DataType::Float, "q");
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { ops::sdpa(q, q, q, false, 0.0); }),
+            "sdpa: scale 0 would zero every attention score; leave it unset for 1/sqrt(head size)");
+  EXPECT_NO_THROW(ops::sdpa(q, q, q, false, 0.5));
 }
 
 TEST(ErrorMessages, WhereNeedsABoolCondition) {
