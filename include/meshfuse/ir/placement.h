@@ -54,7 +54,9 @@ std::optional<StreamSplit> streamSplitOf(const TensorView* tv);
 void applyStreamSplit(TensorView* tv, const StreamSplit& s);
 
 // The per-rank (local) extent of each non-reduction logical dim: global extent divided by the
-// DID splits derived from it. Throws UnsupportedError on uneven sharding.
+// DID splits derived from it. Throws UnsupportedError on uneven sharding. The concrete
+// counterpart of TensorView::allocatedShape(): that one stays symbolic for printing ("?t/4"),
+// this one divides bound global sizes so that an uneven shard is caught and named here.
 std::vector<int64_t> localShape(const TensorView* tv, const SymbolBindings& bindings);
 // Number of devices each non-reduction logical dim is split across.
 std::vector<int64_t> shardFactors(const TensorView* tv);
