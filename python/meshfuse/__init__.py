@@ -20,7 +20,7 @@ from . import _C
 from ._errors import *  # noqa: F401,F403  (meshfuse.Error and one subclass per error kind)
 from ._errors import Error
 from . import _world
-from ._world import barrier, communicator_name, init, is_initialized, rank, world_size
+from ._world import barrier, communicator_name, cuda_available, init, is_initialized, rank, world_size
 from .dtensor import DTensor, distribute_tensor
 from .fusion_definition import DataType, FusionDefinition, ParallelType, TensorView
 from .mesh import DeviceMesh, Partial, Placement, Replicate, Shard
@@ -29,7 +29,7 @@ from .wrapper import FusionDefinitionWrapper, Plan
 _world.install_excepthook()  # an uncaught exception on one rank aborts the job, not just that rank
 
 __all__ = [
-    "Error", "init", "is_initialized", "rank", "world_size", "barrier", "communicator_name",
+    "Error", "init", "is_initialized", "rank", "world_size", "barrier", "communicator_name", "cuda_available",
     "DataType", "ParallelType", "FusionDefinition", "TensorView",
     "DeviceMesh", "Placement", "Shard", "Replicate", "Partial", "DTensor", "distribute_tensor",
     "FusionDefinitionWrapper", "Plan", *_C.ERROR_KINDS,

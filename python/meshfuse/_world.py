@@ -16,7 +16,7 @@ import sys
 
 from . import _C
 
-__all__ = ["init", "is_initialized", "rank", "world_size", "barrier", "communicator_name"]
+__all__ = ["init", "is_initialized", "rank", "world_size", "barrier", "communicator_name", "cuda_available"]
 
 
 def init() -> None:
@@ -47,6 +47,12 @@ def barrier() -> None:
 def communicator_name() -> str:
     """``"mpi"`` or ``"self"``."""
     return _C.communicator_name()
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA device is usable here (and meshfuse was built with its CUDA backend):
+    FusionDefinitionWrapper(device="auto") then runs on it."""
+    return _C.cuda_available()
 
 
 def _abort_on_uncaught_exception(previous):

@@ -185,7 +185,8 @@ def _redistribution(mesh, src, dst, shape, dtype) -> _C.Prepared:
             y = fd.ops.set(x)
             y._set_placements(mesh, list(dst))
             fd.add_output(y)
-            executor = _REDISTRIBUTORS[key] = _C.Executor(fd._fusion)
+            # Pure communication of host arrays: the CPU backend (a GPU would only add copies).
+            executor = _REDISTRIBUTORS[key] = _C.Executor(fd._fusion, device="cpu")
         prepared = _PREPARED[(key, shape)] = executor.prepare([(mesh, list(src), list(shape), dtype)])
     return prepared
 

@@ -89,12 +89,13 @@ class _Call:
 
 
 CHECK_INPUTS = ("first", "always", "never")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class FusionDefinitionWrapper:
     def __init__(self, define_fusion, *, overlap: str = "none", chunks: int = 0, streams: int = 2,
                  fsdp: bool = False, trace: bool = False, check_inputs: str = "first",
-                 abort_on_failure: bool = True):
+                 abort_on_failure: bool = True, device: str = "auto"):
         """`define_fusion(fd)` defines the single-device program (called once, lazily).
 
         overlap: "collective" or "ring" pipelines every allgather+GEMM, GEMM+reduce-scatter and
@@ -113,14 +114,20 @@ class FusionDefinitionWrapper:
             the other ranks may be waiting for it in a collective; False raises the error on this
             rank only, and the others then wait until MESHFUSE_COMM_TIMEOUT. Errors in the inputs
             are raised either way.
+        device: where the programs run: "cpu" (generated LLVM kernels, BLAS), "cuda" (NVRTC
+            kernels, cuBLASLt, NCCL or host-staged MPI between ranks), or "auto" (default: cuda when
+            a GPU is present). Inputs and outputs stay host arrays (numpy, or CPU torch tensors);
+            "cuda" on a machine without a GPU raises meshfuse.RuntimeError at the first call.
         """
         if check_inputs not in CHECK_INPUTS:
             raise _C.ValueError(f"check_inputs must be one of {', '.join(map(repr, CHECK_INPUTS))}, got {check_inputs!r}")
+        if device not in DEVICES:
+            raise _C.ValueError(f"device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}")
         self._check_inputs = check_inputs
         self._run_check = None  # check_inputs, or "never" in a world of one rank (known at the first call)
         self._define_fusion = define_fusion
         self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, trace=trace,
-                             abort_on_failure=abort_on_failure)
+                             abort_on_failure=abort_on_failure, device=device)
         self._fd = None
         self._executor = None
         self._calls: dict = {}
@@ -164,6 +171,13 @@ class FusionDefinitionWrapper:
     def plan(self, inputs) -> Plan:
         """Compiles for `inputs`' signature without running; the returned Plan shows the program."""
         return self._call_for(inputs)[0].plan
+
+    @property
+    def device(self) -> str:
+        """Where the programs run: "cpu" or "cuda" ("auto" resolved); creates the backend if no
+        call has yet."""
+        with self._compiling:
+            return self._executor_locked().device
 
     @property
     def cache_size(self) -> int:
@@ -254,9 +268,14 @@ class FusionDefinitionWrapper:
             call = self._calls.get(key)  # compiled by another thread meanwhile?
             return call if call is not None else self._compile_locked(key, inputs, locals_, torch_meshes)
 
-    def _compile_locked(self, key, inputs, locals_, torch_meshes) -> _Call:
+    def _executor_locked(self):
+        """The C++ executor (made on first use: it picks the backend); `_compiling` held."""
         if self._executor is None:
             self._executor = _C.Executor(self.definition._fusion, **self._options)
+        return self._executor
+
+    def _compile_locked(self, key, inputs, locals_, torch_meshes) -> _Call:
+        executor = self._executor_locked()
         layouts = []
         for i, (x, local) in enumerate(zip(inputs, locals_)):
             mesh, ps, shape = _layout(x)
@@ -264,7 +283,7 @@ class FusionDefinitionWrapper:
             # A rank outside the input's mesh holds no local: any dtype keys the executor's cache.
             dtype = local.dtype if local is not None else _C.DataType.Float
             layouts.append((mesh, list(ps), list(shape), dtype))
-        prepared = self._executor.prepare(layouts)  # checks the number of inputs, static sizes
+        prepared = executor.prepare(layouts)  # checks the number of inputs, static sizes
         # torch allows uneven shards; the compiler checks static sizes only, global -1 sizes here.
         for i, (tv, (mesh, ps, shape, _)) in enumerate(zip(self.definition.inputs, layouts)):
             check_even(shape, mesh, ps, f"input {i}", tv.name)

@@ -18,6 +18,7 @@
 #include "meshfuse/host_ir.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/printer.h"
+#include "meshfuse/runtime/cuda.h"
 #include "meshfuse/runtime/environment.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 #include "meshfuse/runtime/streams.h"
@@ -33,8 +34,10 @@ using namespace pybind11::literals;
 // a rank checking while a peer already runs a program can never have its message matched with
 // the program's collectives (at worst it waits until the watchdog). Both are created together,
 // by init() on every rank.
+// Executors on a CUDA backend share a third, `cuda` (NCCL, or MPI over host-staged device
+// buffers: makeCudaCommunicator), made when the first of them is.
 struct Communicators {
-  std::shared_ptr<Communicator> world, control;
+  std::shared_ptr<Communicator> world, control, cuda;
 };
 
 Communicators& communicatorSlots() {
@@ -54,6 +57,15 @@ const std::shared_ptr<Communicator>& world() {
 Communicator& control() {
   world();
   return *communicatorSlots().control;
+}
+
+// The communicator that moves `backend`'s buffers: the world's, or for device memory the CUDA one.
+std::shared_ptr<Communicator> communicatorFor(const Backend& backend) {
+  if (backend.device() != Device::Cuda) return world();
+  Communicators& c = communicatorSlots();
+  world();  // MPI is initialized (and the world made) first, on every rank alike
+  if (!c.cuda) c.cuda = makeCudaCommunicator(makeDefaultCommunicator());
+  return c.cuda;
 }
 
 // Binds the symbolic sizes of `f`'s inputs from their global shapes (one per input).
@@ -133,6 +145,9 @@ struct Prepared {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(owner->mu);
       outs = owner->exec->run(inputs);
+      // Outputs in device memory come back to the host (numpy / DLPack on the CPU).
+      for (ShardedTensor& o : outs)
+        if (o.local.defined()) o.local = owner->exec->backend().download(o.local);
     }
     py::list result;
     for (ShardedTensor& o : outs) result.append(o.local.defined() ? py::cast(std::move(o.local)) : py::none());
@@ -176,6 +191,8 @@ void bindCommunicator(py::module_& m) {
   m.def(
       "launched_by_mpi", [] { return readRuntimeEnvironment().launched_by_mpi; },
       "Whether mpirun/srun started this process (the variables runtime/environment.h reads).");
+  m.def("cuda_available", &cudaDeviceAvailable,
+        "Whether a CUDA device is usable here (and the CUDA backend was built): what device='auto' picks.");
   m.def("rank", [] { return world()->rank(); });
   m.def("world_size", [] { return world()->size(); });
   m.def("communicator_name", [] { return world()->name(); });
@@ -343,23 +360,28 @@ void bindPrograms(py::module_& m) {
 
   py::class_<PyExecutor, std::shared_ptr<PyExecutor>>(m, "Executor")
       .def(py::init([](const Fusion& definition, bool keep_stages, const std::string& overlap, int64_t chunks,
-                       int64_t streams, bool fsdp, bool trace, bool abort_on_failure) {
+                       int64_t streams, bool fsdp, bool trace, bool abort_on_failure, const std::string& device) {
              auto e = std::make_shared<PyExecutor>();
-             e->comm = world();
+             std::unique_ptr<Backend> backend = makeBackend(device);
+             e->comm = communicatorFor(*backend);
              ExecutorOptions options;
              options.keep_stages = keep_stages;
              options.pipeline.overlap = {overlap, chunks, streams};
              options.pipeline.propagation.gather_parameters = fsdp;
              options.trace = trace;
              options.abort_on_failure = abort_on_failure;
-             e->exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *e->comm, nullptr, options);
+             e->exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *e->comm, std::move(backend),
+                                                             options);
              return e;
            }),
            "definition"_a, "keep_stages"_a = true, "overlap"_a = "none", "chunks"_a = 0, "streams"_a = 2,
-           "fsdp"_a = false, "trace"_a = false, "abort_on_failure"_a = true,
+           "fsdp"_a = false, "trace"_a = false, "abort_on_failure"_a = true, "device"_a = "auto",
            "overlap: none | collective | ring (decompose-for-overlap); fsdp: gather parameters where used; trace: "
            "record each run's timeline; abort_on_failure: a failure while a multi-rank program runs ends the job "
-           "(MPI_Abort) instead of raising on this rank while the others wait")
+           "(MPI_Abort) instead of raising on this rank while the others wait; device: cpu, cuda or auto (cuda "
+           "when a GPU is present): where the programs run (inputs and outputs stay host arrays)")
+      .def_property_readonly("device",
+                             [](const PyExecutor& e) { return e.exec->backend().device() == Device::Cuda ? "cuda" : "cpu"; })
       .def(
           "prepare",
           [](const std::shared_ptr<PyExecutor>& self, const py::sequence& layouts) {

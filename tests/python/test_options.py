@@ -87,3 +87,25 @@ def test_fsdp_gathers_the_parameters_instead_of_the_activations(fsdp, rng, world
         assert all(ir.splitlines()[g - 1].strip() == "stream 1" for g in gathers), ir
     else:
         assert sources[0] == "%0"  # the input activation is gathered
+
+
+def test_device_cpu_and_auto_run_where_they_say(rng, world_mesh):
+    """device="cpu" runs on the CPU backend; "auto" picks CUDA only where a GPU is usable. Either
+    way numpy arrays go in and come out (outputs in device memory are downloaded)."""
+    arrays = mlp_arrays(rng)
+    for device in ("cpu", "auto"):
+        fdw = FusionDefinitionWrapper(H.define_mlp(H_), device=device)
+        run(fdw, arrays, [R, S(0), S(1)], world_mesh)
+        expected = "cuda" if device == "auto" and meshfuse.cuda_available() else "cpu"
+        assert fdw.device == expected
+
+
+def test_device_is_checked(rng, world_mesh):
+    with pytest.raises(meshfuse.ValueError, match="device must be one of 'auto', 'cpu', 'cuda', got 'tpu'"):
+        FusionDefinitionWrapper(H.define_mlp(H_), device="tpu")
+    if meshfuse.cuda_available():
+        return
+    # Without a GPU, asking for one is an error on every rank (no rank is left waiting).
+    fdw = FusionDefinitionWrapper(H.define_mlp(H_), device="cuda")
+    with pytest.raises(meshfuse.RuntimeError, match="no CUDA device"):
+        run(fdw, mlp_arrays(rng), [R, S(0), S(1)], world_mesh)
