@@ -380,8 +380,8 @@ void bindPrograms(py::module_& m) {
            "record each run's timeline; abort_on_failure: a failure while a multi-rank program runs ends the job "
            "(MPI_Abort) instead of raising on this rank while the others wait; device: cpu, cuda or auto (cuda "
            "when a GPU is present): where the programs run (inputs and outputs stay host arrays)")
-      .def_property_readonly("device",
-                             [](const PyExecutor& e) { return e.exec->backend().device() == Device::Cuda ? "cuda" : "cpu"; })
+      .def_property_readonly(
+          "device", [](const PyExecutor& e) { return e.exec->backend().device() == Device::Cuda ? "cuda" : "cpu"; })
       .def(
           "prepare",
           [](const std::shared_ptr<PyExecutor>& self, const py::sequence& layouts) {
