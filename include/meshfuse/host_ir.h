@@ -23,6 +23,7 @@
 //   sync                                      the main stream waits for every stream (join)
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -175,6 +176,21 @@ struct CollectiveInfo {
   int64_t root = -1;       // broadcast, scatter, gather, reduce: the root's global rank
 };
 std::vector<CollectiveInfo> collectives(const HostProgram& program, const SymbolBindings& bindings);
+
+// One node as the host program prints it (a loop as its header only), for messages.
+std::string printHostNode(const HostProgram& program, const HostNode& node);
+
+// Bytes of a BlockRef on `program`'s rank for given size bindings: a block of the tensor's local
+// buffer, which is itself one block of `chunk_blocks` where a loop allocates it per iteration.
+class BufferSizes {
+ public:
+  BufferSizes(const HostProgram& program, const SymbolBindings& bindings);
+  int64_t bytes(const BlockRef& ref) const;
+
+ private:
+  const SymbolBindings& bindings_;
+  std::map<std::pair<const TensorView*, int64_t>, int64_t> chunk_blocks_;  // per-iteration buffers
+};
 
 // Calls `fn` on every node, loop bodies included (pre-order); `nodes` may be const.
 template <typename Nodes, typename F>

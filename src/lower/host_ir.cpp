@@ -210,15 +210,13 @@ void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, 
 }
 
 // The collectives in the order the evaluator issues them (loops unrolled), with the bytes this
-// rank contributes: a block of `blocks` of the buffer, which is itself one block of
-// `chunk_blocks` when a loop allocates it per iteration. A stage boundary's receiving side
-// reports what it receives, so every rank of a send/recv lists it (as the evaluator does).
-void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const SymbolBindings& b,
-             const std::map<std::pair<const TensorView*, int64_t>, int64_t>& chunk_blocks,
+// rank contributes. A stage boundary's receiving side reports what it receives, so every rank of
+// a send/recv lists it (as the evaluator does).
+void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const BufferSizes& sizes,
              std::vector<CollectiveInfo>& out) {
   for (const HostNode& n : nodes) {
     if (n.kind == HostNodeKind::ForLoop) {
-      for (int64_t t = 0; t < n.trip_count; ++t) collect(p, n.body, b, chunk_blocks, out);
+      for (int64_t t = 0; t < n.trip_count; ++t) collect(p, n.body, sizes, out);
       continue;
     }
     if (n.kind != HostNodeKind::Communication) continue;
@@ -229,13 +227,10 @@ void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const Sym
       // per rank (each sends); a stage boundary on both sides, with the bytes that cross.
       const bool sends = n.send_to >= 0;
       team = sends ? Team{p.rank, n.send_to} : Team{n.recv_from, p.rank};
-      const BlockRef& moved = sends ? n.in : n.out;
-      auto it = chunk_blocks.find({moved.tv, moved.slot});
-      bytes = localBytes(moved.tv, b, moved.blocks * (it == chunk_blocks.end() ? 1 : it->second));
+      bytes = sizes.bytes(sends ? n.in : n.out);
     } else if ((n.comm != CommKind::Broadcast && n.comm != CommKind::Scatter) || n.root == p.rank) {
       // What this rank contributes (a broadcast's or scatter's non-root contributes nothing).
-      auto it = chunk_blocks.find({n.in.tv, n.in.slot});
-      bytes = localBytes(n.in.tv, b, n.in.blocks * (it == chunk_blocks.end() ? 1 : it->second));
+      bytes = sizes.bytes(n.in);
     }
     out.push_back({n.comm, n.mesh_axis, team, bytes, p.fusion->displayName(n.out.tv), p.fusion->displayName(n.in.tv),
                    n.out.tv->provenance(), n.root});
@@ -253,14 +248,29 @@ int64_t peakMemoryBytes(const HostProgram& p, const SymbolBindings& b) {
   return peak;
 }
 
-std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindings& b) {
-  std::map<std::pair<const TensorView*, int64_t>, int64_t> chunk_blocks;  // per-iteration buffers
+BufferSizes::BufferSizes(const HostProgram& p, const SymbolBindings& b) : bindings_(b) {
   forEachNode(p.nodes, [&](const HostNode& n) {
-    if (n.kind == HostNodeKind::Allocate && n.chunk_blocks > 1) chunk_blocks[{n.tv, n.slot}] = n.chunk_blocks;
+    if (n.kind == HostNodeKind::Allocate && n.chunk_blocks > 1) chunk_blocks_[{n.tv, n.slot}] = n.chunk_blocks;
   });
+}
+
+int64_t BufferSizes::bytes(const BlockRef& ref) const {
+  auto it = chunk_blocks_.find({ref.tv, ref.slot});
+  return localBytes(ref.tv, bindings_, ref.blocks * (it == chunk_blocks_.end() ? 1 : it->second));
+}
+
+std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindings& b) {
   std::vector<CollectiveInfo> out;
-  collect(p, p.nodes, b, chunk_blocks, out);
+  collect(p, p.nodes, BufferSizes(p, b), out);
   return out;
+}
+
+std::string printHostNode(const HostProgram& p, const HostNode& n) {
+  HostNode header = n;
+  header.body.clear();
+  std::string s;
+  printNodes(p, {header}, "", s);
+  return s.substr(0, s.find('\n'));
 }
 
 }  // namespace meshfuse

@@ -2,6 +2,8 @@
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -9,6 +11,7 @@
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
+#include "lower/check_collectives.h"
 #include "runtime/tensor_blocks.h"
 
 namespace meshfuse {
@@ -84,6 +87,7 @@ class HostIrEvaluator::IssueGate {
 
 // A communication in flight: filled by the task that issues it, finished by the Wait's task.
 struct HostIrEvaluator::Handle {
+  int64_t ticket = -1;  // its position in this rank's issue order (the plan's issue_index)
   std::unique_ptr<Work> work;
   std::vector<std::unique_ptr<Work>> more;  // a send/recv pair
   std::function<void()> finish;             // unpacks staging buffers (all-to-all)
@@ -205,6 +209,8 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
   loops_.clear();
   stream_ = 0;
   gate_->reset();
+  static std::atomic<int64_t> runs{0};  // runs of this process: every rank runs the same sequence
+  run_serial_ = ++runs;
   for (size_t i = 0; i < local_inputs.size(); ++i)
     values_[{f.inputs()[i], 0}] = local_inputs[i].defined() && local_inputs[i].device() != backend_.device()
                                       ? backend_.upload(local_inputs[i])
@@ -270,7 +276,8 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         MF_CHECK(it != handles_.end(), "wait on unknown handle h{}", n.handle);
         std::shared_ptr<Handle> h = it->second;
         handles_.erase(it);
-        submit(TaskKind::Communication, "wait", [h] {
+        submit(TaskKind::Communication, "wait", [this, h] {
+          WaitContext context([this, ticket = h->ticket] { return describeWait(ticket); });
           if (h->work) h->work->wait();
           for (auto& w : h->more) w->wait();
           if (h->finish) h->finish();
@@ -477,14 +484,30 @@ void HostIrEvaluator::communicate(const HostNode& n) {
       break;
     case CommKind::SendRecv: MF_CHECK(false, "send/recv is not a collective (sendRecv() runs it)");
   }
-  submitCommunication(taskName(n), std::move(issue));
+  h->ticket = submitCommunication(taskName(n), std::move(issue));
 }
 
-void HostIrEvaluator::submitCommunication(const std::string& name, std::function<void()> issue) {
+int64_t HostIrEvaluator::submitCommunication(const std::string& name, std::function<void()> issue) {
   std::shared_ptr<IssueGate> gate = gate_;
   int64_t ticket = gate->take();
-  streams_.submit(stream_, TaskKind::Communication, name,
-                  [gate, ticket, issue = std::move(issue)] { gate->issue(ticket, issue); });
+  Communicator* comm = &comm_;
+  streams_.submit(stream_, TaskKind::Communication, name, [gate, ticket, comm, run = run_serial_, issue = std::move(issue)] {
+    gate->issue(ticket, issue);
+    comm->publishProgress(run, ticket + 1);
+  });
+  return ticket;
+}
+
+// The watchdog's report of a wait that timed out (WaitContext): the plan's view of where this
+// rank is and which peers have not issued their part, from the progress board.
+std::string HostIrEvaluator::describeWait(int64_t ticket) const {
+  if (plan_ == nullptr || ticket < 0) return "";
+  std::map<int64_t, int64_t> issued;  // the plan's convention: -1 unknown, -2 an earlier run
+  for (const auto& [peer, progress] : comm_.peerProgress()) {
+    auto [run, count] = progress;
+    issued[peer] = run == run_serial_ ? count : run > run_serial_ ? INT64_MAX : -2;
+  }
+  return fmt::format("rank {} is {}", comm_.rank(), plan_->describeWait(comm_.rank(), ticket, issued));
 }
 
 // Submits work that, when it fails, makes waiting communications fail too (no hang).
@@ -519,7 +542,7 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
   Communicator* comm = &comm_;
   const int64_t me = comm_.rank();
   Backend* backend = &backend_;
-  submitCommunication(taskName(n), [=]() mutable {
+  h->ticket = submitCommunication(taskName(n), [=]() mutable {
     if (to == me && from == me) {  // both stages on this rank: a copy
       backend->copy(out, in);
       return;

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -200,6 +201,7 @@ class MpiCommunicator final : public Communicator {
     watchdog_.guard("creating meshfuse's world communicator (MPI_Comm_dup)",
                     [&] { return MPI_Comm_dup(MPI_COMM_WORLD, &world); });
     MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
+    createProgressBoard(world);
     everyone_.resize(size_);
     for (int64_t i = 0; i < size_; ++i) everyone_[i] = i;
     comms_.emplace(everyone_, world);
@@ -208,6 +210,10 @@ class MpiCommunicator final : public Communicator {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    if (board_win_ != MPI_WIN_NULL) {
+      MPI_Win_unlock_all(board_win_);
+      MPI_Win_free(&board_win_);
+    }
     for (auto& [team, comm] : comms_) MPI_Comm_free(&comm);
   }
 
@@ -293,14 +299,48 @@ class MpiCommunicator final : public Communicator {
     issue("barrier", {}, [&](MPI_Request* r) { return MPI_Ibarrier(c, r); })->wait();
   }
 
-  [[noreturn]] void abort(const std::string& reason) override {
-    std::cerr << fmt::format(
-                     "meshfuse: rank {} of {} fails: {}\nmeshfuse: aborting every rank (MPI_Abort) so that no "
-                     "peer waits forever\n",
-                     rank_, size_, reason)
-              << std::flush;
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);  // MPI_Abort does not return; this is for the compiler
+  [[noreturn]] void abort(const std::string& reason) override { abortWith(reason, 0); }
+
+  // A watchdog timeout: the peers blocked in the same collective time out at about the same
+  // moment, so the job is aborted after a short grace period in which each can print its own
+  // report (where it is blocked, who has not arrived) before MPI_Abort takes them down.
+  [[noreturn]] void abortAfterTimeout(const std::string& what) {
+    std::string where = WaitContext::describeCurrent();
+    abortWith(fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): {}", what, timeout_s_,
+                          where.empty() ? "a peer rank failed, hangs, or runs a different program" : where),
+              std::min(2.0, timeout_s_));
+  }
+
+  void publishProgress(int64_t run, int64_t issued) override {
+    if (board_ == nullptr) return;
+    // Plain stores into this rank's window memory, read by peers' MPI_Get (osc/sm on one node
+    // sees them at once; elsewhere the report is best effort, which is all a diagnosis needs).
+    __atomic_store_n(&board_[0], run, __ATOMIC_RELAXED);
+    __atomic_store_n(&board_[1], issued, __ATOMIC_RELEASE);
+  }
+
+  std::map<int64_t, std::pair<int64_t, int64_t>> peerProgress() override {
+    if (board_win_ == MPI_WIN_NULL) return {};
+    // On a thread of its own with a deadline: a dead peer's memory may never answer over a
+    // network transport, and the caller is on its way to aborting the job.
+    struct Read {
+      std::vector<int64_t> values;
+      std::promise<void> done;
+    };
+    auto read = std::make_shared<Read>();
+    read->values.assign(2 * size_, -1);
+    std::future<void> done = read->done.get_future();
+    std::thread([this, read] {
+      auto lk = lock();
+      for (int64_t p = 0; p < size_; ++p)
+        MPI_Get(&read->values[2 * p], 2, MPI_INT64_T, static_cast<int>(p), 0, 2, MPI_INT64_T, board_win_);
+      MPI_Win_flush_all(board_win_);
+      read->done.set_value();
+    }).detach();
+    if (done.wait_for(std::chrono::seconds(2)) != std::future_status::ready) return {};
+    std::map<int64_t, std::pair<int64_t, int64_t>> out;
+    for (int64_t p = 0; p < size_; ++p) out[p] = {read->values[2 * p], read->values[2 * p + 1]};
+    return out;
   }
 
   // Used by MpiWork.
@@ -361,8 +401,39 @@ class MpiCommunicator final : public Communicator {
     return comm;
   }
 
+  [[noreturn]] void abortWith(const std::string& reason, double grace_s) {
+    std::cerr << fmt::format(
+                     "meshfuse: rank {} of {} fails: {}\nmeshfuse: aborting every rank (MPI_Abort) so that no "
+                     "peer waits forever\n",
+                     rank_, size_, reason)
+              << std::flush;
+    if (grace_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(grace_s));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);  // MPI_Abort does not return; this is for the compiler
+  }
+
+  // One window over meshfuse's world: two int64 per rank (run, communications issued), locked
+  // for the communicator's lifetime so that reads need no peer's cooperation. Without one-sided
+  // support (some transports) there is no board and the hang report says so.
+  void createProgressBoard(MPI_Comm world) {
+    void* base = nullptr;
+    int rc = watchdog_.guard("creating the progress board (MPI_Win_allocate)", [&] {
+      return MPI_Win_allocate(2 * sizeof(int64_t), sizeof(int64_t), MPI_INFO_NULL, world, &base, &board_win_);
+    });
+    if (rc != MPI_SUCCESS || board_win_ == MPI_WIN_NULL) {
+      board_win_ = MPI_WIN_NULL;
+      return;
+    }
+    MPI_Win_set_errhandler(board_win_, MPI_ERRORS_RETURN);
+    board_ = static_cast<int64_t*>(base);
+    board_[0] = board_[1] = 0;
+    MPI_Win_lock_all(MPI_MODE_NOCHECK, board_win_);
+  }
+
   MpiProcess& process_;
   double timeout_s_;
+  MPI_Win board_win_ = MPI_WIN_NULL;
+  int64_t* board_ = nullptr;
   Watchdog watchdog_;
   int64_t rank_ = 0, size_ = 1;
   std::mutex mu_;        // serializes MPI calls below MPI_THREAD_MULTIPLE (lock())
@@ -392,10 +463,7 @@ class MpiWork final : public Work {
       // Check the watchdog now and then; yield so that oversubscribed ranks make progress.
       if (spins % 1024 == 0 && comm_.timeoutSeconds() > 0 &&
           std::chrono::duration<double>(Clock::now() - start).count() > comm_.timeoutSeconds())
-        comm_.abort(
-            fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): a peer rank failed, hangs, or "
-                        "runs a different program",
-                        what_, comm_.timeoutSeconds()));
+        comm_.abortAfterTimeout(what_);
       std::this_thread::yield();
     }
   }

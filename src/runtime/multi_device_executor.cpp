@@ -4,6 +4,7 @@
 
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
+#include "lower/check_collectives.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
 
 namespace meshfuse {
@@ -52,6 +53,9 @@ struct MultiDeviceExecutor::Entry {
   // chunk counts are checked against, or chosen for, the sizes (decompose_for_overlap.h).
   bool sized = false;
   SymbolBindings sizes;  // what a sized entry was compiled for
+  // check-collectives' proof that every rank's program matches, made before the first run (it
+  // needs the run's sizes) and handed to the evaluator for its hang reports.
+  std::shared_ptr<const CommunicationPlan> plan;
 
   bool matches(const std::vector<ShardedTensor>& inputs) const {
     if (inputs.size() != layouts.size()) return false;
@@ -229,6 +233,18 @@ std::vector<ShardedTensor> MultiDeviceExecutor::run(const std::vector<ShardedTen
 
 std::vector<ShardedTensor> MultiDeviceExecutor::runChecked(const std::vector<ShardedTensor>& inputs) {
   Entry& e = entryFor(inputs);
+  if (e.plan == nullptr) {
+    std::optional<SymbolBindings> sizes = runSizes(*e.compiled.fusion, inputs, comm_.rank());
+    SymbolBindings all = e.sizes;
+    if (sizes) all.insert(sizes->begin(), sizes->end());
+    try {
+      e.plan = std::make_shared<const CommunicationPlan>(checkCollectives(e.compiled, all));
+      e.evaluator->setCommunicationPlan(e.plan);
+    } catch (const UserError&) {
+      // The inputs do not bind the sizes (a wrong shape): the run below reports that, naming
+      // the input; the check runs on the next call with good inputs.
+    }
+  }
   std::vector<Tensor> locals;
   locals.reserve(inputs.size());
   for (const ShardedTensor& in : inputs) locals.push_back(in.local);

@@ -62,6 +62,9 @@ void checkRankOption(const CompiledProgram& program, int64_t rank, bool all_allo
 // "allreduce  axis 0  team [0, 1]  4096 bytes  -> %5  (why)".
 std::string formatCollective(const CollectiveInfo& c);
 // Every rank's collectives (or only `ranks`') without running, for `meshfuse collectives`.
+// check-collectives over every rank's program: one line saying what was proved and its cost;
+// a mismatch throws (an internal error naming both ranks and nodes).
+std::string verifyCollectives(const CompiledProgram& program, const SymbolBindings& sizes);
 std::string collectiveReport(const CompiledProgram& program, const std::vector<int64_t>& ranks,
                              const SymbolBindings& sizes);
 

@@ -149,6 +149,11 @@ int main(int argc, char** argv) {
   addFile(coll);
   addSizes(coll);
   coll->add_option("--rank", report_rank, "only this rank (default: every rank of the meshes)");
+  bool verify_collectives = false;
+  coll->add_flag("--verify", verify_collectives,
+                 "also prove that every rank's program matches the others' (check-collectives: per team the same "
+                 "collectives in the same order, kind, size, dtype, reduce op and root; every send has its recv; "
+                 "no deadlock), as every run does before its first launch");
 
   cli::ShardedRunOptions run_opts;
   std::string save_dir;
@@ -263,6 +268,7 @@ int main(int argc, char** argv) {
         mf::CompiledProgram p = mf::compile(std::move(fusion), o);
         std::cout << cli::collectiveReport(
             p, report_rank == -1 ? std::vector<int64_t>{} : std::vector<int64_t>{report_rank}, sizes);
+        if (verify_collectives) std::cout << cli::verifyCollectives(p, sizes);
       } else if (*run) {
         int rc = 0;
         // A fusion without meshes runs on one device, on the --device asked for (the pipeline

@@ -20,6 +20,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,9 +69,33 @@ class Communicator {
   virtual std::unique_ptr<Work> recv(void* buf, int64_t count, DataType dtype, int64_t peer, int64_t tag) = 0;
   virtual void barrier() = 0;
 
+  // The progress board, for the watchdog's hang report: this rank has issued `issued`
+  // communications of its `run`-th program run; peerProgress() reads every rank's last
+  // published (run, issued), or returns nothing when the communicator has no board (then the
+  // report says the peers' positions are unknown). Reading never waits for a peer's cooperation
+  // (a hung or dead peer cannot answer); it gives up after a bounded time.
+  virtual void publishProgress(int64_t /*run*/, int64_t /*issued*/) {}
+  virtual std::map<int64_t, std::pair<int64_t, int64_t>> peerProgress() { return {}; }
+
   // Called when this rank fails: makes every other rank fail promptly with a clear message
   // instead of waiting forever (MPI: MPI_Abort on the world communicator). Does not return.
   [[noreturn]] virtual void abort(const std::string& reason) = 0;
+};
+
+// What the calling thread is waiting for, in the host program's terms (the evaluator sets it
+// around each wait): the watchdog adds it to its report. Scoped, per thread.
+class WaitContext {
+ public:
+  explicit WaitContext(std::function<std::string()> describe);
+  ~WaitContext();
+  WaitContext(const WaitContext&) = delete;
+  WaitContext& operator=(const WaitContext&) = delete;
+  // The innermost context's description on this thread ("" when none); never throws.
+  static std::string describeCurrent();
+
+ private:
+  std::function<std::string()> describe_;
+  WaitContext* outer_;
 };
 
 // World size 1: every team is {0}; collectives are copies; send/recv to self are errors.

@@ -18,6 +18,8 @@
 
 namespace meshfuse {
 
+class CommunicationPlan;  // src/lower/check_collectives.h
+
 class HostIrEvaluator {
  public:
   // `program` must be specialized for comm.rank().
@@ -45,11 +47,17 @@ class HostIrEvaluator {
   // message) instead of being thrown. Failures while checking the inputs are always thrown.
   void setAbortOnFailure(bool on) { abort_on_failure_ = on; }
 
+  // Every rank's communications as check-collectives proved them to match: with it, a watchdog
+  // timeout reports where this rank is blocked in its team's sequence and which peers have not
+  // arrived (the node each should be at). Without one the report names the collective only.
+  void setCommunicationPlan(std::shared_ptr<const CommunicationPlan> plan) { plan_ = std::move(plan); }
+
  private:
   struct Handle;
   class IssueGate;
   void submit(TaskKind kind, const std::string& name, std::function<void()> task);
-  void submitCommunication(const std::string& name, std::function<void()> issue);
+  int64_t submitCommunication(const std::string& name, std::function<void()> issue);  // returns its ticket
+  std::string describeWait(int64_t ticket) const;
   void execute(const std::vector<HostNode>& nodes);
   void launch(const HostNode& n);
   void communicate(const HostNode& n);
@@ -81,6 +89,8 @@ class HostIrEvaluator {
   std::vector<CollectiveInfo> executed_;
   std::unordered_map<const HostNode*, CollectiveInfo> info_;
   std::shared_ptr<IssueGate> gate_;
+  std::shared_ptr<const CommunicationPlan> plan_;
+  int64_t run_serial_ = 0;  // which run of this process this is (the progress board's run)
   bool tracing_ = false;
   bool abort_on_failure_ = true;
   bool communicates_ = false;  // the program holds a communication (set at construction)
