@@ -6,3 +6,6 @@ add_executable(collectives_busbw ${CMAKE_CURRENT_LIST_DIR}/collectives_busbw.cpp
 target_link_libraries(collectives_busbw PRIVATE meshfuse_core MPI::MPI_C)
 add_executable(overlap_cpu ${CMAKE_CURRENT_LIST_DIR}/overlap_cpu.cpp)
 target_link_libraries(overlap_cpu PRIVATE meshfuse_core meshfuse_models MPI::MPI_C)
+add_executable(check_collectives_cost ${CMAKE_CURRENT_LIST_DIR}/check_collectives_cost.cpp)
+target_include_directories(check_collectives_cost PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(check_collectives_cost PRIVATE meshfuse_core)
