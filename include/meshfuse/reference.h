@@ -22,6 +22,13 @@ SymbolBindings bindInputs(const Fusion& fusion, const std::vector<Tensor>& input
 // Shardings are ignored: this is the single-device meaning of the definition.
 std::vector<Tensor> evaluateReference(const Fusion& fusion, const std::vector<Tensor>& inputs);
 
+// The same loops without rounding to the ops' dtypes: the definition's meaning in f64, for
+// finite differences (grad-check). Input values are taken as given (not rounded to the dtype).
+struct ReferenceArray {
+  std::vector<int64_t> shape;
+  std::vector<double> data;
+};
+std::vector<ReferenceArray> evaluateReferenceF64(const Fusion& fusion, const std::vector<ReferenceArray>& inputs);
 // Evaluates one op on (local) operand tensors, aligned with e->inputs() (nullptr for scalars
 // and absent optional operands), into a tensor of `out_shape`. The reference kernel of the CPU
 // backend until generated kernels land.

@@ -131,6 +131,7 @@ class FusionDefinitionWrapper:
         self._fd = None
         self._executor = None
         self._calls: dict = {}
+        self._autodiff: dict = {}  # (input signature, wrt, save_all) -> _Autodiff
         self._last = None  # the call signature used last
         # Cached calls take no lock (Prepared.run is thread-safe); defining and compiling do, so
         # that threads calling one wrapper build one definition, one executor, one program each.
@@ -154,6 +155,44 @@ class FusionDefinitionWrapper:
         call, locals_ = self._call_for(inputs, self._run_check)
         self._last = call
         return _wrap_outputs(call, call.prepared.run(locals_), inputs)
+
+    def value_and_grad(self, inputs, wrt, grad_outputs=None, *, save_all: bool = False):
+        """(outputs, grads): runs the definition on `inputs` and its reverse-mode derivative.
+
+        wrt: indices of the inputs to differentiate with respect to (floating-point ones).
+        grad_outputs: one DTensor per output, the seed of its vector-Jacobian product (for
+            loss.backward(g)); None needs a single scalar output, whose seed is 1.
+        save_all: keep every intermediate backward reads (default: GEMM and attention outputs
+            are kept, cheap pointwise ops are recomputed in backward).
+
+        The forward (extended with what backward needs) and the backward are ordinary fusions,
+        run like any call: sharded inputs give derived gradient collectives. Each gradient is a
+        DTensor on its input's mesh with its input's placements. See docs/training.md.
+        """
+        return self._autodiff_for(inputs, wrt, save_all).run(inputs, grad_outputs)
+
+    def grad_plans(self, inputs, wrt, grad_outputs=None, *, save_all: bool = False) -> tuple:
+        """(forward Plan, backward Plan) of value_and_grad(inputs, wrt, grad_outputs): what each
+        rank runs, its collectives included. Runs the forward (the backward's inputs are its
+        outputs), not the backward. ``saves`` on the returned backward Plan lists what backward
+        reads and what it recomputes."""
+        ad = self._autodiff_for(inputs, wrt, save_all)
+        outs = ad.forward(inputs)
+        args = ad.backward_args(inputs, outs, grad_outputs)
+        bwd = ad.backward.plan(args)
+        bwd.saves = ad.saves
+        return ad.forward.plan(inputs), bwd
+
+    def _autodiff_for(self, inputs, wrt, save_all):
+        wrt = _check_wrt(wrt, len(self.definition.inputs))
+        key = (self._signature(inputs)[0], wrt, save_all)
+        ad = self._autodiff.get(key)
+        if ad is None:
+            with self._compiling:
+                ad = self._autodiff.get(key)
+                if ad is None:
+                    ad = self._autodiff[key] = _Autodiff(self, inputs, wrt, save_all)
+        return ad
 
     def last_trace(self) -> list:
         """This rank's timeline of the last call (needs trace=True): TraceEvents with name, kind
@@ -290,6 +329,92 @@ class FusionDefinitionWrapper:
         call = _Call(prepared, torch_meshes)
         self._calls[key] = call
         return call
+
+
+def _check_wrt(wrt, n_inputs: int) -> tuple:
+    if isinstance(wrt, int):
+        wrt = [wrt]
+    wrt = tuple(wrt)
+    for i in wrt:
+        if not isinstance(i, int) or not 0 <= i < n_inputs:
+            raise _C.ValueError(f"value_and_grad: wrt must list input indices in [0, {n_inputs}), got {i!r}")
+    if len(set(wrt)) != len(wrt) or not wrt:
+        raise _C.ValueError(f"value_and_grad: wrt must list distinct input indices, got {list(wrt)}")
+    return wrt
+
+
+def _wrapper_of(fusion, owner: FusionDefinitionWrapper) -> FusionDefinitionWrapper:
+    """A wrapper around an already built C++ fusion, with `owner`'s options."""
+    w = FusionDefinitionWrapper(lambda fd: None, check_inputs=owner._check_inputs, **owner._options)
+    fd = FusionDefinition.__new__(FusionDefinition)
+    fd._fusion = fusion
+    fd.ops = None  # built, not to be extended
+    w._fd = fd
+    return w
+
+
+class _Autodiff:
+    """The forward-with-saves and backward wrappers of one (input signature, wrt)."""
+
+    def __init__(self, owner: FusionDefinitionWrapper, inputs, wrt, save_all):
+        layouts = []
+        for x in inputs:
+            mesh, ps, _ = _layout(x)
+            layouts.append((mesh, list(ps)))
+        outputs = list(range(len(owner.definition.outputs)))
+        fwd, bwd, self.sources, self.saves = _C.differentiate(owner.definition._fusion, outputs, list(wrt), layouts,
+                                                              save_all)
+        self.output_names = [tv.name for tv in owner.definition.outputs]
+        self.forward = _wrapper_of(fwd, owner)
+        self.backward = _wrapper_of(bwd, owner)
+        self.n_outputs = len(outputs)
+
+    def run(self, inputs, grad_outputs):
+        outs = self.forward(inputs)
+        return outs[:self.n_outputs], self.backward(self.backward_args(inputs, outs, grad_outputs))
+
+    def backward_args(self, inputs, outs, grad_outputs) -> list:
+        """The backward's inputs: saved forward inputs and outputs, then the seeds."""
+        seeds = self._seeds(outs[:self.n_outputs], grad_outputs)
+        return [inputs[index] if kind == "input" else outs[index] if kind == "output" else seeds[index]
+                for kind, index, _ in self.sources]
+
+    def _seeds(self, values, grad_outputs) -> list:
+        if grad_outputs is None:
+            if len(values) != 1 or tuple(values[0].shape) != ():
+                shapes = ", ".join(f"output {i} ({n}) has shape {list(v.shape)}"
+                                   for i, (n, v) in enumerate(zip(self.output_names, values)))
+                raise _C.ValueError(f"value_and_grad: without grad_outputs the definition must have one scalar "
+                                    f"output (its seed is 1), but {shapes}: pass grad_outputs, one per output")
+            return [_ones_like_scalar(values[0])]
+        if not isinstance(grad_outputs, (list, tuple)) or len(grad_outputs) != len(values):
+            n = len(grad_outputs) if isinstance(grad_outputs, (list, tuple)) else type(grad_outputs).__name__
+            raise _C.ValueError(f"value_and_grad: grad_outputs must list one DTensor per output ({len(values)}), got {n}")
+        for i, (g, v) in enumerate(zip(grad_outputs, values)):
+            if tuple(g.shape) != tuple(v.shape):
+                raise _C.ShapeError(f"value_and_grad: grad_outputs[{i}] has shape {list(g.shape)} but output {i} "
+                                    f"({self.output_names[i]}) has shape {list(v.shape)}")
+        return list(grad_outputs)
+
+
+def _ones_like_scalar(value):
+    """The seed 1 of a scalar output, replicated on the output's mesh, of its kind and dtype."""
+    if torch_interop.is_torch_dtensor(value):
+        import torch
+        from torch.distributed.tensor import DTensor as TorchDTensor, Replicate as TorchReplicate
+        mesh = value.device_mesh
+        return TorchDTensor.from_local(torch.ones((), dtype=value.dtype), mesh, [TorchReplicate()] * mesh.ndim,
+                                       run_check=False)
+    from .dtensor import distribute_tensor
+    from .mesh import Replicate
+    import numpy as np
+    local = value.to_local()
+    if value.dtype == _C.DataType.BFloat16:
+        import torch
+        one = torch.ones((), dtype=torch.bfloat16)
+    else:
+        one = np.ones((), dtype=np.asarray(local).dtype if local is not None else np.float32)
+    return distribute_tensor(one, value.device_mesh, [Replicate()] * value.device_mesh.ndim)
 
 
 def _layout(x) -> tuple:

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "meshfuse/autodiff.h"
 #include "meshfuse/ir/device_mesh.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
@@ -355,6 +356,36 @@ void bindFusion(py::module_& m) {
       },
       "op"_a, "x"_a, "dims"_a, "keepdim"_a, py::keep_alive<0, 2>(), py::return_value_policy::reference,
       "sum/max/mean with torch's keepdim (the reduced dims come back as size-1 dims).");
+  m.def(
+      "differentiate",
+      [](const Fusion& f, const std::vector<int64_t>& outputs, const std::vector<int64_t>& wrt,
+         const py::sequence& layouts, bool save_all) {
+        // The definition with the call's input layouts applied, so that backward shardings start
+        // from them (a gradient is pinned to its input's mesh and placements).
+        std::unique_ptr<Fusion> laid = cloneFusion(f);
+        MF_USER_CHECK(static_cast<size_t>(py::len(layouts)) == laid->inputs().size(), ErrorKind::Value,
+                      "differentiate: {} layouts for {} inputs", py::len(layouts), laid->inputs().size());
+        for (size_t i = 0; i < laid->inputs().size(); ++i) {
+          py::handle l = layouts[i];
+          if (l.is_none()) continue;
+          auto t = l.cast<py::tuple>();
+          applyPlacements(laid->inputs()[i], t[0].cast<DeviceMesh>(), t[1].cast<std::vector<Placement>>());
+        }
+        Gradients g =
+            differentiate(*laid, outputs, wrt, {save_all ? SavePolicy::All : SavePolicy::GemmAndAttention});
+        py::list sources;
+        for (const BackwardInput& b : g.backward_inputs) {
+          const char* kind = b.kind == BackwardInput::ForwardInput    ? "input"
+                             : b.kind == BackwardInput::ForwardOutput ? "output"
+                                                                      : "seed";
+          sources.append(py::make_tuple(kind, b.index, b.reason));
+        }
+        std::string saves = describeSaves(g);
+        return py::make_tuple(py::cast(std::move(g.forward)), py::cast(std::move(g.backward)), sources, saves);
+      },
+      "fusion"_a, "outputs"_a, "wrt"_a, "layouts"_a, "save_all"_a = false,
+      "(forward fusion with saves, backward fusion, backward input sources [(kind, index, why)], the policy's "
+      "decisions as text): reverse-mode autodiff (docs/training.md).");
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ double binary(OpKind k, double a, double b, DataType dt) {
 
 class Evaluator {
  public:
-  explicit Evaluator(SymbolBindings b) : bindings_(std::move(b)) {}
+  explicit Evaluator(SymbolBindings b, bool round = true) : bindings_(std::move(b)), round_(round) {}
 
   void set(const Val* v, Array a) { values_[v] = std::move(a); }
   const Array& get(const Val* v) const { return values_.at(v); }
@@ -199,7 +199,8 @@ class Evaluator {
       case OpCategory::Norm: norm(e, out); break;
       case OpCategory::Attention: attention(e, out); break;
     }
-    for (double& v : out.data) v = roundToDtype(v, out_tv->dtype());
+    if (round_)
+      for (double& v : out.data) v = roundToDtype(v, out_tv->dtype());
     return out;
   }
 
@@ -328,6 +329,7 @@ class Evaluator {
 
   SymbolBindings bindings_;
   std::map<const Val*, Array> values_;
+  bool round_ = true;  // to each op's output dtype; false: all in f64 (evaluateReferenceF64)
 };
 
 }  // namespace
@@ -354,6 +356,22 @@ std::vector<Tensor> evaluateReference(const Fusion& f, const std::vector<Tensor>
   for (const TensorView* o : f.outputs()) {
     const Array& a = ev.get(o);
     outs.push_back(Tensor::fromValues(o->dtype(), a.shape, a.data));
+  }
+  return outs;
+}
+
+std::vector<ReferenceArray> evaluateReferenceF64(const Fusion& f, const std::vector<ReferenceArray>& inputs) {
+  MF_USER_CHECK(inputs.size() == f.inputs().size(), ErrorKind::Value, "the fusion has {} inputs but {} were given",
+                f.inputs().size(), inputs.size());
+  std::vector<Tensor> shapes;  // binds the symbolic sizes (and checks ranks and sizes, with names)
+  for (size_t i = 0; i < inputs.size(); ++i) shapes.push_back(Tensor::empty(f.inputs()[i]->dtype(), inputs[i].shape));
+  Evaluator ev(bindInputs(f, shapes), /*round=*/false);
+  for (size_t i = 0; i < inputs.size(); ++i) ev.set(f.inputs()[i], {inputs[i].shape, inputs[i].data});
+  for (const Expr* e : f.exprs()) ev.set(e->output(), ev.run(e));
+  std::vector<ReferenceArray> outs;
+  for (const TensorView* o : f.outputs()) {
+    const Array& a = ev.get(o);
+    outs.push_back({a.shape, a.data});
   }
   return outs;
 }

@@ -7,6 +7,7 @@
 #include <new>
 #include <sstream>
 
+#include "autodiff_commands.h"
 #include "cli_common.h"
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/fusion.h"
@@ -130,10 +131,11 @@ int main(int argc, char** argv) {
   auto* dump = app.add_subcommand("dump", "Compile FILE.mf and print one stage of the pipeline");
   addFile(dump);
   std::vector<std::string> stages = mf::pipelineStages();
-  stages.insert(stages.end(), {"kernels", "llvm"});
+  stages.insert(stages.end(), {"kernels", "llvm", "backward"});
   dump->add_option("--stage", stage,
                    "fusion | propagated | decomposed | segmented | hostir (one rank's program) | kernels (kernel IR "
-                   "of the rank's segments, for its local shapes) | llvm (their CPU LLVM IR, optimized)")
+                   "of the rank's segments, for its local shapes) | llvm (their CPU LLVM IR, optimized) | backward (the "
+                   "forward fusion with what backward saves, '# -----', the backward fusion of gradients; see --wrt)")
       ->check(CLI::IsMember(stages))
       ->capture_default_str();
   addSizes(dump);
@@ -141,6 +143,39 @@ int main(int argc, char** argv) {
                    "the rank whose host program (--stage=hostir; -1: all ranks together) or kernels (--stage=kernels, "
                    "llvm) are printed; one of the ranks of the fusion's meshes")
       ->capture_default_str();
+
+  // Autodiff (docs/training.md): dump --stage=backward and grad-check.
+  mf::cli::AutodiffCliOptions ad_opts;
+  auto addAutodiff = [&](CLI::App* sub) {
+    sub->add_option("--wrt", ad_opts.wrt,
+                    "inputs to differentiate with respect to, by name or index (comma-separated; default: every "
+                    "floating-point input)")
+        ->delimiter(',');
+    sub->add_option("--outputs", ad_opts.outputs,
+                    "outputs to differentiate, by name or index (default: every floating-point output)")
+        ->delimiter(',');
+    sub->add_flag("--save-all", ad_opts.save_all,
+                  "save every intermediate backward reads (default: save GEMM and attention outputs, recompute "
+                  "the rest in backward)");
+  };
+  addAutodiff(dump);
+  mf::GradCheckOptions gc_opts;
+  double gc_low = -1, gc_high = 1;
+  uint64_t gc_seed = 0;
+  auto* gradcheck = app.add_subcommand(
+      "grad-check",
+      "Differentiate FILE.mf (the backward fusion, run on the reference executor) and compare each gradient with\n"
+      "central finite differences of the forward, both in f64 on the reference executor, for seeded random\n"
+      "inputs and the scalar L = sum_i <r_i, output_i> (r_i random). Prints the worst relative error per\n"
+      "--wrt input (max |derived - fd| / max(max |fd|, 1e-2)); exits 1 when one is above --tolerance");
+  addFile(gradcheck);
+  addSizes(gradcheck);
+  addAutodiff(gradcheck);
+  gradcheck->add_option("--tolerance", gc_opts.tolerance, "largest relative error that passes")->capture_default_str();
+  gradcheck->add_option("--step", gc_opts.step, "finite-difference step h (times max(1, |x|))")->capture_default_str();
+  gradcheck->add_option("--seed", gc_seed, "seed of the random inputs")->capture_default_str();
+  gradcheck->add_option("--low", gc_low, "floating-point inputs are uniform in [low, high]")->capture_default_str();
+  gradcheck->add_option("--high", gc_high, "see --low")->capture_default_str();
 
   int64_t report_rank = -1;
   auto* coll = app.add_subcommand("collectives",
@@ -246,6 +281,11 @@ int main(int argc, char** argv) {
         if (timing) o.timing = &std::cerr;
         mf::runPasses(*fusion, passes, o);
         if (!dump_each) std::cout << mf::printFusion(*fusion);
+      } else if (*dump && stage == "backward") {
+        std::cout << mf::cli::dumpBackward(*fusion, ad_opts);
+      } else if (*gradcheck) {
+        mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
+        if (!mf::cli::runGradCheck(*fusion, ad_opts, sizes, gc_opts, gc_low, gc_high, gc_seed)) status = 1;
       } else if (*dump && stage == "fusion") {  // the parsed fusion: nothing to compile
         std::cout << mf::printFusion(*fusion);
       } else if (*dump) {

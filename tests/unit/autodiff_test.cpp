@@ -1,0 +1,278 @@
+// autodiff: every op's gradient against central finite differences (f64, reference executor),
+// the rule table's completeness, the save policy, placements, round-trip and errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <set>
+
+#include "meshfuse/autodiff.h"
+#include "meshfuse/grad_check.h"
+#include "meshfuse/ir/device_mesh.h"
+#include "meshfuse/ir/parser.h"
+#include "meshfuse/ir/placement.h"
+#include "meshfuse/ir/printer.h"
+#include "meshfuse/ops.h"
+#include "test_helpers.h"
+
+namespace meshfuse {
+namespace {
+
+using testing_helpers::userErrorMessage;
+
+// Ops a case below differentiates (for the coverage test).
+std::set<std::string>& covered() {
+  static std::set<std::string> s;
+  return s;
+}
+
+struct Case {
+  std::string name;
+  std::function<void(Fusion&)> build;  // defines inputs and one output
+  SymbolBindings sizes = {};
+  double low = -1, high = 1;
+  std::vector<int64_t> wrt = {};  // empty: every floating-point input
+};
+
+void checkCase(const Case& c) {
+  Fusion f;
+  c.build(f);
+  for (const Expr* e : f.exprs()) covered().insert(std::string(e->name()));
+  std::vector<int64_t> wrt = c.wrt;
+  if (wrt.empty())
+    for (size_t i = 0; i < f.inputs().size(); ++i)
+      if (isFloatingPoint(f.inputs()[i]->dtype())) wrt.push_back(static_cast<int64_t>(i));
+  GradCheckResult r = gradCheck(f, {0}, wrt, randomInputs(f, c.sizes, 7, c.low, c.high));
+  for (const auto& in : r.inputs)
+    EXPECT_TRUE(in.pass) << c.name << ": input " << in.name << " rel err " << in.rel_err << " (abs " << in.max_abs_err
+                         << ", max |fd| " << in.max_fd << ")\n"
+                         << printFusion(*differentiate(f, {0}, wrt).backward);
+}
+
+using namespace ops;  // NOLINT
+
+TensorView* in(Fusion& f, std::vector<Extent> shape, const char* name, DataType dt = DataType::Float) {
+  return f.defineTensor(shape, dt, name);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> cs;
+  auto unaryCase = [&](const char* name, std::function<TensorView*(TensorView*)> op, double lo = -1, double hi = 1) {
+    cs.push_back({name, [op](Fusion& f) { f.addOutput(op(in(f, {3, 4}, "x"))); }, {}, lo, hi});
+  };
+  unaryCase("neg", [](TensorView* x) { return neg(x); });
+  unaryCase("abs", [](TensorView* x) { return ops::abs(x); });
+  unaryCase("exp", [](TensorView* x) { return ops::exp(x); });
+  unaryCase("log", [](TensorView* x) { return ops::log(x); }, 0.5, 2);
+  unaryCase("sqrt", [](TensorView* x) { return ops::sqrt(x); }, 0.5, 2);
+  unaryCase("rsqrt", [](TensorView* x) { return rsqrt(x); }, 0.5, 2);
+  unaryCase("reciprocal", [](TensorView* x) { return reciprocal(x); }, 0.5, 2);
+  unaryCase("tanh", [](TensorView* x) { return ops::tanh(x); });
+  unaryCase("sigmoid", [](TensorView* x) { return sigmoid(x); });
+  unaryCase("relu", [](TensorView* x) { return relu(x); });
+  unaryCase("gelu", [](TensorView* x) { return gelu(x); }, -3, 3);
+  unaryCase("gelu_tanh", [](TensorView* x) { return gelu(x, "tanh"); }, -3, 3);
+  unaryCase("silu", [](TensorView* x) { return silu(x); }, -3, 3);
+  unaryCase("set", [](TensorView* x) { return set(x); });
+  unaryCase("cast_bf16_round_trip", [](TensorView* x) { return cast(cast(x, DataType::BFloat16), DataType::Float); });
+  // Binary ops with broadcasting: y [1, 4] against x [3, 4]; a scalar operand.
+  auto binaryCase = [&](const char* name, std::function<TensorView*(TensorView*, TensorView*)> op, double lo = -1,
+                        double hi = 1) {
+    cs.push_back({name, [op](Fusion& f) { f.addOutput(op(in(f, {3, 4}, "x"), in(f, {1, 4}, "y"))); }, {}, lo, hi});
+  };
+  binaryCase("add_broadcast", [](TensorView* x, TensorView* y) { return add(x, y); });
+  binaryCase("sub_broadcast", [](TensorView* x, TensorView* y) { return sub(y, x); });
+  binaryCase("mul_broadcast", [](TensorView* x, TensorView* y) { return mul(x, y); });
+  binaryCase("div_broadcast", [](TensorView* x, TensorView* y) { return div(x, y); }, 0.5, 2);
+  binaryCase("pow", [](TensorView* x, TensorView* y) { return pow(x, y); }, 0.5, 2);
+  binaryCase("maximum", [](TensorView* x, TensorView* y) { return maximum(x, y); });
+  binaryCase("minimum", [](TensorView* x, TensorView* y) { return minimum(x, y); });
+  binaryCase("scalars", [](TensorView* x, TensorView* y) { return add(mul(x, 2.0), div(1.0, add(mul(y, y), 1.0))); });
+  binaryCase("where_compare", [](TensorView* x, TensorView* y) {
+    return add(where(gt(x, y), x, mul(y, 3.0)), add(add(cast(eq(x, y), DataType::Float), cast(ne(x, y), DataType::Float)),
+                                                     add(cast(lt(x, y), DataType::Float),
+                                                         add(cast(le(x, y), DataType::Float), cast(ge(x, y), DataType::Float)))));
+  });
+  // Reductions, a symbolic dim included.
+  cs.push_back({"sum", [](Fusion& f) { f.addOutput(sum(in(f, {3, 4, 2}, "x"), {0, 2})); }});
+  cs.push_back({"mean_symbolic", [](Fusion& f) { f.addOutput(mean(in(f, {Extent::symbolic("t"), 4}, "x"), {0})); }, {{"t", 5}}});
+  cs.push_back({"sum_symbolic_loss", [](Fusion& f) {
+                  TensorView* x = in(f, {Extent::symbolic("t"), 4}, "x");
+                  f.addOutput(sum(mul(x, x), {0, 1}));
+                }, {{"t", 3}}});
+  cs.push_back({"max", [](Fusion& f) { f.addOutput(ops::max(in(f, {3, 5}, "x"), {1})); }});
+  cs.push_back({"mean", [](Fusion& f) { f.addOutput(mean(in(f, {3, 5}, "x"), {-1})); }});
+  // GEMMs.
+  cs.push_back({"linear_bias_rank3", [](Fusion& f) {
+                  f.addOutput(linear(in(f, {2, 3, 4}, "x"), in(f, {5, 4}, "w"), in(f, {5}, "b")));
+                }});
+  cs.push_back({"linear_rank1", [](Fusion& f) { f.addOutput(linear(in(f, {4}, "x"), in(f, {5, 4}, "w"), in(f, {5}, "b"))); }});
+  cs.push_back({"linear_symbolic_batch", [](Fusion& f) {
+                  f.addOutput(linear(in(f, {Extent::symbolic("t"), 4}, "x"), in(f, {3, 4}, "w")));
+                }, {{"t", 3}}});
+  cs.push_back({"matmul_batched", [](Fusion& f) { f.addOutput(matmul(in(f, {2, 3, 4}, "a"), in(f, {2, 4, 5}, "b"))); }});
+  cs.push_back({"matmul_shared_b", [](Fusion& f) { f.addOutput(matmul(in(f, {2, 3, 4}, "a"), in(f, {4, 5}, "b"))); }});
+  // Layout ops; a permute makes the matmul read a non-contiguous view.
+  cs.push_back({"broadcast_in_dim", [](Fusion& f) {
+                  f.addOutput(broadcastInDim(in(f, {3, 1}, "x"), {2, 3, 4}, {1, 2}));
+                }});
+  cs.push_back({"reshape_symbolic", [](Fusion& f) {
+                  f.addOutput(reshape(in(f, {Extent::symbolic("t"), 6}, "x"), {-1, 3}));
+                }, {{"t", 2}}});
+  cs.push_back({"permute_matmul", [](Fusion& f) {
+                  f.addOutput(matmul(permute(in(f, {4, 3}, "a"), {1, 0}), in(f, {4, 2}, "b")));
+                }});
+  cs.push_back({"slice", [](Fusion& f) { f.addOutput(slice(in(f, {4, 5}, "x"), {1, 0}, {3, 4})); }});
+  cs.push_back({"cat", [](Fusion& f) { f.addOutput(cat({in(f, {2, 3}, "x"), in(f, {2, 2}, "y")}, 1)); }});
+  // Normalizations.
+  cs.push_back({"softmax", [](Fusion& f) { f.addOutput(softmax(in(f, {3, 5}, "x"), 1)); }});
+  cs.push_back({"softmax_dim0", [](Fusion& f) { f.addOutput(softmax(in(f, {3, 5}, "x"), 0)); }});
+  cs.push_back({"layer_norm", [](Fusion& f) {
+                  f.addOutput(layerNorm(in(f, {2, 3, 6}, "x"), in(f, {6}, "w"), in(f, {6}, "b")));
+                }});
+  cs.push_back({"layer_norm_plain", [](Fusion& f) { f.addOutput(layerNorm(in(f, {3, 6}, "x"))); }});
+  cs.push_back({"rms_norm", [](Fusion& f) { f.addOutput(rmsNorm(in(f, {3, 6}, "x"), in(f, {6}, "w"))); }});
+  // Attention.
+  cs.push_back({"sdpa", [](Fusion& f) {
+                  f.addOutput(sdpa(in(f, {1, 2, 3, 4}, "q"), in(f, {1, 2, 5, 4}, "k"), in(f, {1, 2, 5, 3}, "v")));
+                }});
+  cs.push_back({"sdpa_causal", [](Fusion& f) {
+                  f.addOutput(sdpa(in(f, {2, 2, 4, 4}, "q"), in(f, {2, 2, 4, 4}, "k"), in(f, {2, 2, 4, 4}, "v"), true));
+                }});
+  cs.push_back({"sdpa_causal_uneven_scaled", [](Fusion& f) {
+                  f.addOutput(sdpa(in(f, {1, 1, 3, 4}, "q"), in(f, {1, 1, 5, 4}, "k"), in(f, {1, 1, 5, 2}, "v"), true, 0.3));
+                }});
+  // A value used twice (accumulation) and an integer input that is not differentiated.
+  cs.push_back({"mlp", [](Fusion& f) {
+                  TensorView* x = in(f, {3, 4}, "x");
+                  TensorView* h = gelu(linear(x, in(f, {8, 4}, "w1"), in(f, {8}, "b1")), "tanh");
+                  TensorView* y = linear(h, in(f, {4, 8}, "w2"));
+                  f.addOutput(mean(mul(add(y, x), add(y, x)), {0, 1}));
+                }});
+  return cs;
+}
+
+class OpGradient : public ::testing::TestWithParam<Case> {};
+TEST_P(OpGradient, MatchesFiniteDifferences) { checkCase(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Autodiff, OpGradient, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// The compile-time check (grad_rules.cpp static_asserts) makes an op without a rule a build
+// failure; this lists the rules at run time and requires a finite-difference case for every
+// differentiable op.
+TEST(AutodiffRules, EveryOpHasARuleAndAGradientTest) {
+  const auto& rules = gradientRules();
+  ASSERT_EQ(rules.size(), allOpKinds().size());
+  for (const Case& c : cases()) {
+    Fusion f;
+    c.build(f);
+    for (const Expr* e : f.exprs()) covered().insert(std::string(e->name()));
+  }
+  for (size_t i = 0; i < rules.size(); ++i) {
+    EXPECT_EQ(rules[i].op, opInfo(allOpKinds()[i]).name);
+    EXPECT_FALSE(rules[i].rule.empty());
+    EXPECT_TRUE(covered().count(std::string(rules[i].op))) << "no gradient test exercises " << rules[i].op;
+  }
+}
+
+TEST(Autodiff, Bf16GradientsAreBf16AndAccumulateInF32) {
+  Fusion f;
+  TensorView* x = in(f, {3, 8}, "x", DataType::BFloat16);
+  f.addOutput(softmax(x, 1));
+  Gradients g = differentiate(f, {0}, {0});
+  ASSERT_EQ(g.backward->outputs().size(), 1u);
+  EXPECT_EQ(g.backward->outputs()[0]->dtype(), DataType::BFloat16);
+  std::string text = printFusion(*g.backward);
+  EXPECT_NE(text.find("cast(%grad_out0, dtype=f32)"), std::string::npos) << text;
+  // The f64 check ignores the dtype: the formulas are the same.
+  GradCheckResult r = gradCheck(f, {0}, {0}, randomInputs(f, {}, 3));
+  EXPECT_TRUE(r.pass) << r.inputs[0].rel_err;
+}
+
+TEST(Autodiff, DefaultPolicySavesGemmsAndRecomputesPointwise) {
+  Fusion f;
+  TensorView* x = in(f, {3, 4}, "x");
+  TensorView* w = in(f, {8, 4}, "w");
+  TensorView* h = linear(x, w);
+  f.addOutput(sum(gelu(h, "tanh"), {0, 1}));
+  Gradients g = differentiate(f, {0}, {1});
+  // Backward reads x (for dW) and the linear's output (to recompute gelu' at it), then the seed.
+  ASSERT_EQ(g.backward_inputs.size(), 3u);
+  EXPECT_EQ(g.backward_inputs[0].kind, BackwardInput::ForwardInput);
+  EXPECT_EQ(g.backward_inputs[1].kind, BackwardInput::ForwardOutput);
+  EXPECT_EQ(g.backward_inputs[1].reason, "GEMM output (linear)");
+  EXPECT_EQ(g.backward_inputs[2].kind, BackwardInput::Seed);
+  EXPECT_EQ(g.forward->outputs().size(), 2u);
+  EXPECT_TRUE(g.recomputed.empty());  // gelu' needs x of gelu only, which is saved
+  std::string d = describeSaves(g);
+  EXPECT_NE(d.find("GEMM output (linear)"), std::string::npos) << d;
+
+  Fusion f2;
+  TensorView* x2 = in(f2, {3, 4}, "x");
+  TensorView* y2 = ops::exp(mul(x2, x2));
+  f2.addOutput(sum(mul(y2, 2.0), {0, 1}));
+  Gradients def = differentiate(f2, {0}, {0});
+  EXPECT_EQ(def.recomputed.size(), 2u) << describeSaves(def);  // mul, exp recomputed from x
+  Gradients all = differentiate(f2, {0}, {0}, {SavePolicy::All});
+  EXPECT_TRUE(all.recomputed.empty()) << describeSaves(all);
+  EXPECT_GT(all.forward->outputs().size(), def.forward->outputs().size());
+}
+
+TEST(Autodiff, BothFusionsRoundTripThroughText) {
+  Fusion f;
+  TensorView* x = in(f, {Extent::symbolic("t"), 4}, "x");
+  TensorView* q = in(f, {1, 2, 4, 4}, "q");
+  TensorView* a = sdpa(q, q, q, true);
+  f.addOutput(add(sum(layerNorm(linear(x, in(f, {4, 4}, "w")), nullptr, nullptr), {0, 1}), sum(a, {0, 1, 2, 3})));
+  Gradients g = differentiate(f, {0}, {0, 1, 2});
+  for (const Fusion* p : {g.forward.get(), g.backward.get()}) {
+    std::string text = printFusion(*p);
+    EXPECT_EQ(printFusion(*parseFusion(text)), text);
+  }
+}
+
+TEST(Autodiff, GradientsTakeTheirInputsPlacements) {
+  Fusion f;
+  DeviceMesh mesh({0, 1});
+  TensorView* x = in(f, {4, 6}, "x");
+  TensorView* w = in(f, {8, 6}, "w");
+  applyPlacements(x, mesh, {Placement::replicate()});
+  applyPlacements(w, mesh, {Placement::shard(0)});
+  f.addOutput(sum(relu(linear(x, w)), {0, 1}));
+  Gradients g = differentiate(f, {0}, {0, 1});
+  const Fusion& b = *g.backward;
+  ASSERT_EQ(b.outputs().size(), 2u);
+  EXPECT_EQ(placementsOf(b.outputs()[0]), std::vector<Placement>{Placement::replicate()});
+  EXPECT_EQ(placementsOf(b.outputs()[1]), std::vector<Placement>{Placement::shard(0)});
+  EXPECT_TRUE(b.outputs()[1]->pinned());
+  EXPECT_EQ(*b.outputs()[1]->mesh(), mesh);
+  EXPECT_EQ(b.outputs()[1]->name(), "grad_w");
+}
+
+TEST(AutodiffErrors, IntegerInputCannotBeDifferentiated) {
+  Fusion f;
+  TensorView* x = in(f, {3}, "x");
+  TensorView* n = in(f, {3}, "n", DataType::Int64);
+  f.addOutput(sum(mul(x, n), {0}));
+  std::string msg = userErrorMessage(ErrorKind::Dtype, [&] { differentiate(f, {0}, {1}); });
+  EXPECT_EQ(msg,
+            "differentiate: cannot differentiate with respect to input 1 (%n) of dtype i64: only floating-point "
+            "(f32, bf16, f16) inputs have gradients");
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { differentiate(f, {0}, {2}); }),
+            "differentiate: input index 2 is out of range (the fusion has 2)");
+  // The integer input is still usable when not differentiated.
+  EXPECT_TRUE(gradCheck(f, {0}, {0}, randomInputs(f, {}, 1)).pass);
+}
+
+TEST(Autodiff, UnreachedInputGetsZeroGradient) {
+  Fusion f;
+  TensorView* x = in(f, {3}, "x");
+  in(f, {2}, "unused");
+  f.addOutput(sum(x, {0}));
+  GradCheckResult r = gradCheck(f, {0}, {0, 1}, randomInputs(f, {}, 1));
+  EXPECT_TRUE(r.pass);
+  EXPECT_EQ(r.inputs[1].max_abs_err, 0.0);
+}
+
+}  // namespace
+}  // namespace meshfuse
