@@ -75,6 +75,7 @@ class Builder : public GradContext {
   // Builds the backward fusion of the differentiated outputs `outs` w.r.t. `wrt`.
   void build(const std::vector<TensorView*>& outs, const std::vector<TensorView*>& wrt) {
     bwd_ = std::make_unique<Fusion>();
+    for (int64_t m = 0; m < fwd_.numMeshes(); ++m) bwd_->addMesh(fwd_.mesh(m), fwd_.meshName(m));  // names kept
     for (TensorView* s : saved_order_) declareSaved(s);
     std::map<TensorView*, TensorView*> grad;
     for (size_t i = 0; i < outs.size(); ++i) {
@@ -107,8 +108,13 @@ class Builder : public GradContext {
       TensorView* x = wrt[i];
       auto g = grad.find(x);
       TensorView* gx = g != grad.end() ? g->second : autodiff::filledLike(primal(x), 0.0, x->dtype());
-      // An output is a computed tensor of its own (not an input or another output).
-      if (bwd_->isInput(gx) || bwd_->isOutput(gx)) gx = ops::set(gx);
+      // An output is a computed tensor of its own (not an input or another output). A contraction
+      // (GEMM, reduction) is not pinned itself but through a `set`: pinning a linear's output to
+      // Replicate makes decomposition all-gather its contracted operands instead of reducing its
+      // Partial result (docs/training.md, "Known issues"), e.g. DDP's weight gradients.
+      bool contraction = gx->definition() != nullptr && (gx->definition()->info().category == OpCategory::Gemm ||
+                                                         gx->definition()->info().category == OpCategory::Reduction);
+      if (bwd_->isInput(gx) || bwd_->isOutput(gx) || (contraction && x->mesh() != nullptr)) gx = ops::set(gx);
       bwd_->rename(gx, gradName(x, "in", static_cast<int64_t>(i)));
       copyPlacements(x, gx);
       bwd_->addOutput(gx);
