@@ -415,22 +415,30 @@ Grads norm(GradContext& c, const Expr* e, TensorView* g, bool centered) {
 Grads layerNorm(GradContext& c, const Expr* e, TensorView* g) { return norm(c, e, g, true); }
 Grads rmsNorm(GradContext& c, const Expr* e, TensorView* g) { return norm(c, e, g, false); }
 
-// The causal mask of scores [.., L, S] (true where key j > query i), as [1, 1, L, S] bool,
-// without an iota op: a 0/1 pattern P of length W = L + S (1 at positions 1..S-1) tiled into
-// [L, W], flattened and re-read with row stride W - 1, so that element (i, j) reads
-// P[(j - i) mod W] (see docs/training.md).
-TensorView* causalMask(TensorView* anchor, int64_t L, int64_t S) {
-  TensorView* scalar = o::sum(anchor, iota(0, anchor->rank()));  // rank 0
-  auto run = [&](double v, int64_t n) { return o::broadcastInDim(filledLike(scalar, v, DataType::Float), {n}, {}); };
+// The causal mask of scores [b, h, L, S] (true where key j > query i), without an iota op: a 0/1
+// pattern P of length W = L + S (1 at positions 1..S-1) tiled into [L, W], flattened and re-read
+// with row stride W - 1, so that element (i, j) reads P[(j - i) mod W] (see docs/training.md).
+// It is built from q's [b, h, 0:1, 0:1] corner, so it keeps q's batch/head sharding: no
+// communication. Sequence lengths must be static.
+TensorView* causalMask(TensorView* q, int64_t L, int64_t S) {
+  std::vector<Extent> qs = q->shape();
+  auto whole = [&](int64_t d) { return qs[d].isStatic() ? qs[d].value() : -1; };
+  TensorView* corner = filledLike(o::slice(q, {0, 0, 0, 0}, {whole(0), whole(1), 1, 1}), 0.0, DataType::Float);
+  auto run = [&](double v, int64_t n) {
+    return o::broadcastInDim(o::add(corner, v), {-1, -1, 1, n}, {0, 1, 2, 3});  // [b, h, 1, n]
+  };
   std::vector<TensorView*> parts{run(0.0, 1)};
   if (S > 1) parts.push_back(run(1.0, S - 1));
   parts.push_back(run(0.0, L));
   const int64_t W = L + S;
-  TensorView* p = o::cat(parts, 0);
-  TensorView* tiled = o::reshape(o::broadcastInDim(p, {L, W}, {1}), {L * W});
-  TensorView* shifted = o::reshape(o::slice(tiled, {0}, {L * (W - 1)}), {L, W - 1});
-  TensorView* mask = o::gt(o::slice(shifted, {0, 0}, {L, S}), 0.5);
-  return o::broadcastInDim(mask, {1, 1, L, S}, {2, 3});
+  // [b, h] keep their sizes through the reshapes (-1: a symbolic batch).
+  int64_t b = qs[0].isStatic() ? qs[0].value() : -1, h = qs[1].isStatic() ? qs[1].value() : -1;
+  MF_USER_CHECK(b != -1 || h != -1, ErrorKind::Unsupported,
+                "autodiff: causal sdpa with symbolic batch and head sizes is not supported");
+  TensorView* p = o::broadcastInDim(o::cat(parts, 3), {-1, -1, L, W}, {0, 1, 2, 3});
+  TensorView* flat = o::reshape(p, {b, h, L * W});
+  TensorView* shifted = o::reshape(o::slice(flat, {0, 0, 0}, {whole(0), whole(1), L * (W - 1)}), {b, h, L, W - 1});
+  return o::gt(o::slice(shifted, {0, 0, 0, 0}, {whole(0), whole(1), L, S}), 0.5);
 }
 Grads sdpa(GradContext& c, const Expr* e, TensorView* g) {
   TensorView* q = f32(c.primal(e->input(0)));

@@ -33,6 +33,12 @@ if out=$("$meshfuse" grad-check "$src/examples/mlp_block.mf" --size t=3 --wrt up
 else
   fail "grad-check mlp_block.mf: $out"
 fi
+# The decoder layer (layer norms, causal sdpa through reshapes/permutes, the MLP).
+if out=$("$meshfuse" grad-check "$src/examples/decoder_layer.mf" --wrt ln1_w,ln2_b 2>&1); then
+  echo "ok   grad-check decoder_layer.mf: $out"
+else
+  fail "grad-check decoder_layer.mf: $out"
+fi
 # A tolerance no derivative meets: exit 1 and say so.
 out=$("$meshfuse" grad-check "$src/examples/mlp_block.mf" --size t=2 --wrt down_b --tolerance 0 --step 0.5 2>&1)
 code=$?

@@ -5,7 +5,9 @@
 
 #include <iostream>
 
+#include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/printer.h"
+#include "meshfuse/pipeline.h"
 
 namespace meshfuse::cli {
 namespace {
@@ -42,7 +44,13 @@ AutodiffOptions policy(const AutodiffCliOptions& o) {
 
 }  // namespace
 
-std::string dumpBackward(const Fusion& fusion, const AutodiffCliOptions& o) {
+std::string dumpBackward(const Fusion& definition, const AutodiffCliOptions& o, const PipelineOptions& pipeline) {
+  // Backward shardings start from the forward's: a sharded definition is differentiated after
+  // propagate-shardings, so that saved tensors and seeds carry the placements the forward gives
+  // them (as value_and_grad's DTensors do), not whatever propagation would pick for open inputs.
+  std::unique_ptr<Fusion> propagated = cloneFusion(definition);
+  if (definition.numMeshes() > 0) runPasses(*propagated, {"propagate-shardings"}, pipeline);
+  const Fusion& fusion = *propagated;
   std::vector<int64_t> outs = resolve(fusion, fusion.outputs(), o.outputs, "output");
   std::vector<int64_t> wrt = resolve(fusion, fusion.inputs(), o.wrt, "input");
   Gradients g = differentiate(fusion, outs, wrt, policy(o));

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "meshfuse/grad_check.h"
+#include "meshfuse/pipeline.h"
 
 namespace meshfuse::cli {
 
@@ -16,7 +17,8 @@ struct AutodiffCliOptions {
 
 // The forward fusion with its saves and the backward fusion, as .mf text separated by a
 // '# -----' line (so `meshfuse print --split-input-file` reads them back), each headed by comments.
-std::string dumpBackward(const Fusion& fusion, const AutodiffCliOptions& o);
+// A definition with meshes is differentiated after propagate-shardings (with `pipeline`'s options).
+std::string dumpBackward(const Fusion& fusion, const AutodiffCliOptions& o, const PipelineOptions& pipeline);
 
 // Prints the worst relative error per wrt input; returns whether every input passed.
 bool runGradCheck(const Fusion& fusion, const AutodiffCliOptions& o, const SymbolBindings& sizes,

@@ -282,7 +282,7 @@ int main(int argc, char** argv) {
         mf::runPasses(*fusion, passes, o);
         if (!dump_each) std::cout << mf::printFusion(*fusion);
       } else if (*dump && stage == "backward") {
-        std::cout << mf::cli::dumpBackward(*fusion, ad_opts);
+        std::cout << mf::cli::dumpBackward(*fusion, ad_opts, pipeline);
       } else if (*gradcheck) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
         if (!mf::cli::runGradCheck(*fusion, ad_opts, sizes, gc_opts, gc_low, gc_high, gc_seed)) status = 1;
