@@ -13,6 +13,7 @@
 #include "autodiff/grad_context.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/placement.h"
+#include "meshfuse/ir/verifier.h"
 #include "meshfuse/ops.h"
 
 namespace meshfuse {
@@ -82,7 +83,6 @@ class Builder : public GradContext {
       TensorView* o = outs[i];
       TensorView* seed = bwd_->defineTensor(o->shape(), o->dtype(), gradName(o, "out", static_cast<int64_t>(i)));
       copyPlacements(o, seed);
-      seeds_.push_back(seed);
       accumulate(grad, o, seed);
     }
     needs_ = needsGradient(wrt);
@@ -172,17 +172,15 @@ class Builder : public GradContext {
   std::unique_ptr<Fusion> bwd_;
   std::map<const TensorView*, TensorView*> primal_;
   std::vector<TensorView*> saved_requested_;
-  std::vector<TensorView*> seeds_;
   std::vector<std::string> recomputed_;
 };
 
-std::string savedReason(const Fusion& fwd, const TensorView* tv, SavePolicy policy) {
+std::string savedReason(const Fusion& fwd, const TensorView* tv) {
   if (fwd.isInput(tv)) return "input";
   const Expr* e = tv->definition();
   OpCategory cat = e->info().category;
   if (cat == OpCategory::Gemm) return fmt::format("GEMM output ({})", e->name());
   if (cat == OpCategory::Attention) return fmt::format("attention output ({})", e->name());
-  (void)policy;
   return fmt::format("{} output (save-all policy)", e->name());
 }
 
@@ -231,7 +229,7 @@ Gradients differentiate(const Fusion& fusion, const std::vector<int64_t>& output
   result.recomputed = builder.recomputed();
   result.num_original_outputs = static_cast<int64_t>(fwd.outputs().size());
   for (TensorView* tv : saved) {
-    std::string why = savedReason(fwd, tv, options.policy);
+    std::string why = savedReason(fwd, tv);
     if (fwd.isInput(tv)) {
       auto pos = std::find(fwd.inputs().begin(), fwd.inputs().end(), tv) - fwd.inputs().begin();
       result.backward_inputs.push_back({BackwardInput::ForwardInput, static_cast<int64_t>(pos), why});
@@ -244,6 +242,8 @@ Gradients differentiate(const Fusion& fusion, const std::vector<int64_t>& output
   for (size_t i = 0; i < outs.size(); ++i)
     result.backward_inputs.push_back(
         {BackwardInput::Seed, static_cast<int64_t>(i), fmt::format("seed of output {}", outputs[i])});
+  verify(*result.forward);  // a rule that builds ill-typed IR is caught here, not at run time
+  verify(*result.backward);
   return result;
 }
 

@@ -141,7 +141,8 @@ def _mlp_torch(x, w1, w2):
     return F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2)
 
 
-def test_scalar_loss_seed_is_one(rng):
+@pytest.mark.parametrize("save_all", [False, True], ids=["default_policy", "save_all"])
+def test_scalar_loss_seed_is_one(save_all, rng):
     def define(fd):
         x = fd.define_tensor([-1, 8], name="x")
         w = fd.define_tensor([4, 8], name="w")
@@ -149,10 +150,15 @@ def test_scalar_loss_seed_is_one(rng):
         fd.add_output(fd.ops.mean(fd.ops.mul(y, y), [0, 1]))
 
     x, w = H.randn(rng, 6, 8), H.randn(rng, 4, 8)
-    (loss,), (gw,), _ = _grads(define, [x, w], [1])
+    (loss,), (gw,), fdw = _grads(define, [x, w], [1], save_all=save_all)
     want_loss, (want_gw,) = _torch_grads(lambda x, w: (F.linear(x, w) ** 2).mean(), [x, w], [1], 1.0)
     H.assert_close(loss, want_loss)
     H.assert_close(gw, want_gw)
+    mesh = _world_mesh()
+    _, bwd = fdw.grad_plans([meshfuse.distribute_tensor(a, mesh, [R]) for a in (x, w)], [1], save_all=save_all)
+    # The policy's decisions: the linear's output is saved either way; mul is recomputed by default.
+    assert "GEMM output (linear)" in bwd.saves
+    assert ("mul output (save-all policy)" in bwd.saves) == save_all, bwd.saves
 
 
 @pytest.mark.parametrize("wrt", [[0, 1, 2], [1, 2]], ids=["with_input", "weights_only"])
