@@ -12,7 +12,6 @@ from meshfuse import DataType, Replicate, Shard
 import helpers as H
 
 R = Replicate()
-torch.set_default_dtype(torch.float64)
 
 
 def _world_mesh():
@@ -247,3 +246,36 @@ def test_error_non_scalar_output_without_grad_outputs(rng):
     with pytest.raises(meshfuse.ShapeError,
                        match=r"grad_outputs\[0\] has shape \[6, 4\] but output 0 \(%\d+\) has shape \[6, 8\]"):
         fdw.value_and_grad(inputs, [1], bad)
+
+
+def test_torch_dtensors_in_torch_dtensor_gradients_out(rng):
+    """torch DTensors (gloo on CPU) in: the gradients are torch DTensors on the same torch mesh
+    with their inputs' placements; a scalar loss is seeded with a replicated torch 1."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor as TorchDTensor, Replicate as TR, Shard as TS
+    from torch.distributed.tensor import distribute_tensor as torch_distribute
+    from meshfuse.torch_interop import init_process_group
+
+    init_process_group()
+    assert dist.get_world_size() == meshfuse.world_size()
+    tmesh = init_device_mesh("cpu", (meshfuse.world_size(),))
+
+    def loss_define(fd):
+        x = fd.define_tensor([-1, 8], name="x")
+        w1 = fd.define_tensor([16, 8], name="w1")
+        w2 = fd.define_tensor([8, 16], name="w2")
+        y = fd.ops.linear(fd.ops.gelu(fd.ops.linear(x, w1), approximate="tanh"), w2)
+        fd.add_output(fd.ops.mean(fd.ops.mul(y, y), [0, 1]))
+
+    arrays = [H.randn(rng, 6, 8), H.randn(rng, 16, 8), H.randn(rng, 8, 16)]
+    placements = [TR(), TS(0), TS(1)]
+    inputs = [torch_distribute(torch.from_numpy(a).float(), tmesh, [p]) for a, p in zip(arrays, placements)]
+    fdw = meshfuse.FusionDefinitionWrapper(loss_define)
+    (loss,), grads = fdw.value_and_grad(inputs, [0, 1, 2])
+    want_loss, want = _torch_grads(lambda x, w1, w2: (_mlp_torch(x, w1, w2) ** 2).mean(), arrays, [0, 1, 2], 1.0)
+    assert isinstance(loss, TorchDTensor)
+    H.assert_close(loss.full_tensor().numpy(), want_loss)
+    for g, p, exp in zip(grads, placements, want):
+        assert isinstance(g, TorchDTensor) and g.device_mesh is tmesh and g.placements == (p,)
+        H.assert_close(g.full_tensor().numpy(), exp)
