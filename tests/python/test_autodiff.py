@@ -279,3 +279,28 @@ def test_torch_dtensors_in_torch_dtensor_gradients_out(rng):
     for g, p, exp in zip(grads, placements, want):
         assert isinstance(g, TorchDTensor) and g.device_mesh is tmesh and g.placements == (p,)
         H.assert_close(g.full_tensor().numpy(), exp)
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "sequence_parallel"])
+def test_fsdp_and_sequence_parallel_mlp(kind, rng):
+    """FSDP (batch and every weight Shard(0), parameters gathered where used): backward gathers
+    the weights again and reduce-scatters their gradients. Sequence parallelism (x Shard(0), w1
+    column-, w2 row-parallel): the gradients match and keep their inputs' placements."""
+    n = meshfuse.world_size()
+    x, w1, w2 = H.randn(rng, 4 * n, 8), H.randn(rng, 16, 8), H.randn(rng, 8, 16)
+    g = H.randn(rng, 4 * n, 8)
+    placements = [[Shard(0)], [Shard(0)], [Shard(0)]] if kind == "fsdp" else [[Shard(0)], [Shard(0)], [Shard(1)]]
+    mesh = _world_mesh()
+    fdw = meshfuse.FusionDefinitionWrapper(_mlp, fsdp=(kind == "fsdp"))
+    inputs = [meshfuse.distribute_tensor(a, mesh, p) for a, p in zip([x, w1, w2], placements)]
+    seed = [meshfuse.distribute_tensor(g, mesh, [Shard(0)])]
+    (out,), grads = fdw.value_and_grad(inputs, [0, 1, 2], seed)
+    want_out, want = _torch_grads(_mlp_torch, [x, w1, w2], [0, 1, 2], g)
+    H.assert_close(out.full_tensor(), want_out)
+    assert [gr.placements for gr in grads] == [tuple(p) for p in placements]
+    for got, exp in zip(grads, want):
+        H.assert_close(got.full_tensor(), exp)
+    if kind == "fsdp":
+        _, bwd = fdw.grad_plans(inputs, [0, 1, 2], seed)
+        assert H.kinds(bwd) == (["allgather", "allgather", "reduce_scatter", "reduce_scatter"] if n > 1 else []), \
+            bwd.host_ir()
