@@ -90,12 +90,11 @@ class Builder : public GradContext {
     const auto& exprs = fwd_.exprs();
     for (auto it = exprs.rbegin(); it != exprs.rend(); ++it) {
       Expr* e = *it;
-      auto g = grad.find(e->output());
-      if (g == grad.end()) continue;
+      if (!grad.count(e->output())) continue;
       bool any = std::any_of(e->inputs().begin(), e->inputs().end(), [&](Val* v) { return v && needs.count(v); });
       if (!any) continue;
       current_ = e;
-      std::vector<TensorView*> gs = autodiff::gradRuleOf(e->kind())(*this, e, g->second);
+      std::vector<TensorView*> gs = autodiff::gradRuleOf(e->kind())(*this, e, gradientOf(grad, e->output()));
       MF_CHECK(gs.size() == e->inputs().size(), "gradient rule of {} returned {} gradients for {} operands", e->name(),
                gs.size(), e->inputs().size());
       for (size_t i = 0; i < gs.size(); ++i) {
@@ -106,8 +105,8 @@ class Builder : public GradContext {
     }
     for (size_t i = 0; i < wrt.size(); ++i) {
       TensorView* x = wrt[i];
-      auto g = grad.find(x);
-      TensorView* gx = g != grad.end() ? g->second : autodiff::filledLike(primal(x), 0.0, x->dtype());
+      TensorView* gx = gradientOf(grad, x);
+      if (gx == nullptr) gx = autodiff::filledLike(primal(x), 0.0, x->dtype());
       // An output is a computed tensor of its own (not an input or another output). A contraction
       // (GEMM, reduction) is not pinned itself but through a `set`: pinning a linear's output to
       // Replicate makes decomposition all-gather its contracted operands instead of reducing its
@@ -149,9 +148,19 @@ class Builder : public GradContext {
     return in;
   }
 
+  // Sums the contributions to x's gradient; a bf16/f16 gradient with several contributions is
+  // summed in f32 (gradientOf casts it back once).
   void accumulate(std::map<TensorView*, TensorView*>& grad, TensorView* x, TensorView* g) {
     auto [it, fresh] = grad.emplace(x, g);
-    if (!fresh) it->second = ops::add(it->second, g);
+    if (fresh) return;
+    auto f32 = [](TensorView* t) { return t->dtype() == DataType::Float ? t : ops::cast(t, DataType::Float); };
+    it->second = x->dtype() == DataType::Float ? ops::add(it->second, g) : ops::add(f32(it->second), f32(g));
+  }
+  // x's accumulated gradient in x's dtype (nullptr: none).
+  static TensorView* gradientOf(const std::map<TensorView*, TensorView*>& grad, TensorView* x) {
+    auto it = grad.find(x);
+    if (it == grad.end()) return nullptr;
+    return it->second->dtype() == x->dtype() ? it->second : ops::cast(it->second, x->dtype());
   }
 
   // The values on a path from a wrt input (forward-reachable).

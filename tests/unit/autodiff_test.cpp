@@ -189,6 +189,21 @@ TEST(Autodiff, Bf16GradientsAreBf16AndAccumulateInF32) {
   EXPECT_TRUE(r.pass) << r.inputs[0].rel_err;
 }
 
+TEST(Autodiff, Bf16ContributionsToOneGradientAreSummedInF32) {
+  Fusion f;
+  TensorView* x = in(f, {4}, "x", DataType::BFloat16);
+  f.addOutput(add(add(mul(x, 2.0), mul(x, 3.0)), mul(x, 4.0)));
+  Gradients g = differentiate(f, {0}, {0});
+  const Fusion& b = *g.backward;
+  // Three contributions: two adds in f32, one cast back to bf16 for the output.
+  int f32_adds = 0;
+  for (const Expr* e : b.exprs()) f32_adds += e->kind() == OpKind::Add && e->output()->dtype() == DataType::Float;
+  EXPECT_EQ(f32_adds, 2) << printFusion(b);
+  EXPECT_EQ(b.outputs()[0]->dtype(), DataType::BFloat16);
+  EXPECT_EQ(b.outputs()[0]->definition()->kind(), OpKind::Cast);
+  EXPECT_TRUE(gradCheck(f, {0}, {0}, randomInputs(f, {}, 1)).pass);
+}
+
 TEST(Autodiff, DefaultPolicySavesGemmsAndRecomputesPointwise) {
   Fusion f;
   TensorView* x = in(f, {3, 4}, "x");
