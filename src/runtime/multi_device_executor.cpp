@@ -5,6 +5,7 @@
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
+#include "meshfuse/runtime/memory.h"
 
 namespace meshfuse {
 namespace {
@@ -52,6 +53,7 @@ struct MultiDeviceExecutor::Entry {
   // chunk counts are checked against, or chosen for, the sizes (decompose_for_overlap.h).
   bool sized = false;
   SymbolBindings sizes;  // what a sized entry was compiled for
+  std::optional<SymbolBindings> memory_checked;  // the sizes whose buffers were found to fit the memory
 
   bool matches(const std::vector<ShardedTensor>& inputs) const {
     if (inputs.size() != layouts.size()) return false;
@@ -228,7 +230,17 @@ std::vector<ShardedTensor> MultiDeviceExecutor::run(const std::vector<ShardedTen
 }
 
 std::vector<ShardedTensor> MultiDeviceExecutor::runChecked(const std::vector<ShardedTensor>& inputs) {
+  if (options_.check_inputs && comm_.size() > 1) agreeOnInputs(inputs);
   Entry& e = entryFor(inputs);
+  // A buffer larger than the backend's memory is refused before anything runs, naming the tensor,
+  // identically on every rank (the collective program's buffers; memory.h). Once per sizes.
+  if (std::optional<SymbolBindings> sizes = runSizes(*e.compiled.fusion, inputs, comm_.rank())) {
+    sizes->insert(options_.pipeline.sizes.begin(), options_.pipeline.sizes.end());
+    if (e.memory_checked != sizes) {
+      checkProgramAllocations(e.compiled.host, *sizes, backend_->memoryLimit());
+      e.memory_checked = std::move(sizes);
+    }
+  }
   std::vector<Tensor> locals;
   locals.reserve(inputs.size());
   for (const ShardedTensor& in : inputs) locals.push_back(in.local);
