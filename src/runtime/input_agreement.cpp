@@ -55,12 +55,16 @@ std::vector<int64_t> allgatherInt64(Communicator& comm, Backend& backend, const 
   const int64_t count = static_cast<int64_t>(mine.size());
   Tensor host(DataType::Int64, {count});
   std::memcpy(host.data(), mine.data(), mine.size() * sizeof(int64_t));
-  Tensor send = host.device() == backend.device() ? host : backend.upload(host);
-  Tensor recv = backend.allocate(DataType::Int64, {count * static_cast<int64_t>(team.size())});
+  // Host memory for a host backend (not the backend's allocator, whose use is the program's);
+  // device memory where the communicator moves device buffers.
+  const bool host_backend = backend.device() == Device::Cpu;
+  Tensor send = host_backend ? host : backend.upload(host);
+  const int64_t all = count * static_cast<int64_t>(team.size());
+  Tensor recv = host_backend ? Tensor(DataType::Int64, {all}) : backend.allocate(DataType::Int64, {all});
   comm.allgather(send.data(), recv.data(), count, DataType::Int64, team)->wait();
   Tensor got = recv.device() == Device::Cpu ? recv : backend.download(recv);
   const int64_t* p = static_cast<const int64_t*>(got.data());
-  return std::vector<int64_t>(p, p + count * static_cast<int64_t>(team.size()));
+  return std::vector<int64_t>(p, p + all);
 }
 
 }  // namespace
