@@ -77,7 +77,8 @@ std::string describeDisagreement(const std::vector<std::pair<int64_t, AgreementF
       if (label == "error") failed[value].push_back(rank);
   if (!failed.empty()) {
     std::vector<std::string> parts;
-    for (const auto& [message, ranks] : failed) parts.push_back(fmt::format("{} failed: {}", ranksText(ranks), message));
+    for (const auto& [message, ranks] : failed)
+      parts.push_back(fmt::format("{} failed: {}", ranksText(ranks), message));
     return fmt::format("{}", fmt::join(parts, "; "));
   }
   // Label by label, in the order the ranks list them: which ranks have which value.
@@ -151,13 +152,13 @@ AgreementFields describeInputs(const Fusion& definition, const std::vector<Shard
     const std::string label =
         fmt::format("input {}", i) + (tv != nullptr ? fmt::format(" ({})", definition.displayName(tv)) : "");
     const bool held = in.local.defined();
-    fields.emplace_back(label + " dtype", held                ? std::string(dtypeName(in.local.dtype()))
+    fields.emplace_back(label + " dtype", held            ? std::string(dtypeName(in.local.dtype()))
                                           : tv != nullptr ? std::string(dtypeName(tv->dtype()))
                                                           : "?");
-    fields.emplace_back(label + " placements", in.mesh.size() == 0 ? "none (as the definition says)"
-                                                                    : fmt::format("{} on mesh {}",
-                                                                                  placementsToString(in.placements),
-                                                                                  in.mesh.toString()));
+    fields.emplace_back(label + " placements",
+                        in.mesh.size() == 0
+                            ? "none (as the definition says)"
+                            : fmt::format("{} on mesh {}", placementsToString(in.placements), in.mesh.toString()));
     std::vector<int64_t> global = in.global_shape;
     bool known = !global.empty();
     if (!known && held) {  // the local block times the shards along each dim

@@ -46,9 +46,10 @@ MemoryLimit readHostMemoryLimit() {
     swap = static_cast<int64_t>(si.totalswap) * unit;
     limit = {static_cast<int64_t>(si.totalram) * unit + swap, "host memory (RAM + swap)"};
   }
-  std::optional<int64_t> cgroup = cgroupLimit("/sys/fs/cgroup/memory.max");  // cgroup v2
+  std::optional<int64_t> cgroup = cgroupLimit("/sys/fs/cgroup/memory.max");          // cgroup v2
   if (!cgroup) cgroup = cgroupLimit("/sys/fs/cgroup/memory/memory.limit_in_bytes");  // v1
-  if (cgroup && *cgroup + swap < limit.bytes) limit = {*cgroup + swap, "host memory (the memory cgroup's limit + swap)"};
+  if (cgroup && *cgroup + swap < limit.bytes)
+    limit = {*cgroup + swap, "host memory (the memory cgroup's limit + swap)"};
   struct rlimit rl {};
   if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
       static_cast<uint64_t>(rl.rlim_cur) < static_cast<uint64_t>(limit.bytes))
@@ -77,7 +78,7 @@ std::string formatBytes(int64_t bytes) {
   int u = -1;
   while (v >= 1024 && u < 5) v /= 1024, ++u;
   return v == static_cast<double>(static_cast<int64_t>(v)) ? fmt::format("{} {}", static_cast<int64_t>(v), units[u])
-                                                             : fmt::format("{:.1f} {}", v, units[u]);
+                                                           : fmt::format("{:.1f} {}", v, units[u]);
 }
 
 void checkAllocation(const std::string& what, DataType dtype, const std::vector<int64_t>& shape,

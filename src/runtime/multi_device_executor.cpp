@@ -52,7 +52,7 @@ struct MultiDeviceExecutor::Entry {
   // Chunked programs (overlap, microbatches) are compiled for the sizes of each run: their
   // chunk counts are checked against, or chosen for, the sizes (decompose_for_overlap.h).
   bool sized = false;
-  SymbolBindings sizes;  // what a sized entry was compiled for
+  SymbolBindings sizes;                          // what a sized entry was compiled for
   std::optional<SymbolBindings> memory_checked;  // the sizes whose buffers were found to fit the memory
 
   bool matches(const std::vector<ShardedTensor>& inputs) const {

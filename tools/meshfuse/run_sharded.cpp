@@ -96,9 +96,10 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
       for (int64_t r = 0; r < world; ++r) everyone[r] = r;
       comm->allreduce(&mine, &any, 1, DataType::Int64, ReduceOp::Max, everyone)->wait();
       if (any != 0 && too_large.empty())
-        std::cerr << fmt::format("meshfuse: rank {} of {}: stops: another rank cannot allocate a tensor of this "
-                                 "program (its message says which)\n",
-                                 rank, world);
+        std::cerr << fmt::format(
+            "meshfuse: rank {} of {}: stops: another rank cannot allocate a tensor of this program (its message "
+            "says which)\n",
+            rank, world);
       if (any != 0) return 1;
     }
     if (!too_large.empty()) return 1;

@@ -59,8 +59,9 @@ Tensor HostAllocator::allocate(DataType dtype, const std::vector<int64_t>& shape
   const int64_t n = *checkedNumel(shape, dtypeSize(dtype)) * dtypeSize(dtype);
   const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(n) + 63) / 64 * 64);
   void* p = pool_->take(bytes);
-  MF_USER_CHECK(p != nullptr, ErrorKind::Runtime, "cannot allocate a {} tensor of shape [{}]: {} bytes ({}): out of host memory",
-                dtypeName(dtype), fmt::join(shape, ", "), n, formatBytes(n));
+  MF_USER_CHECK(p != nullptr, ErrorKind::Runtime,
+                "cannot allocate a {} tensor of shape [{}]: {} bytes ({}): out of host memory", dtypeName(dtype),
+                fmt::join(shape, ", "), n, formatBytes(n));
   std::shared_ptr<Pool> pool = pool_;
   std::shared_ptr<void> owner(p, [pool, bytes](void* q) { pool->give(q, bytes); });
   return Tensor::wrap(p, dtype, shape, std::move(owner));
