@@ -85,7 +85,8 @@ if [ "$mode" = mpirun ]; then
 else
   grep -q -E "$by_meshfuse" <<<"$out" || fail "no message from meshfuse's watchdog"
   team=$(seq -s ', ' 0 $((np - 1)))
-  grep -q -E "(on team \[$team\]|rank $killed)" <<<"$out" || fail "the watchdog's message names neither the team nor rank $killed"
+  grep -q -E "^meshfuse: rank [0-9]+ of $np fails: .*(on team \[$team\]|rank $killed .*(not arrived|missing|did not arrive))" \
+    <<<"$out" || fail "the watchdog's message names neither the team with rank $killed nor rank $killed"
   grep -q "meshfuse: rank [0-9]* of $np fails" <<<"$out" || fail "no surviving rank reported the failure"
 fi
 echo "OK: rank $killed killed mid-collective; the job ended in ${elapsed}s with code $code"
