@@ -20,6 +20,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "meshfuse/ir/device_mesh.h"
@@ -50,6 +51,14 @@ struct ExecutorOptions {
   // A failure while a multi-rank program runs aborts the job (HostIrEvaluator::setAbortOnFailure):
   // turn off only where the caller can bring every rank down itself.
   bool abort_on_failure = true;
+  // In a multi-rank world, the first run of each input signature (dtypes, shapes, meshes,
+  // placements) first checks that every rank of the world was given the same one (one allgather
+  // of 16 bytes per rank; every rank must call run()): a rank given other inputs then makes every
+  // rank throw the same ValueError naming the input and which ranks had what, instead of leaving
+  // the others waiting in a collective. A rank that alone moves to new inputs while the others
+  // repeat a signature they agreed on is not caught (only that rank checks: it waits until
+  // MESHFUSE_COMM_TIMEOUT). Off: the caller checks (Python's FusionDefinitionWrapper).
+  bool check_inputs = true;
 };
 
 class MultiDeviceExecutor {
@@ -89,6 +98,8 @@ class MultiDeviceExecutor {
   Entry& entryFor(const std::vector<ShardedTensor>& inputs, const std::string& key, const SymbolBindings& sizes,
                   bool sized);
   std::vector<ShardedTensor> runChecked(const std::vector<ShardedTensor>& inputs);
+  // ExecutorOptions::check_inputs (input_agreement.cpp).
+  void agreeOnInputs(const std::vector<ShardedTensor>& inputs);
 
   std::unique_ptr<Fusion> definition_;
   Communicator& comm_;
@@ -99,6 +110,7 @@ class MultiDeviceExecutor {
   Entry* last_ = nullptr;                  // the entry the last call used
   std::vector<CollectiveInfo> last_collectives_;
   std::vector<TraceEvent> last_trace_;
+  std::set<uint64_t> agreed_;  // input signatures every rank agreed on (check_inputs)
 };
 
 // A definition whose inputs are placed by `layouts` (mesh + placements; a layout with an empty

@@ -303,7 +303,9 @@ std::string CommunicationPlan::describeWait(int64_t rank, int64_t issue_index,
                                                                    : "last issued " + peer_ops.at(known->second - 1).where;
     missing.push_back(fmt::format("rank {} should be at {} ({})", peer, peer_ops.at(index).where, at));
   }
-  s += missing.empty() ? "; every peer has issued its part" : "; not arrived: " + fmt::format("{}", fmt::join(missing, "; "));
+  s += missing.empty() ? "; every peer has issued its part, so one of them stopped making progress after it (it "
+                         "died, or is stuck outside meshfuse)"
+                       : "; not arrived: " + fmt::format("{}", fmt::join(missing, "; "));
   return s;
 }
 

@@ -255,7 +255,11 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
                         program_.fusion->displayName(n.tv), shape[0], n.chunk_blocks);
           shape[0] /= n.chunk_blocks;
         }
-        values_[{n.tv, n.slot}] = backend_.allocate(n.tv->dtype(), shape);
+        try {
+          values_[{n.tv, n.slot}] = backend_.allocate(n.tv->dtype(), shape);
+        } catch (const UserError& e) {  // e.g. out of memory: say which tensor
+          throw UserError(e.kind(), fmt::format("{}: {}", program_.fusion->displayName(n.tv), e.message()));
+        }
         break;
       }
       case HostNodeKind::Deallocate:

@@ -6,6 +6,7 @@
 #include "meshfuse/ir/parser.h"
 #include "lower/check_collectives.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
+#include "meshfuse/runtime/memory.h"
 
 namespace meshfuse {
 namespace {
@@ -52,7 +53,8 @@ struct MultiDeviceExecutor::Entry {
   // Chunked programs (overlap, microbatches) are compiled for the sizes of each run: their
   // chunk counts are checked against, or chosen for, the sizes (decompose_for_overlap.h).
   bool sized = false;
-  SymbolBindings sizes;  // what a sized entry was compiled for
+  SymbolBindings sizes;                          // what a sized entry was compiled for
+  std::optional<SymbolBindings> memory_checked;  // the sizes whose buffers were found to fit the memory
   // check-collectives' proof that every rank's program matches, made before the first run (it
   // needs the run's sizes) and handed to the evaluator for its hang reports.
   std::shared_ptr<const CommunicationPlan> plan;
@@ -232,17 +234,27 @@ std::vector<ShardedTensor> MultiDeviceExecutor::run(const std::vector<ShardedTen
 }
 
 std::vector<ShardedTensor> MultiDeviceExecutor::runChecked(const std::vector<ShardedTensor>& inputs) {
+  if (options_.check_inputs && comm_.size() > 1) agreeOnInputs(inputs);
   Entry& e = entryFor(inputs);
-  if (e.plan == nullptr) {
-    std::optional<SymbolBindings> sizes = runSizes(*e.compiled.fusion, inputs, comm_.rank());
-    SymbolBindings all = e.sizes;
-    if (sizes) all.insert(sizes->begin(), sizes->end());
-    try {
-      e.plan = std::make_shared<const CommunicationPlan>(checkCollectives(e.compiled, all));
-      e.evaluator->setCommunicationPlan(e.plan);
-    } catch (const UserError&) {
-      // The inputs do not bind the sizes (a wrong shape): the run below reports that, naming
-      // the input; the check runs on the next call with good inputs.
+  // Once per sizes, before anything runs and identically on every rank: a buffer larger than
+  // the backend's memory is refused naming the tensor (memory.h), and check-collectives proves
+  // that every rank's program matches the others' (its plan serves the watchdog's reports).
+  if (std::optional<SymbolBindings> sizes = runSizes(*e.compiled.fusion, inputs, comm_.rank())) {
+    sizes->insert(options_.pipeline.sizes.begin(), options_.pipeline.sizes.end());
+    if (e.memory_checked != sizes) {
+      checkProgramAllocations(e.compiled.host, *sizes, backend_->memoryLimit());
+      e.memory_checked = sizes;
+    }
+    if (e.plan == nullptr) {
+      SymbolBindings all = e.sizes;
+      all.insert(sizes->begin(), sizes->end());
+      try {
+        e.plan = std::make_shared<const CommunicationPlan>(checkCollectives(e.compiled, all));
+        e.evaluator->setCommunicationPlan(e.plan);
+      } catch (const UserError&) {
+        // The inputs do not bind the sizes (a wrong shape): the run below reports that, naming
+        // the input; the check runs on the next call with good inputs.
+      }
     }
   }
   std::vector<Tensor> locals;

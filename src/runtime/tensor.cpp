@@ -10,6 +10,7 @@
 
 #include "meshfuse/error.h"
 #include "meshfuse/ir/extent.h"
+#include "meshfuse/runtime/memory.h"
 
 namespace meshfuse {
 
@@ -41,8 +42,11 @@ Tensor Tensor::empty(DataType dtype, std::vector<int64_t> shape) {
   t.shape_ = std::move(shape);
   // 64-byte aligned so that generated kernels can use aligned vector loads.
   size_t bytes = (std::max<size_t>(t.nbytes(), 1) + 63) / 64 * 64;
+  checkAllocation("", dtype, t.shape_, hostMemoryLimit());  // larger than the machine: never tried
   void* p = std::aligned_alloc(64, bytes);
-  MF_USER_CHECK(p != nullptr, ErrorKind::Runtime, "out of host memory allocating {} bytes", bytes);
+  MF_USER_CHECK(p != nullptr, ErrorKind::Runtime,
+                "cannot allocate a {} tensor of shape [{}]: {} bytes ({}): out of host memory", dtypeName(dtype),
+                fmt::join(t.shape_, ", "), t.nbytes(), formatBytes(static_cast<int64_t>(t.nbytes())));
   t.owner_ = std::shared_ptr<void>(p, std::free);
   t.data_ = static_cast<std::byte*>(p);
   return t;

@@ -106,5 +106,106 @@ TEST(Errors, WrongDtype) {
               HasSubstr("input 0 (%inp): expected dtype f32 but got bf16"));
 }
 
+// ---- Inputs that differ across ranks where they must agree (ExecutorOptions::check_inputs) -----
+
+// "LABEL is ODD on rank LAST but USUAL on ranks 0, .., LAST-1": the last rank was given ODD.
+std::string disagreement(const std::string& label, const std::string& odd, const std::string& usual) {
+  const int64_t last = worldSize() - 1;
+  std::vector<int64_t> others(last);
+  std::iota(others.begin(), others.end(), 0);
+  return fmt::format("MultiDeviceExecutor: the ranks disagree: {} is {} on rank {} but {} on rank{} {}", label, odd,
+                     last, usual, others.size() == 1 ? "" : "s", fmt::join(others, ", "));
+}
+
+bool lastRank() { return worldRank() == worldSize() - 1; }
+
+TEST(Errors, DtypeThatDiffersOnOneRank) {
+  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+  Fusion f;
+  models::buildMlp(f, 16);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
+  if (lastRank()) in[0].local = Tensor(DataType::BFloat16, {4, 16});
+  // Every rank, the one given bf16 too, throws this before any collective (without the check the
+  // last rank would throw a DtypeError while the others wait in the allreduce until the watchdog).
+  EXPECT_EQ(errorOf(ErrorKind::Value, [&] { exec.run(in); }), disagreement("input 0 (%inp) dtype", "bf16", "f32"));
+  EXPECT_EQ(exec.run(mlpInputs(worldMesh(), 4)).size(), 1u);  // the executor still works
+}
+
+TEST(Errors, PlacementsThatDifferOnOneRank) {
+  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+  Fusion f;
+  models::buildMlp(f, 16);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
+  if (lastRank()) in[0] = {Tensor(DataType::Float, {4 / worldSize(), 16}), worldMesh(), {S(0)}};  // global [4, 16]
+  const std::string mesh = worldMesh().toString();
+  EXPECT_EQ(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
+            disagreement("input 0 (%inp) placements", "[Shard(0)] on mesh " + mesh, "[Replicate()] on mesh " + mesh));
+}
+
+TEST(Errors, MeshesThatDifferOnOneRank) {
+  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+  Fusion f;
+  models::buildMlp(f, 16);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
+  std::vector<int64_t> reversed = worldMesh().devices();
+  std::reverse(reversed.begin(), reversed.end());
+  if (lastRank()) in[1].mesh = DeviceMesh(reversed);
+  EXPECT_EQ(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
+            disagreement("input 1 (%up_w) placements", "[Shard(0)] on mesh " + DeviceMesh(reversed).toString(),
+                         "[Shard(0)] on mesh " + worldMesh().toString()));
+}
+
+TEST(Errors, GlobalShapesThatDifferOnOneRank) {
+  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+  Fusion f;
+  models::buildMlp(f, 16);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  std::vector<ShardedTensor> in = mlpInputs(worldMesh(), lastRank() ? 8 : 4);  // ?t = 8 on the last rank
+  EXPECT_EQ(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
+            disagreement("input 0 (%inp) global shape", "[8, 16]", "[4, 16]"));
+}
+
+// The check runs on the first run of each input signature: ranks that all move on to new inputs
+// are checked again. (A rank that alone changes its inputs while the others repeat agreed ones is
+// not caught: only it checks, as with Python's check_inputs="first".)
+TEST(Errors, EachNewSignatureIsCheckedAgain) {
+  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+  Fusion f;
+  models::buildMlp(f, 16);
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  exec.run(mlpInputs(worldMesh(), 4));
+  exec.run(mlpInputs(worldMesh(), 4));
+  std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 8);
+  if (lastRank()) in[2].local = Tensor(DataType::Half, {16, 64 / worldSize()});
+  EXPECT_EQ(errorOf(ErrorKind::Value, [&] { exec.run(in); }), disagreement("input 2 (%down_w) dtype", "f16", "f32"));
+  EXPECT_EQ(exec.run(mlpInputs(worldMesh(), 8)).size(), 1u);
+}
+
+// ---- A tensor larger than the machine's memory -------------------------------------------------
+
+// The outer product of 2^20 rows (sharded) and 2^20 columns: 4 TiB of f32 split over the ranks,
+// from 8 MiB of inputs. Refused before anything runs, on every rank, naming the tensor, its dtype,
+// shape and bytes (memory.h); nothing that large is ever touched.
+TEST(Errors, TensorLargerThanMemory) {
+  Fusion f;
+  TensorView* a = f.defineTensor({-1, 1}, DataType::Float, "a");
+  TensorView* b = f.defineTensor({1, -1}, DataType::Float, "b");
+  f.addOutput(ops::relu(ops::matmul(a, b)));
+  MultiDeviceExecutor exec(cloneFusion(f), world());
+  const int64_t rows = int64_t{1} << 20, cols = int64_t{1} << 20;
+  std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {rows, 1}), worldMesh(), {S(0)}},
+                                   {Tensor(DataType::Float, {1, cols}), worldMesh(), {R}}};
+  std::vector<int64_t> ranks = worldMesh().devices();
+  EXPECT_THAT(errorOf(ErrorKind::Runtime, [&] { exec.run(in); }),
+              AllOf(::testing::StartsWith(fmt::format(
+                        "cannot allocate %0 on rank{} {}, a f32 tensor of shape [{}, {}]: {} bytes (4 TiB), more than "
+                        "the ",
+                        ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), rows, cols, rows * cols * 4)),
+                    ::testing::ContainsRegex("of (host memory|memory of GPU)")));
+}
+
 }  // namespace
 }  // namespace meshfuse::testing

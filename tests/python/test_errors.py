@@ -163,3 +163,73 @@ def test_check_inputs_takes_first_always_or_never():
     with pytest.raises(meshfuse.ValueError, match=r"^check_inputs must be one of 'first', 'always', 'never', got "
                                                   r"True$"):
         FusionDefinitionWrapper(H.define_mlp(16), check_inputs=True)
+
+
+@pytest.mark.world(2, 4)
+def test_placements_that_differ_on_one_rank_fail_on_every_rank(mlp, world_mesh):
+    """The last rank shards input 0 where the others replicate it (same global shape, same dtype):
+    every rank raises the same error, naming the input and which ranks had which placements."""
+    fdw, inputs, arrays = mlp
+    last = meshfuse.world_size() - 1
+    odd = [S(0)] if meshfuse.rank() == last else [R]
+    with pytest.raises(meshfuse.ValueError, match="^FusionDefinitionWrapper: " + disagreement(
+            "input 0 (%0)", f"f32[8, 16] [Shard(dim=0)] on mesh {world_mesh}",
+            f"f32[8, 16] [Replicate()] on mesh {world_mesh}", last) + "$"):
+        fdw([distribute_tensor(arrays[0], world_mesh, odd), *inputs[1:]])
+    (out,) = fdw(inputs)  # the wrapper still works
+    H.assert_close(out.full_tensor(), H.mlp(*arrays))
+
+
+@pytest.mark.world(2, 4)
+def test_meshes_that_differ_on_one_rank_fail_on_every_rank(mlp, world_mesh):
+    """The last rank lays input 1 out on the world's ranks in reverse order (its shard is then
+    another block of the weight): a disagreement on the mesh, named with both meshes."""
+    fdw, inputs, arrays = mlp
+    last = meshfuse.world_size() - 1
+    reverse = DeviceMesh(list(reversed(range(meshfuse.world_size()))))
+    mesh = reverse if meshfuse.rank() == last else world_mesh
+    with pytest.raises(meshfuse.ValueError, match="^FusionDefinitionWrapper: " + disagreement(
+            "input 1 (%1)", f"f32[64, 16] [Shard(dim=0)] on mesh {reverse}",
+            f"f32[64, 16] [Shard(dim=0)] on mesh {world_mesh}", last) + "$"):
+        fdw([inputs[0], distribute_tensor(arrays[1], mesh, [S(0)]), inputs[2]])
+
+
+@pytest.mark.world(2, 4)
+def test_from_local_with_run_check_names_a_dtype_or_placement_that_differs(world_mesh, rng):
+    """DTensor.from_local(run_check=True), as torch's: the blocks' dtype and placements must agree."""
+    last = meshfuse.world_size() - 1
+    block = H.randn(rng, 2, 16)
+    odd_dtype = block.astype(np.float16) if meshfuse.rank() == last else block
+    with pytest.raises(meshfuse.ValueError, match="^DTensor.from_local: " + disagreement(
+            "dtype", "f16", "f32", last) + "$"):
+        DTensor.from_local(odd_dtype, world_mesh, [S(0)], run_check=True)
+    odd_placement = [R] if meshfuse.rank() == last else [S(0)]
+    with pytest.raises(meshfuse.ValueError, match="^DTensor.from_local: " + disagreement(
+            "placements", "[Replicate()]", "[Shard(dim=0)]", last) + "$"):
+        DTensor.from_local(block, world_mesh, odd_placement, run_check=True)
+
+
+def test_a_tensor_larger_than_memory_is_refused_naming_it(world_mesh):
+    """An intermediate larger than the machine's memory (the outer product of 2^20 rows and 2^20
+    columns: 4 TiB of f32, split over the ranks): a RuntimeError naming the tensor, its dtype, shape
+    and bytes on every rank, raised before anything runs (no std::bad_alloc, no crash, no OOM kill;
+    nothing that large is touched). The wrapper still works afterwards."""
+    def define(fd):
+        a = fd.define_tensor([-1, 1])
+        b = fd.define_tensor([1, -1])
+        fd.add_output(fd.ops.relu(fd.ops.matmul(a, b)))
+
+    n = meshfuse.world_size()
+    rows, cols = 1 << 20, 1 << 20  # rows per rank
+    fdw = FusionDefinitionWrapper(define)
+    a = distribute_tensor(np.ones((rows * n, 1), np.float32), world_mesh, [S(0)])
+    b = distribute_tensor(np.ones((1, cols), np.float32), world_mesh, [R])
+    ranks = ("rank " if n == 1 else "ranks ") + ", ".join(map(str, range(n)))
+    with pytest.raises(meshfuse.RuntimeError, match=re.escape(
+            f"cannot allocate %2 on {ranks}, a f32 tensor of shape [{rows}, {cols}]: {rows * cols * 4} bytes "
+            "(4 TiB), more than the ") + r"[0-9.]+ [KMGT]iB of (host memory|memory of GPU \d+)"):
+        fdw([a, b])
+    small = [distribute_tensor(np.full((2 * n, 1), 2, np.float32), world_mesh, [S(0)]),
+             distribute_tensor(np.full((1, 3), -1, np.float32), world_mesh, [R])]
+    (out,) = fdw(small)
+    H.assert_close(out.full_tensor(), np.zeros((2 * n, 3)))

@@ -15,6 +15,7 @@
 #include "meshfuse/runtime/communicator.h"
 #include "meshfuse/runtime/cuda.h"
 #include "meshfuse/runtime/host_ir_evaluator.h"
+#include "meshfuse/runtime/memory.h"
 
 namespace meshfuse::cli {
 namespace {
@@ -67,7 +68,41 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
     // Device buffers travel by NCCL, or through pinned host memory when ranks share a GPU.
     if (backend->device() == Device::Cuda) comm = makeCudaCommunicator(std::move(comm));
     exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm, std::move(backend), options);
-    exec->plan(inputs);
+    const CompiledProgram& compiled = exec->plan(inputs);
+    // Memory is each machine's own: what cannot be allocated here is reported by every rank,
+    // naming the tensor, before anything is allocated or run (memory.h).
+    std::string too_large;
+    try {
+      if (o.npy_inputs.empty())  // (.npy inputs are read whole: their size is the file's)
+        for (size_t i = 0; i < definition.inputs().size(); ++i) {
+          const TensorView* tv = definition.inputs()[i];
+          checkAllocation(fmt::format("input {} ({}) whole (it is made on every rank, then sharded)", i,
+                                      definition.displayName(tv)),
+                          tv->dtype(), tv->evaluateShape(sizes), hostMemoryLimit());
+        }
+      checkProgramAllocations(compiled.host, sizes, exec->backend().memoryLimit());
+    } catch (const UserError& e) {
+      too_large = fmt::format("{}: {}", errorKindName(e.kind()), e.message());
+      // One write per line: mpirun forwards the ranks' output as it comes, in pieces.
+      std::cerr << (world > 1 ? fmt::format("meshfuse: rank {} of {}: {}\n", rank, world, too_large)
+                              : fmt::format("meshfuse: {}\n", too_large))
+                << std::flush;
+    }
+    // mpirun ends the job when the first rank exits non-zero: the ranks exit only once every one
+    // has said what it cannot allocate (and a rank whose machine has room learns that another has not).
+    if (world > 1) {
+      int64_t mine = too_large.empty() ? 0 : 1, any = 0;
+      Team everyone(world);
+      for (int64_t r = 0; r < world; ++r) everyone[r] = r;
+      comm->allreduce(&mine, &any, 1, DataType::Int64, ReduceOp::Max, everyone)->wait();
+      if (any != 0 && too_large.empty())
+        std::cerr << fmt::format(
+            "meshfuse: rank {} of {}: stops: another rank cannot allocate a tensor of this program (its message "
+            "says which)\n",
+            rank, world);
+      if (any != 0) return 1;
+    }
+    if (!too_large.empty()) return 1;
     full = makeInputs(definition, o.npy_inputs, sizes, o.seed);
   } catch (const UserError& e) {
     if (rank == 0) std::cerr << "meshfuse: " << errorKindName(e.kind()) << ": " << e.message() << "\n";

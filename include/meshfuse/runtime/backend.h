@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "meshfuse/runtime/memory.h"
 #include "meshfuse/runtime/streams.h"
 #include "meshfuse/segment.h"
 #include "meshfuse/tensor.h"
@@ -31,6 +32,9 @@ class Backend {
 
   // Memory the segments and collectives read and write (uninitialized).
   virtual Tensor allocate(DataType dtype, const std::vector<int64_t>& shape) = 0;
+  // The most bytes one tensor in that memory can take (memory.h): a larger allocation cannot
+  // succeed and is refused up front, naming the tensor. The default is the host's memory.
+  virtual MemoryLimit memoryLimit() const { return hostMemoryLimit(); }
 
   // Runs a Kernel or Gemm segment. `inputs` align with seg.inputs and `outputs` with
   // seg.outputs (already allocated with their shapes). Compiles on first use of a (segment

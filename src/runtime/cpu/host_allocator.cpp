@@ -6,6 +6,8 @@
 #include <unordered_map>
 
 #include "meshfuse/error.h"
+#include "meshfuse/ir/extent.h"
+#include "meshfuse/runtime/memory.h"
 
 namespace meshfuse::cpu {
 
@@ -27,9 +29,7 @@ struct HostAllocator::Pool {
         return p;
       }
     }
-    void* p = std::aligned_alloc(64, bytes);
-    MF_USER_CHECK(p != nullptr, ErrorKind::Runtime, "out of host memory allocating {} bytes", bytes);
-    return p;
+    return std::aligned_alloc(64, bytes);  // nullptr: out of memory (allocate() says for what)
   }
 
   void give(void* p, size_t bytes) {
@@ -53,10 +53,15 @@ struct HostAllocator::Pool {
 HostAllocator::HostAllocator(size_t max_cached_bytes) : pool_(std::make_shared<Pool>(max_cached_bytes)) {}
 
 Tensor HostAllocator::allocate(DataType dtype, const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(n * dtypeSize(dtype)) + 63) / 64 * 64);
+  for (int64_t s : shape) MF_USER_CHECK(s >= 0, ErrorKind::Shape, "negative tensor size {}", s);
+  // A tensor larger than the machine (or than an int64 can count) is refused before it is tried.
+  checkAllocation("", dtype, shape, hostMemoryLimit());
+  const int64_t n = *checkedNumel(shape, dtypeSize(dtype)) * dtypeSize(dtype);
+  const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(n) + 63) / 64 * 64);
   void* p = pool_->take(bytes);
+  MF_USER_CHECK(p != nullptr, ErrorKind::Runtime,
+                "cannot allocate a {} tensor of shape [{}]: {} bytes ({}): out of host memory", dtypeName(dtype),
+                fmt::join(shape, ", "), n, formatBytes(n));
   std::shared_ptr<Pool> pool = pool_;
   std::shared_ptr<void> owner(p, [pool, bytes](void* q) { pool->give(q, bytes); });
   return Tensor::wrap(p, dtype, shape, std::move(owner));

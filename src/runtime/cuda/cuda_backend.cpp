@@ -54,6 +54,9 @@ class CudaBackend final : public Backend {
   Tensor allocate(DataType dtype, const std::vector<int64_t>& shape) override {
     return CudaContext::allocateTensor(ctx_, dtype, shape);
   }
+  MemoryLimit memoryLimit() const override {
+    return {ctx_->properties().memory_bytes, fmt::format("memory of GPU {}", ctx_->device())};
+  }
 
   void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
                   const ShapeFn& shape_of) override {
