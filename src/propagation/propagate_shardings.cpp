@@ -394,28 +394,37 @@ class Propagator {
   // op that makes it the pin. Ties go to a settled value over a pending sum, which costs a
   // reduction later (mul(%q, %r) reads the %q another consumer already reduced rather than
   // staying Partial: not a concern under a pin, which the set settles), then to less data, then
-  // to the pin itself (no set), then to the first candidate.
+  // to moving less before the op (it computes on its operands as they are and the set moves its
+  // result: nvFuser's reduce-scatter of a sum over one row per device), then to the pin itself
+  // (no set), then to the first candidate.
   std::optional<OutputChoice> choose(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, int64_t a,
                                      const std::vector<OutputChoice>& cands, const AxisState* pin) const {
-    const OutputChoice* best = nullptr;
-    Cost best_cost;
+    struct Scored {
+      const OutputChoice* choice;
+      Cost total;
+      Volume before;  // what the operands' moves send
+    };
+    std::optional<Scored> best;
     for (const OutputChoice& c : cands) {
-      Cost cost = candidateCost(e, rule, mesh, c, a);
+      Scored s{&c, candidateCost(e, rule, mesh, c, a), {}};
+      s.before = s.total.volume;
       if (pin != nullptr)
-        cost += {conversionCost(c.state, *pin), moveVolume(e->output(), c.state, *pin, mesh.size(a))};
-      if (cost.collectives >= kInfinite) continue;
-      if (best == nullptr || cheaper(c, cost, *best, best_cost, pin)) best = &c, best_cost = cost;
+        s.total += {conversionCost(c.state, *pin), moveVolume(e->output(), c.state, *pin, mesh.size(a))};
+      if (s.total.collectives >= kInfinite) continue;
+      if (!best || cheaper(s, *best, pin)) best = s;
     }
-    if (best == nullptr) return std::nullopt;
-    return *best;
+    if (!best) return std::nullopt;
+    return *best->choice;
   }
-  static bool cheaper(const OutputChoice& c, const Cost& cost, const OutputChoice& best, const Cost& best_cost,
-                      const AxisState* pin) {
-    if (cost.collectives != best_cost.collectives) return cost.collectives < best_cost.collectives;
-    const bool pending = c.state.kind == Placement::Partial, best_pending = best.state.kind == Placement::Partial;
-    if (pin == nullptr && pending != best_pending) return best_pending;
-    if (std::optional<int> order = compare(cost.volume, best_cost.volume); order && *order != 0) return *order < 0;
-    return pin != nullptr && c.state == *pin && best.state != *pin;
+  template <typename Scored>
+  static bool cheaper(const Scored& x, const Scored& y, const AxisState* pin) {
+    if (x.total.collectives != y.total.collectives) return x.total.collectives < y.total.collectives;
+    const AxisState &xs = x.choice->state, &ys = y.choice->state;
+    const bool pending = xs.kind == Placement::Partial, y_pending = ys.kind == Placement::Partial;
+    if (pin == nullptr && pending != y_pending) return y_pending;
+    for (auto [a, b] : {std::pair{&x.total.volume, &y.total.volume}, std::pair{&x.before, &y.before}})
+      if (std::optional<int> order = compare(*a, *b); order && *order != 0) return *order < 0;
+    return pin != nullptr && xs == *pin && ys != *pin;
   }
 
   // Records choice `c` for e's output on axis `a` in `s`, and the moves of operands it needs.
@@ -496,7 +505,7 @@ class Propagator {
     // [2, 16] into [32] cannot carry a 4-way split of the 32 back to the 2.
     auto fromDim = [&](size_t i, int64_t d, const char* how) {
       int64_t ol = rule.operand_maps[i][d];
-      if (ol < 0 || !shardable(tensorAt(e, i), d, n)) return;
+      if (ol < 0 || !shardable(tensorAt(e, i), d, n) || expands(e, rule, i, d)) return;
       const IterDomain* id = o->logical()[ol];
       if (!id->extent().divisible(n)) return;
       OutputChoice c;
@@ -558,7 +567,8 @@ class Propagator {
       for (int64_t d : upstream) {
         if (d >= static_cast<int64_t>(rule.operand_maps[i].size())) continue;
         int64_t ol = rule.operand_maps[i][d];
-        if (ol < 0 || o->logical()[ol]->isReduction() || !shardable(in, d, mesh.size(a))) continue;
+        if (ol < 0 || o->logical()[ol]->isReduction() || !shardable(in, d, mesh.size(a)) || expands(e, rule, i, d))
+          continue;
         int64_t dim = dimIndexOfLogical(o, ol);
         // Only a dim that can be sharded is worth remembering (a head count the mesh does not
         // divide is not).

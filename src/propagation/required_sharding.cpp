@@ -14,10 +14,7 @@ std::optional<AxisState> requiredOperandState(const Expr* e, const ShardingRule&
   auto shardOf = [&](int64_t out_logical) -> AxisState {
     for (size_t d = 0; d < map.size(); ++d) {
       if (map[d] != out_logical) continue;
-      // A broadcast dim the op expands to a larger output dim gives every shard of it whole.
-      const IterDomain* id = static_cast<const TensorView*>(v)->dims()[d];
-      if (id->isBroadcast() && id->extent() != e->output()->logical().at(out_logical)->extent())
-        return Placement::replicate();
+      if (expands(e, rule, operand, static_cast<int64_t>(d))) return Placement::replicate();
       return Placement::shard(static_cast<int64_t>(d));
     }
     return Placement::replicate();

@@ -75,6 +75,12 @@ bool ShardingRule::fromOperands(int64_t out_logical) const {
   return false;
 }
 
+bool expands(const Expr* e, const ShardingRule& rule, size_t operand, int64_t dim) {
+  const int64_t out_logical = rule.operand_maps.at(operand).at(dim);
+  const IterDomain* id = tensorOperand(e, operand)->dims().at(dim);
+  return out_logical >= 0 && id->isBroadcast() && id->extent() != e->output()->logical().at(out_logical)->extent();
+}
+
 ShardingRule shardingRuleOf(const Expr* e) {
   ShardingRule r;
   const size_t n = e->inputs().size();
