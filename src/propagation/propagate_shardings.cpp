@@ -51,9 +51,13 @@ class Volume {
   friend std::optional<int> compare(const Volume& a, const Volume& b) {
     bool less = false, more = false;
     auto diff = [&](const std::vector<std::string>& k) {
-      auto at = [&](const Volume& v) { auto it = v.terms_.find(k); return it == v.terms_.end() ? 0.0 : it->second; };
-      double d = at(a) - at(b);
-      less |= d < 0, more |= d > 0;
+      auto at = [&](const Volume& v) {
+        auto it = v.terms_.find(k);
+        return it == v.terms_.end() ? 0.0 : it->second;
+      };
+      const double d = at(a) - at(b);
+      if (d < 0) less = true;
+      if (d > 0) more = true;
     };
     for (const auto& t : a.terms_) diff(t.first);
     for (const auto& t : b.terms_) diff(t.first);
@@ -185,7 +189,8 @@ class Propagator {
       std::vector<OutputChoice> cands = candidates(e, rule, mesh, a);
       OutputChoice as_pinned = outputChoice(e, a);
       bool listed = false;
-      for (const OutputChoice& c : cands) listed |= c.state == pin_state && c.contraction_dim == as_pinned.contraction_dim;
+      for (const OutputChoice& c : cands)
+        listed |= c.state == pin_state && c.contraction_dim == as_pinned.contraction_dim;
       // A Shard along a dim no operand dim becomes is not the op's to give (softmax's dim).
       if (!listed && (pin_state.kind != Placement::Shard || rule.fromOperands(as_pinned.out_logical)))
         cands.push_back(as_pinned);
@@ -195,39 +200,48 @@ class Propagator {
       if (best->state != pin_state) moved.push_back(a);
     }
     if (moved.empty()) return true;
-    // The pin and the name move to a set after the op.
+    TensorView* made = movePinToASetAfter(e);
+    for (int64_t a : moved) {
+      const AxisState& pin_state = pinned.sharding.axes[a];
+      const bool local = pin_state.kind != Placement::Shard || rule.fromOperands(logicalIndexOfDim(out, pin_state.dim));
+      s.why[a].text += local
+                           ? fmt::format("; a set after {} makes it {{}}'s pinned {}, rather than its operands moving",
+                                         e->name(), pin_state.toString())
+                           : fmt::format("; {} cannot give {{}}'s pinned {} locally: a set after it slices it",
+                                         e->name(), pin_state.toString());
+      s.why[a].refs.push_back(made);
+    }
+    states_[out] = s;
+    return true;
+  }
+
+  // Moves the user's pin on e's output, and its name, to a new set after e that reads it; e's
+  // output becomes an unpinned value (whose state the caller decides). Returns the set's output.
+  TensorView* movePinToASetAfter(Expr* e) {
+    TensorView* out = e->output();
     auto next = std::find(f_.exprs().begin(), f_.exprs().end(), e) + 1;
     f_.setInsertionPoint(next == f_.exprs().end() ? nullptr : *next);
     TensorView* made = ops::set(out);
     f_.setInsertionPoint(nullptr);
     f_.replaceAllUses(out, made);
-    if (!out->name().empty()) {
-      std::string name = out->name();
+    if (std::string name = out->name(); !name.empty()) {
       f_.rename(out, "");
       f_.rename(made, name);
     }
-    writeSharding(made, pinned.sharding);
+    TvState pinned = states_.at(out);
+    writeSharding(made, pinned.sharding);                        // pins it
+    pinned.partial_dims.assign(pinned.partial_dims.size(), -1);  // a set's pending sums are dims of their own
+    states_[made] = pinned;
     made->setProvenance(out->provenanceNote());
     out->setPinned(false);
-    for (auto& [tv, st] : states_)
-      for (Provenance& p : st.why) std::replace(p.refs.begin(), p.refs.end(), static_cast<const Val*>(out), static_cast<const Val*>(made));
+    // What was said of, or planned for, the user's value is about the set's output now.
     redirectProvenance(f_, out, made);
+    for (auto& [tv, st] : states_)
+      for (Provenance& p : st.why)
+        std::replace(p.refs.begin(), p.refs.end(), static_cast<const Val*>(out), static_cast<const Val*>(made));
     for (Move& m : planned_)
       if (m.tv == out) m.tv = made;
-    for (int64_t a : moved) {
-      const AxisState& pin_state = pinned.sharding.axes[a];
-      const bool local = pin_state.kind != Placement::Shard || rule.fromOperands(logicalIndexOfDim(out, pin_state.dim));
-      s.why[a].text += local ? fmt::format("; a set after {} makes it {{}}'s pinned {}, for less than moving its operands",
-                                           e->name(), pin_state.toString())
-                             : fmt::format("; {} cannot give {{}}'s pinned {} locally: a set after it slices it",
-                                           e->name(), pin_state.toString());
-      s.why[a].refs.push_back(made);
-    }
-    TvState made_state = pinned;
-    made_state.partial_dims.assign(mesh.rank(), -1);  // a set's pending sums are dims of their own
-    states_[made] = made_state;
-    states_[out] = s;
-    return true;
+    return made;
   }
 
   // Decides the outputs of ops whose tensor operands are decided; with `with_open_inputs`, only

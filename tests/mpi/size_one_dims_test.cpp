@@ -61,7 +61,7 @@ TEST(SizeOneDims, ReshapesThatInsertOrRemoveSizeOneDimsKeepTheShard) {
   TensorView* x = f.defineTensor({16, 8}, DataType::Float, "x");
   TensorView* front = ops::reshape(x, {1, 16, 8});  // [4D, 8] -> [1, 4D, 8]: Shard(1)
   TensorView* y = ops::exp(front);
-  TensorView* back = ops::reshape(y, {16, 8});      // and back: Shard(0)
+  TensorView* back = ops::reshape(y, {16, 8});  // and back: Shard(0)
   TensorView* after = ops::reshape(back, {16, 1, 8});
   TensorView* split = ops::reshape(after, {4, 4, 1, 8});  // 16 -> 4 x 4: the outer 4 sharded
   TensorView* merged = ops::reshape(split, {1, 128});
