@@ -373,8 +373,8 @@ class Propagator {
   // The mesh of e's output (its pipeline stage): a GEMM's parameter's mesh, else the mesh of
   // the operand computed last (activations flow forward through the stages).
   int64_t meshFor(const Expr* e, const ShardingRule& rule) const {
-    if (rule.weight_operand >= 0)
-      if (TensorView* w = tensorAt(e, rule.weight_operand); w != nullptr && f_.isInput(w))
+    if (rule.weight_operand >= 0)  // (a parameter left open has no mesh yet: it follows the op)
+      if (TensorView* w = tensorAt(e, rule.weight_operand); w != nullptr && f_.isInput(w) && decided(w))
         return states_.at(w).sharding.mesh;
     int64_t mesh = -1, latest = -2;
     for (size_t i = 0; i < e->inputs().size(); ++i) {

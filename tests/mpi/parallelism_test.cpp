@@ -362,6 +362,23 @@ TEST(Parallelism, OpenInputFollowsItsShardedConsumer) {
   EXPECT_EQ(run.local_outputs[0].placements, Ps{S(0)});
 }
 
+// A parameter operand left open (a batched matmul's b, a linear's weight) follows its op too: it
+// takes the batch shard, or stays whole, rather than deciding where the op runs.
+TEST(Parallelism, OpenParameterOperandFollowsItsOp) {
+  Fusion f;
+  TensorView* a = f.defineTensor({4, 8, 16}, DataType::Float, "a");
+  TensorView* b = f.defineTensor({4, 16, 12}, DataType::Float, "b");
+  TensorView* w = f.defineTensor({6, 12}, DataType::Float, "w");
+  f.addOutput(ops::linear(ops::matmul(a, b), w));
+  std::vector<std::pair<DeviceMesh, Ps>> placed = {{worldMesh(), {S(0)}}, {DeviceMesh(), {}}, {DeviceMesh(), {}}};
+  ShardedRun run = runSharded(f, placed);
+  expectMatchesReference(run);
+  EXPECT_THAT(run.collectives, IsEmpty());
+  EXPECT_EQ(placementsOf(run.compiled->inputs()[1]), Ps{S(0)});
+  EXPECT_EQ(placementsOf(run.compiled->inputs()[2]), Ps{R});
+  EXPECT_EQ(run.local_outputs[0].placements, Ps{S(0)});
+}
+
 // ... and so do the values computed only from such inputs: %t = tanh(%b + %c) is computed on
 // the rows %a has, from rows of %b and %c.
 TEST(Parallelism, ValuesComputedFromOpenInputsFollowTheirConsumer) {
