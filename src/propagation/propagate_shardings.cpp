@@ -84,6 +84,8 @@ struct Cost {
 // The bytes one rank sends to take `tv` from `from` to `to` on a mesh axis of `n` devices, as
 // ring algorithms do (their common factor (n-1)/n left out): an allgather or a reduce-scatter
 // sends the whole value once, an allreduce twice, an all-to-all an n-th of it; a slice nothing.
+// "The whole value" is the global one: what other mesh axes split off is not taken out (on a
+// mesh of several axes this is an estimate).
 Volume moveVolume(const TensorView* tv, const AxisState& from, const AxisState& to, int64_t n) {
   if (from == to || to.kind == Placement::Partial || from.kind == Placement::Replicate) return {};
   if (from.kind == Placement::Partial) return Volume::of(tv, to.kind == Placement::Replicate ? 2.0 : 1.0);
