@@ -22,7 +22,8 @@ void buildMlp(Fusion& f, int64_t h, bool residual) {
 void buildDecoderLayer(Fusion& f, const DecoderShape& s) {
   const int64_t h = s.hidden, hd = s.hidden / s.heads;
   auto param = [&](std::vector<Extent> shape, const char* name) { return f.defineTensor(shape, DataType::Float, name); };
-  TensorView* x = param({s.batch, s.seq, h}, "x");
+  const bool leading_one = s.layout == BatchLayout::LeadingOne;
+  TensorView* x = leading_one ? param({s.seq, h}, "x") : param({s.batch, s.seq, h}, "x");
   TensorView* ln1_w = param({h}, "ln1_w");
   TensorView* ln1_b = param({h}, "ln1_b");
   TensorView* wq = param({h, h}, "wq");
@@ -34,14 +35,20 @@ void buildDecoderLayer(Fusion& f, const DecoderShape& s) {
   TensorView* up_w = param({4 * h, h}, "up_w");
   TensorView* down_w = param({h, 4 * h}, "down_w");
 
-  // [b, s, h] -> [b, heads, s, hd] and back.
+  // [b, s, h] -> [b, heads, s, hd] and back; [s, h] -> [1, heads, s, hd] and back.
   auto toHeads = [&](TensorView* t) {
+    if (leading_one)
+      return ops::reshape(ops::permute(ops::reshape(t, {s.seq, s.heads, hd}), {1, 0, 2}), {1, s.heads, s.seq, hd});
     return ops::permute(ops::reshape(t, {s.batch, s.seq, s.heads, hd}), {0, 2, 1, 3});
+  };
+  auto fromHeads = [&](TensorView* t) {
+    if (leading_one) return ops::reshape(ops::permute(ops::reshape(t, {s.heads, s.seq, hd}), {1, 0, 2}), {s.seq, h});
+    return ops::reshape(ops::permute(t, {0, 2, 1, 3}), {s.batch, s.seq, h});
   };
   TensorView* n1 = ops::layerNorm(x, ln1_w, ln1_b);
   TensorView* attn = ops::sdpa(toHeads(ops::linear(n1, wq)), toHeads(ops::linear(n1, wk)),
                                toHeads(ops::linear(n1, wv)), /*is_causal=*/true);
-  TensorView* merged = ops::reshape(ops::permute(attn, {0, 2, 1, 3}), {s.batch, s.seq, h});
+  TensorView* merged = fromHeads(attn);
   TensorView* x2 = ops::add(x, ops::linear(merged, wo));
   TensorView* out = ops::add(x2, mlp(ops::layerNorm(x2, ln2_w, ln2_b), up_w, down_w));
   f.addOutput(out);

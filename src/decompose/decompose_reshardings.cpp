@@ -137,60 +137,22 @@ void decomposeSet(Fusion& f, Expr* e) {
   }
 }
 
-// An output sharded along a dim that no operand dim becomes (a user pinned softmax(%x, dim=1)
-// Shard(1), its normalized dim) cannot be computed locally: the op computes that mesh axis whole
-// and a set after it slices to the pin (no communication). Returns that set, or nullptr.
-Expr* computeWholeThenSlice(Fusion& f, Expr* e, const ShardingRule& rule) {
-  TensorView* out = e->output();
-  const Sharding pinned = readSharding(out);
-  Sharding computed = pinned;
-  std::vector<int64_t> partial_dims(pinned.axes.size(), -1);
-  std::vector<int64_t> whole;  // the mesh axes computed whole
-  for (size_t a = 0; a < pinned.axes.size(); ++a) {
-    const Placement& p = pinned.axes[a];
-    if (p.kind == Placement::Partial) {
-      // A contraction's reduction dim stays the Partial dim; an added one is added again.
-      int64_t logical = out->logicalAxisOf(out->loopAxisOf(out->mesh()->parallelTypeOfAxis(a)));
-      if (logical < static_cast<int64_t>(out->logical().size()) - out->numPartialDims()) partial_dims[a] = logical;
-    }
-    if (p.kind != Placement::Shard) continue;
-    const IterDomain* id = out->dims()[p.dim];
-    if (rule.fromOperands(std::find(out->logical().begin(), out->logical().end(), id) - out->logical().begin()))
-      continue;
-    computed.axes[a] = Placement::replicate();
-    whole.push_back(static_cast<int64_t>(a));
-  }
-  if (whole.empty()) return nullptr;
-  const Provenance why = out->pinned() ? pinnedProvenance(out) : out->provenanceNote();
-  auto next = std::find(f.exprs().begin(), f.exprs().end(), e) + 1;
-  f.setInsertionPoint(next == f.exprs().end() ? nullptr : *next);
-  TensorView* sliced = ops::set(out);
-  f.setInsertionPoint(nullptr);
-  writeSharding(sliced, pinned);
-  f.replaceAllUses(out, sliced);
-  if (!out->name().empty()) {
-    std::string name = out->name();
-    f.rename(out, "");
-    f.rename(sliced, name);
-  }
-  bool was_pinned = out->pinned();
-  writeSharding(out, computed, partial_dims);
-  out->setPinned(false);
-  out->setProvenance({fmt::format("computed whole on mesh axis {}: {} cannot give {{}}'s {} locally; a slice follows",
-                                  fmt::join(whole, ", "), e->name(), toString(pinned)),
-                      {sliced}});
-  sliced->setPinned(was_pinned);
-  sliced->setProvenance(why);
-  redirectProvenance(f, out, sliced);
-  return sliced->definition();
-}
-
 // Gives every operand of the compute op `e` the sharding its rule needs for e's output.
 void decomposeCompute(Fusion& f, Expr* e, const ShardingRule& rule, ReshardCache& cache) {
   TensorView* out = e->output();
   const int64_t axes = out->mesh()->rank();
   std::vector<OutputChoice> choices;
-  for (int64_t a = 0; a < axes; ++a) choices.push_back(outputChoice(e, rule, a));
+  for (int64_t a = 0; a < axes; ++a) {
+    choices.push_back(outputChoice(e, rule, a));
+    // propagate-shardings computes an output the op cannot split that way whole (a set after it
+    // makes the pin); operands sharded to fit could not give it.
+    const Placement& p = choices.back().state;
+    MF_CHECK(p.kind != Placement::Shard ||
+                 rule.fromOperands(out->logicalAxisOf(out->loopAxisOf(out->mesh()->parallelTypeOfAxis(a)))),
+             "{}: {} is {} on mesh axis {}, along a dim no operand dim becomes (propagate-shardings computes such an "
+             "output whole)",
+             e->name(), f.displayName(out), p.toString(), a);
+  }
   for (size_t i = 0; i < e->inputs().size(); ++i) {
     if (e->inputs()[i] == nullptr) continue;
     // Scalars too: a pinned Partial output of add(%q, 1.0) has no operands that give it.
@@ -226,9 +188,7 @@ void decomposeReshardings(Fusion& f) {
     }
     MF_CHECK(e->output()->mesh() != nullptr,
              "decompose-reshardings requires propagate-shardings first ({} has no mesh)", f.displayName(e->output()));
-    ShardingRule rule = shardingRuleOf(e);
-    if (Expr* slice = computeWholeThenSlice(f, e, rule)) decomposeSet(f, slice);
-    decomposeCompute(f, e, rule, cache);
+    decomposeCompute(f, e, shardingRuleOf(e), cache);
   }
 }
 

@@ -15,11 +15,10 @@
 //     mesh A -> one device: gather (Shard on one axis of A) or reduce (Partial on one axis),
 //                           or a send from A's first device (a local copy) of a replicated value
 //   (an operand on another mesh than its op's output moves there the same way; a root outside
-//   the team is reached by a send/recv through a single-device mesh added to the fusion). An
-//   output pinned sharded along a dim no operand dim becomes (softmax's normalized dim) is
-//   computed whole on that mesh axis and sliced to the pin by a set after the op. A pinned
-//   Partial that no operand can give (a scalar added, a non-linear op) is a user error saying
-//   why.
+//   the team is reached by a send/recv through a single-device mesh added to the fusion). A
+//   pinned Partial that no operand can give (a scalar added, a non-linear op) is a user error
+//   saying why. (An output pinned in a sharding its op cannot give, or gives at a higher cost,
+//   was already split by propagate-shardings into the op and a set to the pin.)
 //
 //   before: %out = linear(%inp, %up_w) : @m {Shard(1)}     with %inp Shard(0)
 //   after:  %0 = set(%inp) : @m {}                          (allgather of %inp)

@@ -147,13 +147,13 @@ void TensorView::applyStep(const ScheduleStep& step) {
       IterDomain* in = loop_[s.axis];
       MF_USER_CHECK(step.factor > 0, ErrorKind::Value, "split of {} axis {}: factor {} must be positive", name, s.axis,
                     step.factor);
-      MF_USER_CHECK(!in->isBroadcast(), ErrorKind::Value, "split of {} axis {}: cannot split a broadcast dim", name,
-                    s.axis);
       MF_USER_CHECK(in->extent().divisible(step.factor), ErrorKind::Value,
                     "split of {} axis {}: factor {} does not divide the extent {} (uneven splits are not supported)",
                     name, s.axis, step.factor, in->extent().toString());
       Extent rest = in->extent().divided(step.factor);
-      IterType t = in->isReduction() ? IterType::Reduction : IterType::Iteration;
+      // A size-1 dim splits like any other (by 1: a mesh axis of one device shards it); being a
+      // broadcast dim is what elementwise ops may do with it, not a limit on its placement.
+      IterType t = in->iterType();
       IterDomain* outer = fusion_->newIterDomain(step.inner_split ? rest : Extent(step.factor), t);
       IterDomain* inner = fusion_->newIterDomain(step.inner_split ? Extent(step.factor) : rest, t);
       const IdTransform* tr =

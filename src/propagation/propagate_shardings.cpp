@@ -19,6 +19,79 @@ namespace {
 constexpr int64_t kInfinite = std::numeric_limits<int64_t>::max() / 4;
 constexpr int64_t kWeightFactor = 1000;
 
+// Bytes one rank sends, as a polynomial in the symbolic sizes (`?t`): each term's key lists the
+// symbols it multiplies. Sizes are positive, so when every term of a difference has one sign the
+// order holds whatever the sizes; otherwise it depends on them and compare() says so.
+class Volume {
+ public:
+  // `scale` times the bytes of `tv`'s global value (its non-reduction dims).
+  static Volume of(const TensorView* tv, double scale) {
+    Volume v;
+    if (scale == 0) return v;
+    std::vector<std::string> symbols;
+    double c = scale * static_cast<double>(dtypeSize(tv->dtype()));
+    for (const IterDomain* id : tv->dims()) {
+      const Extent& e = id->extent();
+      if (e.isStatic()) {
+        c *= static_cast<double>(e.value());
+      } else {
+        c *= static_cast<double>(e.num()) / static_cast<double>(e.den());
+        symbols.push_back(e.symbol());
+      }
+    }
+    std::sort(symbols.begin(), symbols.end());
+    v.terms_[symbols] = c;
+    return v;
+  }
+  Volume& operator+=(const Volume& o) {
+    for (const auto& [k, c] : o.terms_) terms_[k] += c;
+    return *this;
+  }
+  // -1, 0 or 1 as `a` is less, equal or more than `b` for all sizes; nullopt when that depends on them.
+  friend std::optional<int> compare(const Volume& a, const Volume& b) {
+    bool less = false, more = false;
+    auto diff = [&](const std::vector<std::string>& k) {
+      auto at = [&](const Volume& v) {
+        auto it = v.terms_.find(k);
+        return it == v.terms_.end() ? 0.0 : it->second;
+      };
+      const double d = at(a) - at(b);
+      if (d < 0) less = true;
+      if (d > 0) more = true;
+    };
+    for (const auto& t : a.terms_) diff(t.first);
+    for (const auto& t : b.terms_) diff(t.first);
+    if (less && more) return std::nullopt;
+    return less ? -1 : more ? 1 : 0;
+  }
+
+ private:
+  std::map<std::vector<std::string>, double> terms_;
+};
+
+// What a choice costs: collectives first (a parameter's move counts kWeightFactor), then the
+// bytes they move, which only breaks ties.
+struct Cost {
+  int64_t collectives = 0;
+  Volume volume;
+  Cost& operator+=(const Cost& o) {
+    collectives = std::min(kInfinite, collectives + o.collectives);
+    volume += o.volume;
+    return *this;
+  }
+};
+
+// The bytes one rank sends to take `tv` from `from` to `to` on a mesh axis of `n` devices, as
+// ring algorithms do (their common factor (n-1)/n left out): an allgather or a reduce-scatter
+// sends the whole value once, an allreduce twice, an all-to-all an n-th of it; a slice nothing.
+// "The whole value" is the global one: what other mesh axes split off is not taken out (on a
+// mesh of several axes this is an estimate).
+Volume moveVolume(const TensorView* tv, const AxisState& from, const AxisState& to, int64_t n) {
+  if (from == to || to.kind == Placement::Partial || from.kind == Placement::Replicate) return {};
+  if (from.kind == Placement::Partial) return Volume::of(tv, to.kind == Placement::Replicate ? 2.0 : 1.0);
+  return Volume::of(tv, to.kind == Placement::Replicate ? 1.0 : 1.0 / static_cast<double>(n));
+}
+
 struct TvState {
   Sharding sharding;
   std::vector<int64_t> partial_dims;          // per axis: logical reduction index or -1
@@ -53,6 +126,8 @@ class Propagator {
         s.why[a] = Provenance::literal("Replicate(): nothing decides it");
       states_[tv] = s;
     }
+    for (size_t i = 0; i < f_.exprs().size(); ++i)  // routePinned may insert a set after the op
+      if (unrouted_.count(f_.exprs()[i]->output()) > 0) routePinned(f_.exprs()[i]);
     write();
     materializeOutputs();
   }
@@ -92,6 +167,83 @@ class Propagator {
       }
     }
     states_[tv] = s;
+    if (tv->definition() != nullptr && tv->definition()->kind() != OpKind::Set) unrouted_.insert(tv);
+  }
+
+  // A pin on an op's output says what the value must be, not how the op computes it: the op
+  // takes the cheapest choice counting the set after it that makes the pin. A reduction or
+  // contraction over a sharded dim stays a local pending sum which that set reduce-scatters or
+  // all-reduces (rather than its operands being moved: a weight, or all of a reduction's input);
+  // an output pinned along a dim the op cannot split is computed whole and the set slices it.
+  // When the choice is the pin itself nothing changes; otherwise a new set after the op takes
+  // the pin and the name, and the op's output becomes the unpinned value it computes.
+  bool routePinned(Expr* e) {
+    TensorView* out = e->output();
+    unrouted_.erase(out);
+    if (rewrite(e)) return true;  // the op that takes the pin is routed in its turn
+    const ShardingRule rule = shardingRuleOf(e);
+    const TvState pinned = states_.at(out);
+    const DeviceMesh& mesh = f_.mesh(pinned.sharding.mesh);
+    TvState s = pinned;
+    std::vector<int64_t> moved;  // the mesh axes computed otherwise than pinned
+    for (int64_t a = 0; a < mesh.rank(); ++a) {
+      const AxisState& pin_state = pinned.sharding.axes[a];
+      std::vector<OutputChoice> cands = candidates(e, rule, mesh, a);
+      OutputChoice as_pinned = outputChoice(e, a);
+      bool listed = false;
+      for (const OutputChoice& c : cands)
+        listed |= c.state == pin_state && c.contraction_dim == as_pinned.contraction_dim;
+      // A Shard along a dim no operand dim becomes is not the op's to give (softmax's dim).
+      if (!listed && (pin_state.kind != Placement::Shard || rule.fromOperands(as_pinned.out_logical)))
+        cands.push_back(as_pinned);
+      std::optional<OutputChoice> best = choose(e, rule, mesh, a, cands, &pin_state);
+      if (!best.has_value()) continue;  // a pinned pending sum the op cannot give: decomposition says why
+      take(e, rule, mesh, a, *best, s);
+      if (best->state != pin_state) moved.push_back(a);
+    }
+    if (moved.empty()) return true;
+    TensorView* made = movePinToASetAfter(e);
+    for (int64_t a : moved) {
+      const AxisState& pin_state = pinned.sharding.axes[a];
+      const bool local = pin_state.kind != Placement::Shard || rule.fromOperands(logicalIndexOfDim(out, pin_state.dim));
+      s.why[a].text += local
+                           ? fmt::format("; a set after {} makes it {{}}'s pinned {}, rather than its operands moving",
+                                         e->name(), pin_state.toString())
+                           : fmt::format("; {} cannot give {{}}'s pinned {} locally: a set after it slices it",
+                                         e->name(), pin_state.toString());
+      s.why[a].refs.push_back(made);
+    }
+    states_[out] = s;
+    return true;
+  }
+
+  // Moves the user's pin on e's output, and its name, to a new set after e that reads it; e's
+  // output becomes an unpinned value (whose state the caller decides). Returns the set's output.
+  TensorView* movePinToASetAfter(Expr* e) {
+    TensorView* out = e->output();
+    auto next = std::find(f_.exprs().begin(), f_.exprs().end(), e) + 1;
+    f_.setInsertionPoint(next == f_.exprs().end() ? nullptr : *next);
+    TensorView* made = ops::set(out);
+    f_.setInsertionPoint(nullptr);
+    f_.replaceAllUses(out, made);
+    if (std::string name = out->name(); !name.empty()) {
+      f_.rename(out, "");
+      f_.rename(made, name);
+    }
+    TvState pinned = states_.at(out);
+    writeSharding(made, pinned.sharding);                        // pins it
+    pinned.partial_dims.assign(pinned.partial_dims.size(), -1);  // a set's pending sums are dims of their own
+    states_[made] = pinned;
+    made->setProvenance(out->provenanceNote());
+    out->setPinned(false);
+    // What was said of, or planned for, the user's value is about the set's output now.
+    redirectProvenance(f_, out, made);
+    for (auto& [tv, st] : states_)
+      for (Provenance& p : st.why)
+        std::replace(p.refs.begin(), p.refs.end(), static_cast<const Val*>(out), static_cast<const Val*>(made));
+    for (Move& m : planned_)
+      if (m.tv == out) m.tv = made;
+    return made;
   }
 
   // Decides the outputs of ops whose tensor operands are decided; with `with_open_inputs`, only
@@ -102,6 +254,10 @@ class Propagator {
     // decide() may rewrite the program (splitBias), so index instead of iterating.
     for (size_t i = 0; i < f_.exprs().size(); ++i) {
       Expr* e = f_.exprs()[i];
+      if (unrouted_.count(e->output()) > 0 && !with_open_inputs) {
+        if (operandsDecided(e)) changed |= routePinned(e);
+        continue;
+      }
       if (decided(e->output())) continue;
       if (with_open_inputs) {
         if (!decidableWithOpen(e, open)) continue;
@@ -206,20 +362,21 @@ class Propagator {
     return std::find(dims.begin(), dims.end(), tv->logical().at(logical)) - dims.begin();
   }
 
-  int64_t conversionCost(const AxisState& from, const std::optional<AxisState>& to) const {
+  // Collectives that take a value from `from` to `to` on one mesh axis: one (an allgather,
+  // all-to-all, reduce-scatter or allreduce), none for a local slice (Replicate -> Shard).
+  static int64_t conversionCost(const AxisState& from, const std::optional<AxisState>& to) {
     if (!to.has_value()) return kInfinite;
     if (from == *to) return 0;
     if (to->kind == Placement::Partial) return kInfinite;  // nothing turns into a pending sum
-    if (from.kind == Placement::Partial) return 2;
-    if (from.kind == Placement::Shard) return 1;
-    return 0;  // Replicate -> Shard: a local slice
+    if (from.kind == Placement::Replicate) return 0;
+    return 1;
   }
 
   // The mesh of e's output (its pipeline stage): a GEMM's parameter's mesh, else the mesh of
   // the operand computed last (activations flow forward through the stages).
   int64_t meshFor(const Expr* e, const ShardingRule& rule) const {
-    if (rule.weight_operand >= 0)
-      if (TensorView* w = tensorAt(e, rule.weight_operand); w != nullptr && f_.isInput(w))
+    if (rule.weight_operand >= 0)  // (a parameter left open has no mesh yet: it follows the op)
+      if (TensorView* w = tensorAt(e, rule.weight_operand); w != nullptr && f_.isInput(w) && decided(w))
         return states_.at(w).sharding.mesh;
     int64_t mesh = -1, latest = -2;
     for (size_t i = 0; i < e->inputs().size(); ++i) {
@@ -234,45 +391,77 @@ class Propagator {
 
   // Decides e's output on every mesh axis. Returns true when it changed the IR or a state.
   bool decide(Expr* e) {
+    if (rewrite(e)) return true;
     ShardingRule rule = shardingRuleOf(e);
     TensorView* out = e->output();
-    if (e->kind() == OpKind::Linear && e->input("bias") != nullptr && wouldBePartial(e)) {
-      splitBias(e);
-      return true;
-    }
     TvState s = fresh(meshFor(e, rule));
     const DeviceMesh& mesh = f_.mesh(s.sharding.mesh);
     for (int64_t a = 0; a < mesh.rank(); ++a) {
-      std::vector<OutputChoice> cands = candidates(e, rule, mesh, a);
-      int64_t best_cost = kInfinite;
-      const OutputChoice* best = nullptr;
-      for (const OutputChoice& c : cands) {
-        int64_t cost = candidateCost(e, rule, mesh, c, a);
-        // On a tie, a settled value beats a pending sum, which costs a reduction later (mul(%q,
-        // %r) reads the %q another consumer already reduced rather than staying Partial).
-        bool settles = best != nullptr && best->state.kind == Placement::Partial && c.state.kind != Placement::Partial;
-        if (cost < best_cost || (cost == best_cost && settles)) best_cost = cost, best = &c;
-      }
-      MF_CHECK(best != nullptr, "no feasible sharding for {} on mesh axis {}", e->name(), a);
-      for (size_t i = 0; i < e->inputs().size(); ++i) {
-        const TensorView* in = tensorAt(e, i);
-        if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
-        AxisState req = *requiredOperandState(e, rule, *best, i);
-        if (req != states_.at(in).sharding.axes[a] && !planned(in, a, req)) planned_.push_back({in, a, req});
-      }
-      s.sharding.axes[a] = best->state;
-      s.partial_dims[a] = best->contraction_dim;
-      s.why[a] = best->why;
-      s.hints[a] = hintFor(e, rule, mesh, a, best->state);
+      std::optional<OutputChoice> best = choose(e, rule, mesh, a, candidates(e, rule, mesh, a), nullptr);
+      MF_CHECK(best.has_value(), "no feasible sharding for {} on mesh axis {}", e->name(), a);
+      take(e, rule, mesh, a, *best, s);
     }
     states_[out] = s;
     return true;
   }
 
-  // Whether dim `dim` (a dims() index) of `tv` splits evenly over `n` devices.
+  // The cheapest of `cands` for e's output on mesh axis `a` (nullopt when none is feasible). With
+  // `pin` (the user's state of that output on `a`), a candidate also pays for the set after the
+  // op that makes it the pin. Ties go to a settled value over a pending sum, which costs a
+  // reduction later (mul(%q, %r) reads the %q another consumer already reduced rather than
+  // staying Partial: not a concern under a pin, which the set settles), then to less data, then
+  // to moving less before the op (it computes on its operands as they are and the set moves its
+  // result: nvFuser's reduce-scatter of a sum over one row per device), then to the pin itself
+  // (no set), then to the first candidate.
+  std::optional<OutputChoice> choose(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, int64_t a,
+                                     const std::vector<OutputChoice>& cands, const AxisState* pin) const {
+    struct Scored {
+      const OutputChoice* choice;
+      Cost total;
+      Volume before;  // what the operands' moves send
+    };
+    std::optional<Scored> best;
+    for (const OutputChoice& c : cands) {
+      Scored s{&c, candidateCost(e, rule, mesh, c, a), {}};
+      s.before = s.total.volume;
+      if (pin != nullptr)
+        s.total += {conversionCost(c.state, *pin), moveVolume(e->output(), c.state, *pin, mesh.size(a))};
+      if (s.total.collectives >= kInfinite) continue;
+      if (!best || cheaper(s, *best, pin)) best = s;
+    }
+    if (!best) return std::nullopt;
+    return *best->choice;
+  }
+  template <typename Scored>
+  static bool cheaper(const Scored& x, const Scored& y, const AxisState* pin) {
+    if (x.total.collectives != y.total.collectives) return x.total.collectives < y.total.collectives;
+    const AxisState &xs = x.choice->state, &ys = y.choice->state;
+    const bool pending = xs.kind == Placement::Partial, y_pending = ys.kind == Placement::Partial;
+    if (pin == nullptr && pending != y_pending) return y_pending;
+    for (auto [a, b] : {std::pair{&x.total.volume, &y.total.volume}, std::pair{&x.before, &y.before}})
+      if (std::optional<int> order = compare(*a, *b); order && *order != 0) return *order < 0;
+    return pin != nullptr && xs == *pin && ys != *pin;
+  }
+
+  // Records choice `c` for e's output on axis `a` in `s`, and the moves of operands it needs.
+  void take(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, int64_t a, const OutputChoice& c,
+            TvState& s) {
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      const TensorView* in = tensorAt(e, i);
+      if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
+      AxisState req = *requiredOperandState(e, rule, c, i);
+      if (req != states_.at(in).sharding.axes[a] && !planned(in, a, req)) planned_.push_back({in, a, req});
+    }
+    s.sharding.axes[a] = c.state;
+    s.partial_dims[a] = c.contraction_dim;
+    s.why[a] = c.why;
+    s.hints[a] = hintFor(e, rule, mesh, a, c.state);
+  }
+
+  // Whether dim `dim` (a dims() index) of `tv` splits evenly over `n` devices (a size-1 dim,
+  // broadcast or not, over one device only).
   bool shardable(const TensorView* tv, int64_t dim, int64_t n) const {
-    const IterDomain* id = tv->dims().at(dim);
-    return !id->isBroadcast() && id->extent().divisible(n);
+    return tv->dims().at(dim)->extent().divisible(n);
   }
 
   // Whether an earlier decision already moves `tv` to `state` on axis `a`.
@@ -284,33 +473,35 @@ class Propagator {
   // kInfinite when some operand cannot give it (a scalar added to a pending sum, a dim that does
   // not divide). A value read by several operands that need the same state is moved once, and a
   // move an earlier decision already makes is free (decomposition shares it between consumers).
-  int64_t candidateCost(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, const OutputChoice& c,
-                        int64_t a) const {
-    int64_t cost = 0;
+  Cost candidateCost(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, const OutputChoice& c,
+                     int64_t a) const {
+    const Cost infeasible{kInfinite, {}};
+    Cost cost;
     std::vector<std::pair<const Val*, AxisState>> moved;
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       if (e->inputs()[i] == nullptr) continue;
       std::optional<AxisState> req = requiredOperandState(e, rule, c, i);
-      if (!req.has_value()) return kInfinite;
+      if (!req.has_value()) return infeasible;
       TensorView* in = tensorAt(e, i);
       if (in == nullptr) continue;  // a scalar is the same value on every device
-      if (req->kind == Placement::Shard && !shardable(in, req->dim, mesh.size(a))) return kInfinite;
+      if (req->kind == Placement::Shard && !shardable(in, req->dim, mesh.size(a))) return infeasible;
       if (!decided(in) || !aligned(in, mesh)) {
         // An open value is placed as this op needs it, for free, and a value on a mesh of
         // another shape is moved anyway; neither becomes a pending sum (an open input's value
         // is whole on the devices that hold it; no move between meshes makes one).
-        if (req->kind == Placement::Partial) return kInfinite;
+        if (req->kind == Placement::Partial) return infeasible;
         continue;
       }
       std::pair<const Val*, AxisState> move(in, *req);
       if (std::find(moved.begin(), moved.end(), move) != moved.end() || planned(in, a, *req)) continue;
       moved.push_back(move);
-      int64_t c1 = conversionCost(states_.at(in).sharding.axes[a], req);
+      const AxisState& from = states_.at(in).sharding.axes[a];
+      int64_t c1 = conversionCost(from, req);
       // Moving what should stay costs kWeightFactor times more: parameters, or with
       // gather_parameters (FSDP) the activations.
       bool parameter = static_cast<int64_t>(i) == rule.weight_operand && f_.isInput(in);
       if (c1 > 0 && parameter != options_.gather_parameters) c1 *= kWeightFactor;
-      cost = std::min(kInfinite, cost + c1);
+      cost += {c1, moveVolume(in, from, *req, mesh.size(a))};
     }
     return cost;
   }
@@ -330,9 +521,9 @@ class Propagator {
     // [2, 16] into [32] cannot carry a 4-way split of the 32 back to the 2.
     auto fromDim = [&](size_t i, int64_t d, const char* how) {
       int64_t ol = rule.operand_maps[i][d];
-      if (ol < 0 || !shardable(tensorAt(e, i), d, n)) return;
+      if (ol < 0 || !shardable(tensorAt(e, i), d, n) || expands(e, rule, i, d)) return;
       const IterDomain* id = o->logical()[ol];
-      if (!id->extent().divisible(n) || id->isBroadcast()) return;
+      if (!id->extent().divisible(n)) return;
       OutputChoice c;
       if (id->isReduction()) {
         if (!rule.contraction_ok) return;
@@ -392,7 +583,8 @@ class Propagator {
       for (int64_t d : upstream) {
         if (d >= static_cast<int64_t>(rule.operand_maps[i].size())) continue;
         int64_t ol = rule.operand_maps[i][d];
-        if (ol < 0 || o->logical()[ol]->isReduction() || !shardable(in, d, mesh.size(a))) continue;
+        if (ol < 0 || o->logical()[ol]->isReduction() || !shardable(in, d, mesh.size(a)) || expands(e, rule, i, d))
+          continue;
         int64_t dim = dimIndexOfLogical(o, ol);
         // Only a dim that can be sharded is worth remembering (a head count the mesh does not
         // divide is not).
@@ -421,6 +613,20 @@ class Propagator {
     return false;
   }
 
+  // Rewrites an op that cannot keep its operands' sharding as one op into ops that can. Returns
+  // whether it did (the new ops are decided in their turn).
+  bool rewrite(Expr* e) {
+    if (e->kind() == OpKind::Linear && e->input("bias") != nullptr && wouldBePartial(e)) {
+      splitBias(e);
+      return true;
+    }
+    if (e->kind() == OpKind::Mean && meanOverShardedDim(e)) {
+      splitMean(e);
+      return true;
+    }
+    return false;
+  }
+
   // linear(x, w, bias) -> add(linear(x, w), broadcast(bias)): the bias is added once, after
   // the pending sum is reduced.
   void splitBias(Expr* e) {
@@ -435,17 +641,52 @@ class Propagator {
     TensorView* b = ops::broadcastInDim(bias, shape, bdims);
     TensorView* sum = ops::add(y, b);
     f_.setInsertionPoint(nullptr);
-    std::string name = old->name();
-    f_.replaceAllUses(old, sum);
+    replaceResult(e, sum);
+  }
+
+  // Whether mean `e` reduces a dim that its operand has sharded on a mesh axis of its output's
+  // mesh, over dims of static sizes.
+  bool meanOverShardedDim(const Expr* e) const {
+    const TensorView* x = tensorAt(e, 0);
+    if (!decided(x) || !aligned(x, f_.mesh(meshFor(e, shardingRuleOf(e))))) return false;
+    std::vector<int64_t> dims = e->attr<std::vector<int64_t>>("dims");
+    for (int64_t& d : dims) {
+      d = d < 0 ? d + x->rank() : d;
+      if (!x->dims()[d]->extent().isStatic()) return false;
+    }
+    for (const AxisState& st : states_.at(x).sharding.axes)
+      if (st.kind == Placement::Shard && std::find(dims.begin(), dims.end(), st.dim) != dims.end()) return true;
+    return false;
+  }
+
+  // mean(x, dims) -> div(sum(x, dims), count): a mean over a sharded dim is then a pending sum
+  // on each device, divided there by the global count (a mean kernel divides by the count of
+  // what it holds, so a local mean is not a share of the global one). The count must be static:
+  // a scalar is a literal.
+  void splitMean(Expr* e) {
+    auto* x = static_cast<TensorView*>(e->input(size_t{0}));
+    const std::vector<int64_t>& dims = e->attr<std::vector<int64_t>>("dims");
+    int64_t count = 1;
+    for (int64_t d : dims) count *= x->dims()[d < 0 ? d + x->rank() : d]->extent().value();
+    f_.setInsertionPoint(e);
+    TensorView* mean = ops::div(ops::sum(x, dims), static_cast<double>(count));
+    f_.setInsertionPoint(nullptr);
+    replaceResult(e, mean);
+  }
+
+  // Makes `replacement`, computed just before e, stand for e's output: its uses, its name and
+  // the user's pin (as placements: the two may differ in reduction dims), and removes e.
+  void replaceResult(Expr* e, TensorView* replacement) {
+    TensorView* old = e->output();
+    f_.replaceAllUses(old, replacement);
     f_.removeExpr(e);
-    if (!name.empty()) {
+    if (std::string name = old->name(); !name.empty()) {
       f_.rename(old, "");
-      f_.rename(sum, name);
+      f_.rename(replacement, name);
     }
     if (old->pinned()) {
-      sum->setDeviceMesh(*old->mesh());
-      for (const ScheduleStep& st : old->schedule()) sum->applyStep(st);
-      pin(sum);
+      writeSharding(replacement, states_.at(old).sharding);
+      pin(replacement);
     }
   }
 
@@ -513,6 +754,8 @@ class Propagator {
     bool operator==(const Move&) const = default;
   };
   std::vector<Move> planned_;
+  // Pinned op outputs whose op has not yet chosen how to compute them (routePinned).
+  std::set<const TensorView*> unrouted_;
 };
 
 }  // namespace

@@ -2,22 +2,38 @@
 //
 // requires: the user's pins (input placements, schedule-API meshes).
 // guarantees: every TensorView has a mesh and records its provenance (which operand and rule
-//   decided it; for a pinned one, the user's pin); no op is given an output a Partial operand
-//   cannot pass to (requiredOperandState: a pending sum is never added to a scalar or passed
-//   through an operand the op is not linear in); no Shard splits a dim the mesh axis does not
-//   divide, in the output or in the operand it comes from; every fusion output is
-//   materialized: an unpinned output that
-//   would be Partial gets a `set` that reduce-scatters it along a dim that was sharded on that
-//   mesh axis in the inputs it derives from (sequence parallelism keeps `t` sharded), or
-//   all-reduces it to Replicate otherwise.
+//   decided it; for a pinned one, the user's pin); every op's output is sharded as the op gives
+//   it locally from operands resharded to fit (an output pinned otherwise, or pinned where a set
+//   after the op is cheaper, is that set's output: see below); no op is given an output a
+//   Partial operand cannot pass to (requiredOperandState: a pending sum is never added to a
+//   scalar or passed through an operand the op is not linear in), except a pinned Partial the op
+//   cannot give (decomposition reports it); no Shard splits a dim the mesh axis does not divide,
+//   in the output or in the operand it comes from; every fusion output is materialized: an
+//   unpinned output that would be Partial gets a `set` that reduce-scatters it along a dim that
+//   was sharded on that mesh axis in the inputs it derives from (sequence parallelism keeps `t`
+//   sharded), or all-reduces it to Replicate otherwise.
 //
 // Each op's rule (sharding_rule.h) proposes candidate output shardings per mesh axis; the
 // cheapest in communication wins, where moving a parameter (an op's weight operand that is a
 // fusion input) costs 1000x: priority user pins > weights never move > fewer collectives
-// (with gather_parameters, the FSDP strategy, moving an activation costs 1000x instead). A
-// move an earlier decision already makes is free (decomposition makes it once for every
-// consumer), and on equal cost a settled output beats a Partial one (which costs a reduction
-// later). Tensors on different meshes are pipeline stages: an op's output goes to its
+// (with gather_parameters, the FSDP strategy, moving an activation costs 1000x instead). Every
+// collective counts one (a reduction too), a local slice none. A move an earlier decision
+// already makes is free (decomposition makes it once for every consumer); on equal cost a
+// settled output beats a Partial one (which costs a reduction later), then fewer bytes moved
+// win (per rank, from the shapes; symbolic sizes stay symbols and a comparison that depends on
+// them is a tie).
+//
+// A pin on an op's output says what the value must be, not how the op computes it: the op takes
+// the cheapest sharding counting the set after it that makes the pin, and on a tie the one that
+// moves less before the op. A reduction or contraction whose contracted dim is sharded stays a
+// local pending sum that one reduce-scatter (a Shard pin) or allreduce (a Replicate pin) makes
+// the pin, as when a pinned `set` follows the op, instead of its input being moved (an
+// all-to-all of every row) or its weight; an output pinned along a dim its op cannot split
+// (softmax's normalized dim) is computed whole and the set slices it. The pin and the name then
+// move to a new `set` after the op. A mean over a sharded dim of static size becomes
+// div(sum, count), a pending sum like any sum (a mean kernel divides by its local count).
+//
+// Tensors on different meshes are pipeline stages: an op's output goes to its
 // parameter's mesh, else to the mesh of its latest-computed operand; decomposition moves data
 // between stages. An operand on a mesh of the output's shape carries its sharding across (axes
 // correspond); one on a mesh of another shape proposes nothing and costs the same whatever the
@@ -34,6 +50,11 @@
 //           %y = linear(%x, %w) : f32[?t, 64, r256]
 //   after:  %y = linear(%x, %w) : f32[?t, 64, r256] @m {split(2, 4), parallelize(2, DIDx)} from "..."
 //           %1 = set(%y) : f32[?t, 64] @m {} from "output materialized: ..."
+//
+//   before: %x = input f32[64, 16] @m {split(0, 4), parallelize(0, DIDx)}
+//           %y = sum(%x, dims=[0]) : f32[r64, 16] @m {split(1, 4), parallelize(1, DIDx)}   (pinned)
+//   after:  %0 = sum(%x, dims=[0]) : f32[r64, 16] @m {split(0, 4), parallelize(0, DIDx)} from "..."
+//           %y = set(%0) : f32[16] @m {split(0, 4), parallelize(0, DIDx)}                  (pinned)
 #pragma once
 
 #include "meshfuse/options.h"

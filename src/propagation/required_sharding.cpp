@@ -14,8 +14,7 @@ std::optional<AxisState> requiredOperandState(const Expr* e, const ShardingRule&
   auto shardOf = [&](int64_t out_logical) -> AxisState {
     for (size_t d = 0; d < map.size(); ++d) {
       if (map[d] != out_logical) continue;
-      const auto* tv = static_cast<const TensorView*>(v);
-      if (tv->dims()[d]->isBroadcast()) return Placement::replicate();
+      if (expands(e, rule, operand, static_cast<int64_t>(d))) return Placement::replicate();
       return Placement::shard(static_cast<int64_t>(d));
     }
     return Placement::replicate();

@@ -25,13 +25,25 @@ std::vector<int64_t> identity(int64_t rank) {
 // dims of a group that really splits or merges cannot be sharded. The mapped pair holds for an
 // n-way split only when n divides both dims ([2, 16] -> [32] carries a 2-way split, not a 4-way
 // one); propagation checks that per mesh axis, as the map does not know the mesh.
+// A size-1 dim holds no elements of its own: one inserted or removed anywhere ([s, h] ->
+// [1, s, h], [s, h] -> [s, 1, h] and back) is skipped, so it never becomes the outermost dim of
+// a group and the dims beside it keep their shards. Two size-1 dims facing each other pair up.
 std::vector<int64_t> reshapeMap(const TensorView* in, const TensorView* out) {
   std::vector<Extent> a = in->shape(), b = out->shape();
   std::vector<int64_t> m(a.size(), -1);
+  auto one = [](const Extent& e) { return e.isStatic() && e.value() == 1; };
   size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {
     if (a[i] == b[j]) {
       m[i++] = static_cast<int64_t>(j++);
+      continue;
+    }
+    if (one(a[i])) {  // removed
+      ++i;
+      continue;
+    }
+    if (one(b[j])) {  // inserted
+      ++j;
       continue;
     }
     if (!a[i].isStatic() || !b[j].isStatic()) {
@@ -61,6 +73,12 @@ bool ShardingRule::fromOperands(int64_t out_logical) const {
   for (const std::vector<int64_t>& m : operand_maps)
     if (std::find(m.begin(), m.end(), out_logical) != m.end()) return true;
   return false;
+}
+
+bool expands(const Expr* e, const ShardingRule& rule, size_t operand, int64_t dim) {
+  const int64_t out_logical = rule.operand_maps.at(operand).at(dim);
+  const IterDomain* id = tensorOperand(e, operand)->dims().at(dim);
+  return out_logical >= 0 && id->isBroadcast() && id->extent() != e->output()->logical().at(out_logical)->extent();
 }
 
 ShardingRule shardingRuleOf(const Expr* e) {

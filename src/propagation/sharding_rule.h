@@ -7,6 +7,7 @@
 //   max/mean-reduced, sliced, attention's sequence) cannot stay sharded: it is gathered first.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -42,5 +43,10 @@ struct ShardingRule {
 };
 
 ShardingRule shardingRuleOf(const Expr* e);
+
+// Whether operand `operand`'s dim `dim` (a dims() index) is a broadcast dim that `e` expands to a
+// larger output dim (add([1, h], [t, h]), broadcast_in_dim): each shard of that output dim needs
+// the operand's dim whole, so it neither gives nor carries a shard there.
+bool expands(const Expr* e, const ShardingRule& rule, size_t operand, int64_t dim);
 
 }  // namespace meshfuse

@@ -81,6 +81,34 @@ TEST(Parallelism, SequenceParallelDecoderLayerHasTwoAllgathersAndTwoReduceScatte
   EXPECT_EQ(run.local_outputs[0].placements, Ps{S(1)});
 }
 
+// The layer as Megatron and Thunder write it: x [s, h], heads made by reshape [s, nh, hd] ->
+// permute -> reshape [1, nh, s, hd]. The leading 1 is inserted and removed beside the sharded
+// heads, which keep their shard through it: the same collectives as the batched layer.
+constexpr models::DecoderShape kLeadingOneLayer{
+    .batch = 1, .seq = 8, .hidden = 32, .heads = 4, .layout = models::BatchLayout::LeadingOne};
+
+TEST(Parallelism, TensorParallelDecoderLayerWithALeadingOneHasTwoAllreduces) {
+  Fusion f;
+  models::buildDecoderLayer(f, kLeadingOneLayer);
+  ShardedRun run = runSharded(f, decoderLayouts({R}));
+  expectMatchesReference(run);
+  EXPECT_EQ(kinds(run.collectives), expect({"allreduce", "allreduce"}));
+  expectWorldTeams(run);
+  // Each allreduce is a [s, h] f32 pending sum: the projection's and the MLP's.
+  for (const CollectiveInfo& c : run.collectives) EXPECT_EQ(c.bytes, 8 * 32 * 4) << c.tensor;
+  EXPECT_EQ(run.local_outputs[0].placements, Ps{R});
+}
+
+TEST(Parallelism, SequenceParallelDecoderLayerWithALeadingOneHasTwoAllgathersAndTwoReduceScatters) {
+  Fusion f;
+  models::buildDecoderLayer(f, kLeadingOneLayer);
+  ShardedRun run = runSharded(f, decoderLayouts({S(0)}));
+  expectMatchesReference(run);
+  EXPECT_EQ(kinds(run.collectives), expect({"allgather", "reduce_scatter", "allgather", "reduce_scatter"}));
+  expectWorldTeams(run);
+  EXPECT_EQ(run.local_outputs[0].placements, Ps{S(0)});
+}
+
 TEST(Parallelism, DataTimesTensorParallelMlpOnA2x2Mesh) {
   if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks";
   Fusion f;
@@ -331,6 +359,23 @@ TEST(Parallelism, OpenInputFollowsItsShardedConsumer) {
   expectMatchesReference(run);
   EXPECT_THAT(run.collectives, IsEmpty());
   EXPECT_EQ(placementsOf(run.compiled->inputs()[1]), Ps{S(0)});
+  EXPECT_EQ(run.local_outputs[0].placements, Ps{S(0)});
+}
+
+// A parameter operand left open (a batched matmul's b, a linear's weight) follows its op too: it
+// takes the batch shard, or stays whole, rather than deciding where the op runs.
+TEST(Parallelism, OpenParameterOperandFollowsItsOp) {
+  Fusion f;
+  TensorView* a = f.defineTensor({4, 8, 16}, DataType::Float, "a");
+  TensorView* b = f.defineTensor({4, 16, 12}, DataType::Float, "b");
+  TensorView* w = f.defineTensor({6, 12}, DataType::Float, "w");
+  f.addOutput(ops::linear(ops::matmul(a, b), w));
+  std::vector<std::pair<DeviceMesh, Ps>> placed = {{worldMesh(), {S(0)}}, {DeviceMesh(), {}}, {DeviceMesh(), {}}};
+  ShardedRun run = runSharded(f, placed);
+  expectMatchesReference(run);
+  EXPECT_THAT(run.collectives, IsEmpty());
+  EXPECT_EQ(placementsOf(run.compiled->inputs()[1]), Ps{S(0)});
+  EXPECT_EQ(placementsOf(run.compiled->inputs()[2]), Ps{R});
   EXPECT_EQ(run.local_outputs[0].placements, Ps{S(0)});
 }
 

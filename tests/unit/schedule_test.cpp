@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/placement.h"
 #include "test_helpers.h"
 
 namespace meshfuse {
@@ -70,13 +71,25 @@ TEST(Split, RejectsBadFactorsAndAxes) {
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(0, 4); }),
               HasSubstr("split of %x axis 0: factor 4 does not divide the extent 6"));
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(0, 0); }), HasSubstr("factor 0 must be positive"));
-  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(1, 1); }),
-              HasSubstr("cannot split a broadcast dim"));
+  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(1, 2); }),
+              HasSubstr("split of %x axis 1: factor 2 does not divide the extent 1"));
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(2, 2); }),
               HasSubstr("split: axis 2 is out of range for %x whose loop domain has 2 axes"));
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(-3, 2); }), HasSubstr("axis -3 is out of range"));
   EXPECT_TRUE(x->schedule().empty()) << "a rejected step is not recorded";
   EXPECT_EQ(x->loop(), x->logical());
+}
+
+// A size-1 dim is a dim like any other to a schedule (a definition's 1 is a broadcast dim: one
+// elementwise ops may expand): one device shards it.
+TEST(Split, ASizeOneDimSplitsByOne) {
+  Fusion f;
+  TensorView* x = f.defineTensor({1, 4}, DataType::Float, "x");
+  ASSERT_TRUE(x->logical()[0]->isBroadcast());
+  x->setDeviceMesh(DeviceMesh({0}));
+  x->split(0, 1)->parallelize(0, ParallelType::DIDx);
+  EXPECT_EQ(placementsOf(x), std::vector<Placement>{Placement::shard(0)});
+  EXPECT_EQ(x->loop()[0]->iterType(), IterType::Broadcast) << "its parts are size-1 dims too";
 }
 
 TEST(Merge, MergesAdjacentAxes) {
