@@ -413,7 +413,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
   switch (n.comm) {
     case CommKind::Allreduce:
       issue = [=]() mutable {
-        h->work = comm->allreduce(in.data(), out.data(), in.numel(), dt, ReduceOp::Sum, n.team);
+        h->work = comm->allreduce(in.data(), out.data(), in.numel(), dt, n.reduce_op, n.team);
       };
       break;
     case CommKind::Allgather:
@@ -425,7 +425,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
     case CommKind::ReduceScatter:
       MF_CHECK(contiguousBlocks(in.shape(), n.out_dim), "reduce-scatter along non-outermost dim {}", n.out_dim);
       issue = [=]() mutable {
-        h->work = comm->reduceScatter(in.data(), out.data(), out.numel(), dt, ReduceOp::Sum, n.team);
+        h->work = comm->reduceScatter(in.data(), out.data(), out.numel(), dt, n.reduce_op, n.team);
       };
       break;
     case CommKind::AllToAll: {
@@ -483,7 +483,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
       break;
     case CommKind::Reduce:
       issue = [=]() mutable {
-        h->work = comm->reduce(in.data(), out.data(), in.numel(), dt, ReduceOp::Sum, n.root, n.team);
+        h->work = comm->reduce(in.data(), out.data(), in.numel(), dt, n.reduce_op, n.root, n.team);
       };
       break;
     case CommKind::SendRecv: MF_CHECK(false, "send/recv is not a collective (sendRecv() runs it)");
