@@ -14,6 +14,7 @@ void buildMlp(Fusion& f, int64_t hidden, bool residual = false);
 
 struct DecoderShape {
   int64_t batch = 2, seq = 8, hidden = 32, heads = 4;
+  DataType dtype = DataType::Float;  // of every input (and so of the layer's arithmetic's storage)
 };
 // A pre-norm decoder layer: x + attn(ln1(x)), then x2 + mlp(ln2(x2)), causal attention.
 // Inputs, in order: x [b, s, h], ln1_w [h], ln1_b [h], wq [h, h], wk [h, h], wv [h, h],
