@@ -47,7 +47,11 @@ std::string dumpKernels(const CompiledProgram& program, int64_t rank, const Symb
       case KernelDump::KernelIr: out += printProgram(k); break;
       case KernelDump::Llvm: out += fmt::format("; ----- {}\n{}", k.name, cpuLlvmIr(k)); break;
       case KernelDump::Cuda:  // the prelude once, at the top; kernel names as the backend makes them
-        out += fmt::format("// ----- {}\n{}", k.name,
+        out += fmt::format("// ----- {}\n{}{}", k.name,
+                           seg.kind == Segment::Kind::Gemm
+                               ? "// (a linear or matmul runs as one cuBLASLt call in its own dtype where cuBLASLt can "
+                                 "express it; this lowering is the fallback, and sdpa's)\n"
+                               : "",
                            cudaSource(k, fmt::format("mf{}_{}", i, segmentKindName(seg.kind)), /*sm_count=*/132,
                                       /*with_prelude=*/out.empty()));
         break;

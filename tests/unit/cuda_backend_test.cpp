@@ -206,6 +206,28 @@ TEST(CudaBackend, FreedMemoryIsReusedWithoutNewAllocations) {
   EXPECT_EQ(again.data(), first);
 }
 
+// A block freed outside a task while a copy on the main stream still reads it must not be handed
+// to work on another stream before that copy finished: the copy's Submission renews the fence
+// the free takes (it used to reuse the fence of the last task, which did not cover the copy).
+TEST(CudaBackend, ABlockFreedUnderAnUnfinishedCopyIsNotReusedByAnotherStream) {
+  MF_REQUIRE_CUDA();
+  std::unique_ptr<Backend> b = makeCudaBackend();
+  const int64_t n = 64 << 20;  // 256 MiB: the copy is still running when the host moves on
+  Tensor pattern = Tensor::empty(DataType::Float, {n});
+  for (int64_t i = 0; i < n; ++i) static_cast<float*>(pattern.data())[i] = static_cast<float>(i % 1000);
+  Tensor zeros = b->upload(Tensor(DataType::Float, {n}));
+  Tensor src = b->upload(pattern);
+  Tensor dst = b->allocate(DataType::Float, {n});
+  b->copy(dst, src);  // outside a task: on the main stream, asynchronous
+  src = Tensor();     // freed while the copy may still read it
+  b->streams().submit(1, TaskKind::Copy, "overwrite", [&] {
+    Tensor t = b->allocate(DataType::Float, {n});  // src's block only once the copy is done
+    b->copy(t, zeros);
+  });
+  b->streams().synchronize();
+  EXPECT_TRUE(cuda_testing::sameValues(dst, pattern, b.get()));
+}
+
 TEST(CudaBackend, DescriptionNamesTheDevice) {
   MF_REQUIRE_CUDA();
   std::string d = cudaDeviceDescription();

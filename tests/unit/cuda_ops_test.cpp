@@ -3,9 +3,12 @@
 // size 1, host staging) on device buffers. Skipped without a device.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "cuda_test_helpers.h"
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
+#include "meshfuse/npy.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/runtime/cuda.h"
 
@@ -48,6 +51,12 @@ TEST_P(CudaOps, EveryOpMatchesTheCpuBackend) {
     }
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(closeTo(got[i], want[i], nullptr)) << "output " << i;
+    // scripts/gpu-check (stage sanitize) runs the suite with and without CUDA_LAUNCH_BLOCKING=1
+    // and compares the outputs it saves here byte for byte: generated kernels and their
+    // reductions are deterministic, and nothing depends on the host running ahead of the GPU.
+    if (const char* dir = std::getenv("MESHFUSE_TEST_OUTPUT_DIR"))
+      for (size_t i = 0; i < got.size(); ++i)
+        writeNpy(fmt::format("{}/{}_{}_{}.npy", dir, c.name, dtypeName(dt), i), got[i]);
   }
 }
 
