@@ -8,6 +8,7 @@
 //               GEMM through the runtime (backend segment, and the whole executor); goal >= 0.95
 //   mlp         the GPT-style MLP block forward (bf16, h = 4096, t = 8192) through the executor,
 //               for cuda_mlp_torch.py to compare with PyTorch eager and torch.compile
+//   decoder     the pre-norm decoder layer (bf16, batch 2, seq 2048, h = 4096, 32 heads), likewise
 //   overhead    host time per launched segment: a chain of tiny GEMMs through the executor,
 //               minus their GPU time measured directly
 //   overlap     one GPU as one rank of an n-way sequence-parallel MLP (bf16): its allgather and
@@ -31,6 +32,7 @@
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
+#include "models.h"
 #include "meshfuse/runtime/cuda.h"
 
 using namespace meshfuse;
@@ -212,6 +214,30 @@ json mlp(int64_t t, int64_t h) {
   return r;
 }
 
+// The pre-norm decoder layer of models.h (causal attention, GELU MLP), bf16, through the
+// executor: for cuda_mlp_torch.py to compare with PyTorch eager and torch.compile.
+json decoder(int64_t batch, int64_t seq, int64_t h, int64_t heads) {
+  json r;
+  Fusion f;
+  models::buildDecoderLayer(f, {.batch = batch, .seq = seq, .hidden = h, .heads = heads, .dtype = DataType::BFloat16});
+  r["block"] = "models::buildDecoderLayer, bf16";
+  r["batch"] = batch;
+  r["seq"] = seq;
+  r["h"] = h;
+  r["heads"] = heads;
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < f.inputs().size(); ++i)
+    inputs.push_back(Tensor::random(DataType::BFloat16, f.inputs()[i]->evaluateShape({}), 10 + i));
+  try {
+    OnGpu g(f, inputs);
+    double s = timeIt([&] { g.run(); }, deviceSync);
+    r["meshfuse_ms"] = s * 1e3;
+  } catch (const UserError& e) {
+    r["meshfuse"] = std::string("not run: ") + e.message();
+  }
+  return r;
+}
+
 json overhead() {
   json r;
   constexpr int kSegments = 64;
@@ -363,7 +389,7 @@ int main(int argc, char** argv) {
     if (a == "--only" && i + 1 < argc) only = argv[++i];
     if (a == "--quick") quick = true;
   }
-  const std::vector<std::string> names = {"bandwidth", "gemm", "mlp", "overhead", "overlap"};
+  const std::vector<std::string> names = {"bandwidth", "gemm", "mlp", "decoder", "overhead", "overlap"};
   if (!only.empty() && std::find(names.begin(), names.end(), only) == names.end()) {
     std::cerr << fmt::format("--only {}: expected one of {}\n", only, fmt::join(names, ", "));
     return 2;
@@ -379,6 +405,7 @@ int main(int argc, char** argv) {
     if (wanted("bandwidth")) out["bandwidth"] = bandwidth(quick ? (64 << 20) : (int64_t{1} << 30));
     if (wanted("gemm")) out["gemm"] = quick ? gemm(1024, 512) : gemm(8192, 4096);
     if (wanted("mlp")) out["mlp"] = quick ? mlp(1024, 512) : mlp(8192, 4096);
+    if (wanted("decoder")) out["decoder"] = quick ? decoder(1, 256, 512, 8) : decoder(2, 2048, 4096, 32);
     if (wanted("overhead")) out["overhead"] = overhead();
     // GEMM-sized chunks: 8 ranks' worth of tokens, 4 chunks of 2048 rows.
     if (wanted("overlap"))

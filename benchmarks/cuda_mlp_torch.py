@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch baselines of the GPU benchmarks: the GPT-style MLP block forward (bf16, h = 4096,
-t = 8192, one GPU) in eager mode and under torch.compile, timed like cuda_benchmarks (median of
-10 after warm-up). With --meshfuse FILE (cuda_benchmarks' JSON) it adds the ratios the CUDA issue
-asks for: meshfuse >= 1.1x faster than eager, and no slower than torch.compile.
+t = 8192, one GPU) and the pre-norm decoder layer of examples/models.h (bf16, batch 2, seq 2048,
+h = 4096, 32 heads, causal) in eager mode and under torch.compile, timed like cuda_benchmarks
+(median of 10 after warm-up). With --meshfuse FILE (cuda_benchmarks' JSON) it adds the ratios the
+CUDA issue asks for: meshfuse >= 1.1x faster than eager, and no slower than torch.compile.
 
     python3 benchmarks/cuda_mlp_torch.py [--t 8192] [--h 4096] [--json OUT] [--meshfuse FILE]
 """
@@ -32,6 +33,25 @@ def mlp(x, up_w, down_w):
     return F.linear(F.gelu(F.linear(x, up_w), approximate="tanh"), down_w)
 
 
+def decoder(x, ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, up_w, down_w, heads):
+    b, s, h = x.shape
+    to_heads = lambda t: t.reshape(b, s, heads, h // heads).transpose(1, 2)
+    n1 = F.layer_norm(x, (h,), ln1_w, ln1_b, eps=1e-5)
+    attn = F.scaled_dot_product_attention(to_heads(F.linear(n1, wq)), to_heads(F.linear(n1, wk)),
+                                          to_heads(F.linear(n1, wv)), is_causal=True)
+    x2 = x + F.linear(attn.transpose(1, 2).reshape(b, s, h), wo)
+    return x2 + mlp(F.layer_norm(x2, (h,), ln2_w, ln2_b, eps=1e-5), up_w, down_w)
+
+
+def compare(out, name, mf):
+    if "meshfuse_ms" in mf:
+        out[name]["meshfuse_ms"] = mf["meshfuse_ms"]
+        out[name]["speedup_vs_eager"] = out[name]["eager_ms"] / mf["meshfuse_ms"]  # goal >= 1.1
+        out[name]["speedup_vs_compile"] = out[name]["compile_ms"] / mf["meshfuse_ms"]  # goal >= 1.0
+    else:
+        out[name]["meshfuse"] = mf.get("meshfuse", "missing")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--t", type=int, default=8192)
@@ -44,20 +64,24 @@ def main():
     x = torch.rand(args.t, args.h, device=dev, dtype=torch.bfloat16, generator=g) * 2 - 1
     up = (torch.rand(4 * args.h, args.h, device=dev, dtype=torch.bfloat16, generator=g) * 2 - 1) / args.h**0.5
     down = (torch.rand(args.h, 4 * args.h, device=dev, dtype=torch.bfloat16, generator=g) * 2 - 1) / args.h**0.5
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "t": args.t, "h": args.h}
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "mlp": {"t": args.t, "h": args.h}, "decoder": {"batch": 2, "seq": 2048, "h": args.h, "heads": 32}}
+    rand = lambda *shape, scale=1.0: (torch.rand(*shape, device=dev, dtype=torch.bfloat16, generator=g) * 2 - 1) * scale
+    h = args.h
+    dec_args = [rand(2, 2048, h), 1 + rand(h, scale=0.1), rand(h, scale=0.1)] + [rand(h, h, scale=h**-0.5)] * 4 + \
+               [1 + rand(h, scale=0.1), rand(h, scale=0.1), rand(4 * h, h, scale=h**-0.5), rand(h, 4 * h, scale=h**-0.5)]
     with torch.no_grad():
-        out["eager_ms"] = median_seconds(lambda: mlp(x, up, down)) * 1e3
+        out["mlp"]["eager_ms"] = median_seconds(lambda: mlp(x, up, down)) * 1e3
         compiled = torch.compile(mlp)
-        out["compile_ms"] = median_seconds(lambda: compiled(x, up, down)) * 1e3
+        out["mlp"]["compile_ms"] = median_seconds(lambda: compiled(x, up, down)) * 1e3
+        out["decoder"]["eager_ms"] = median_seconds(lambda: decoder(*dec_args, heads=32)) * 1e3
+        compiled_dec = torch.compile(decoder)
+        out["decoder"]["compile_ms"] = median_seconds(lambda: compiled_dec(*dec_args, heads=32)) * 1e3
     if args.meshfuse:
         with open(args.meshfuse) as f:
-            mf = json.load(f).get("mlp", {})
-        if "meshfuse_ms" in mf:
-            out["meshfuse_ms"] = mf["meshfuse_ms"]
-            out["speedup_vs_eager"] = out["eager_ms"] / mf["meshfuse_ms"]  # goal >= 1.1
-            out["speedup_vs_compile"] = out["compile_ms"] / mf["meshfuse_ms"]  # goal >= 1.0
-        else:
-            out["meshfuse"] = mf.get("meshfuse", "missing")
+            mf = json.load(f)
+        compare(out, "mlp", mf.get("mlp", {}))
+        compare(out, "decoder", mf.get("decoder", {}))
     print(json.dumps(out, indent=2))
     if args.json:
         with open(args.json, "w") as f:

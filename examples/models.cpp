@@ -21,7 +21,7 @@ void buildMlp(Fusion& f, int64_t h, bool residual) {
 
 void buildDecoderLayer(Fusion& f, const DecoderShape& s) {
   const int64_t h = s.hidden, hd = s.hidden / s.heads;
-  auto param = [&](std::vector<Extent> shape, const char* name) { return f.defineTensor(shape, DataType::Float, name); };
+  auto param = [&](std::vector<Extent> shape, const char* name) { return f.defineTensor(shape, s.dtype, name); };
   const bool leading_one = s.layout == BatchLayout::LeadingOne;
   TensorView* x = leading_one ? param({s.seq, h}, "x") : param({s.batch, s.seq, h}, "x");
   TensorView* ln1_w = param({h}, "ln1_w");

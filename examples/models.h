@@ -22,6 +22,7 @@ enum class BatchLayout { Batched, LeadingOne };
 struct DecoderShape {
   int64_t batch = 2, seq = 8, hidden = 32, heads = 4;
   BatchLayout layout = BatchLayout::Batched;
+  DataType dtype = DataType::Float;  // of every input (and so of the layer's arithmetic's storage)
 };
 // A pre-norm decoder layer: x + attn(ln1(x)), then x2 + mlp(ln2(x2)), causal attention.
 // Inputs, in order: x [b, s, h] (LeadingOne: [s, h]), ln1_w [h], ln1_b [h], wq [h, h],

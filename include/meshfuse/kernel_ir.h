@@ -182,4 +182,11 @@ Program lowerSegment(const Fusion& fusion, const Segment& segment, const LocalSh
 // Implemented by the CPU backend (src/runtime/cpu/llvm_emitter.cpp).
 std::string cpuLlvmIr(const kir::Program& program);
 
+// The CUDA emitter's source for a program, for `meshfuse dump --stage=cuda`: each kernel headed by
+// its launch geometry on a GPU of `sm_count` SMs (132: an H100), kernel names prefixed by
+// `prefix`; with `with_prelude` the prelude and helpers every program's source starts with too.
+// Implemented by the CUDA backend (src/runtime/cuda/cuda_emitter.cpp); a build without it throws
+// RuntimeError "no CUDA device: meshfuse was built without CUDA ...".
+std::string cudaSource(const kir::Program& program, const std::string& prefix, int sm_count, bool with_prelude);
+
 }  // namespace meshfuse

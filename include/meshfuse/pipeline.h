@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "meshfuse/host_ir.h"
+#include "meshfuse/kernel_ir.h"
 #include "meshfuse/options.h"
 
 namespace meshfuse {
@@ -68,8 +69,14 @@ bool chunkingDependsOnSizes(const Fusion& fusion, const OverlapOptions& options)
 HostProgram programForRank(const CompiledProgram& program, int64_t rank);
 
 // The kernel IR of every kernel and GEMM segment `rank` launches, for its local shapes with the
-// symbolic sizes bound by `sizes` (with `llvm`: the CPU backend's optimized LLVM IR instead).
-// The `kernels` and `llvm` stages of `meshfuse dump` (src/lower/kernel_dump.cpp).
-std::string dumpKernels(const CompiledProgram& program, int64_t rank, const SymbolBindings& sizes, bool llvm);
+// symbolic sizes bound by `sizes`, or what an emitter makes of it: the CPU backend's optimized LLVM
+// IR, the CUDA backend's source (with each kernel's launch geometry on an H100). The `kernels`,
+// `llvm` and `cuda` stages of `meshfuse dump` (src/lower/kernel_dump.cpp).
+enum class KernelDump { KernelIr, Llvm, Cuda };
+// The kernel IR programs behind dumpKernels: one per segment `rank` launches, in the order it
+// first launches them; `segment_indices`, when given, receives their indices in the program.
+std::vector<kir::Program> kernelPrograms(const CompiledProgram& program, int64_t rank, const SymbolBindings& sizes,
+                                         std::vector<int64_t>* segment_indices = nullptr);
+std::string dumpKernels(const CompiledProgram& program, int64_t rank, const SymbolBindings& sizes, KernelDump format);
 
 }  // namespace meshfuse

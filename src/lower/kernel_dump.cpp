@@ -1,5 +1,5 @@
-// `meshfuse dump --stage=kernels|llvm`: the kernel IR (or the CPU emitter's optimized LLVM IR)
-// of every Kernel and Gemm segment one rank launches, specialized for that rank's local shapes
+// `meshfuse dump --stage=kernels|llvm|cuda`: the kernel IR (or the CPU emitter's optimized LLVM
+// IR, or the CUDA emitter's source) of every Kernel and Gemm segment one rank launches, specialized for that rank's local shapes
 // with the symbolic sizes bound as given. Segments launched on chunks inside a Stream-parallel
 // loop are shown for their whole local tensors (at run time they compile for the chunk shapes).
 #include <fmt/format.h>
@@ -14,7 +14,8 @@
 
 namespace meshfuse {
 
-std::string dumpKernels(const CompiledProgram& program, int64_t rank, const SymbolBindings& sizes, bool llvm) {
+std::vector<kir::Program> kernelPrograms(const CompiledProgram& program, int64_t rank, const SymbolBindings& sizes,
+                                         std::vector<int64_t>* segment_indices) {
   HostProgram p = programForRank(program, rank);
   std::vector<int64_t> launched;  // segment indices in the order this rank first launches them
   forEachNode(p.nodes, [&](const HostNode& n) {
@@ -22,13 +23,39 @@ std::string dumpKernels(const CompiledProgram& program, int64_t rank, const Symb
         std::find(launched.begin(), launched.end(), n.segment) == launched.end())
       launched.push_back(n.segment);
   });
-  std::string out;
+  std::vector<kir::Program> out;
   for (int64_t i : launched) {
     const Segment& seg = p.segments->at(i);
-    kir::Program k = kir::lowerSegment(
+    out.push_back(kir::lowerSegment(
         *program.fusion, seg, [&](const TensorView* tv) { return localShape(tv, sizes); },
-        fmt::format("{} #{}", segmentKindName(seg.kind), i));
-    out += llvm ? fmt::format("; ----- {}\n{}", k.name, cpuLlvmIr(k)) : printProgram(k);
+        fmt::format("{} #{}", segmentKindName(seg.kind), i)));
+  }
+  if (segment_indices != nullptr) *segment_indices = launched;
+  return out;
+}
+
+std::string dumpKernels(const CompiledProgram& program, int64_t rank, const SymbolBindings& sizes, KernelDump format) {
+  std::vector<int64_t> segments;
+  std::vector<kir::Program> programs = kernelPrograms(program, rank, sizes, &segments);
+  HostProgram p = programForRank(program, rank);
+  std::string out;
+  for (size_t j = 0; j < programs.size(); ++j) {
+    const kir::Program& k = programs[j];
+    const int64_t i = segments[j];
+    const Segment& seg = p.segments->at(i);
+    switch (format) {
+      case KernelDump::KernelIr: out += printProgram(k); break;
+      case KernelDump::Llvm: out += fmt::format("; ----- {}\n{}", k.name, cpuLlvmIr(k)); break;
+      case KernelDump::Cuda:  // the prelude once, at the top; kernel names as the backend makes them
+        out += fmt::format("// ----- {}\n{}{}", k.name,
+                           seg.kind == Segment::Kind::Gemm
+                               ? "// (a linear or matmul runs as one cuBLASLt call in its own dtype where cuBLASLt can "
+                                 "express it; this lowering is the fallback, and sdpa's)\n"
+                               : "",
+                           cudaSource(k, fmt::format("mf{}_{}", i, segmentKindName(seg.kind)), /*sm_count=*/132,
+                                      /*with_prelude=*/out.empty()));
+        break;
+    }
   }
   return out;
 }

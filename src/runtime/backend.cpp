@@ -32,6 +32,30 @@ void Backend::copyBlock(const Tensor& src, const std::vector<int64_t>& so, Tenso
   meshfuse::copyBlock(src, so, dst, dof, sizes);
 }
 
+void checkSegmentBuffersDisjoint(const Segment& seg, const std::vector<const Tensor*>& inputs,
+                                 const std::vector<Tensor*>& outputs) {
+  auto range = [](const Tensor& t) {
+    const auto* b = static_cast<const char*>(t.data());
+    return std::make_pair(b, b + t.nbytes());
+  };
+  auto name = [&](size_t i) {
+    return i < inputs.size() ? fmt::format("input {}", i) : fmt::format("output {}", i - inputs.size());
+  };
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    auto [ob, oe] = range(*outputs[o]);
+    if (ob == oe) continue;
+    for (size_t i = 0; i < inputs.size() + o; ++i) {
+      const Tensor& t = i < inputs.size() ? *inputs[i] : *outputs[i - inputs.size()];
+      auto [b, e] = range(t);
+      MF_CHECK(b == e || e <= ob || oe <= b,
+               "{} segment ({} exprs): output {} overlaps {} ([{}, {}) and [{}, {})): generated kernels take every "
+               "buffer as restrict/noalias",
+               segmentKindName(seg.kind), seg.exprs.size(), o, name(i), fmt::ptr(ob), fmt::ptr(oe), fmt::ptr(b),
+               fmt::ptr(e));
+    }
+  }
+}
+
 Streams& Backend::streams() {
   if (!streams_) streams_ = makeCpuStreams();
   return *streams_;

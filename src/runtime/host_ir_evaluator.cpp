@@ -46,6 +46,22 @@ bool hasCommunication(const std::vector<HostNode>& nodes) {
 
 }  // namespace
 
+std::vector<Team> communicationTeams(const HostProgram& program, const Team& program_ranks) {
+  std::set<Team> teams;
+  forEachNode(program.nodes, [&](const HostNode& n) {
+    if (n.kind != HostNodeKind::Communication) return;
+    if (n.comm != CommKind::SendRecv) {
+      if (n.team.size() > 1) teams.insert(n.team);
+      return;
+    }
+    // Point-to-point exchanges travel on the program's team (Communicator::sendRecv).
+    const bool exchanges = (n.send_to >= 0 && n.send_to != program.rank) ||
+                           (n.recv_from >= 0 && n.recv_from != program.rank);
+    if (exchanges && program_ranks.size() > 1) teams.insert(program_ranks);
+  });
+  return {teams.begin(), teams.end()};  // std::set: sorted, the order Communicator::prepareTeams asks for
+}
+
 // Collectives on one communicator must be issued in the same order on every rank. Tasks on
 // different streams run in any order, so each communication takes a ticket in program order
 // when it is interpreted, and its task issues only when every earlier ticket has issued. A task
@@ -89,7 +105,6 @@ class HostIrEvaluator::IssueGate {
 struct HostIrEvaluator::Handle {
   int64_t ticket = -1;  // its position in this rank's issue order (the plan's issue_index)
   std::unique_ptr<Work> work;
-  std::vector<std::unique_ptr<Work>> more;  // a send/recv pair
   std::function<void()> finish;             // unpacks staging buffers (all-to-all)
   std::vector<Tensor> buffers;              // kept alive until the operation completed
 };
@@ -106,6 +121,7 @@ HostIrEvaluator::HostIrEvaluator(const HostProgram& program, Backend& backend, C
   for (int64_t m = 0; m < program.fusion->numMeshes(); ++m)
     for (int64_t d : program.fusion->mesh(m).devices()) ranks.insert(d);
   if (ranks.count(comm.rank())) program_ranks_.assign(ranks.begin(), ranks.end());
+  teams_ = communicationTeams(program, program_ranks_);
 }
 
 HostIrEvaluator::~HostIrEvaluator() = default;
@@ -215,11 +231,22 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
     values_[{f.inputs()[i], 0}] = local_inputs[i].defined() && local_inputs[i].device() != backend_.device()
                                       ? backend_.upload(local_inputs[i])
                                       : local_inputs[i];
+  // Every team's per-team state (NCCL communicators) exists before the first communication, made
+  // in the one order all ranks use (communicator.h: prepareTeams).
+  std::vector<Team> teams = teams_;
+  if (tracing_ && program_ranks_.size() > 1 && !std::binary_search(teams.begin(), teams.end(), program_ranks_)) {
+    teams.insert(std::upper_bound(teams.begin(), teams.end(), program_ranks_), program_ranks_);
+  }
+  if (!teams.empty()) comm_.prepareTeams(teams);
   // A traced run starts with a barrier of the program's ranks: every rank's timeline then has
-  // (nearly) the same origin, so a merged multi-rank trace lines up.
+  // (nearly) the same origin, so a merged multi-rank trace lines up. It is an allreduce of one
+  // element in the backend's memory: the communicator runs the programs on the backend's buffers
+  // (NCCL takes device memory only).
   if (tracing_ && program_ranks_.size() > 1) {
-    int64_t one = 1, sum = 0;
-    comm_.allreduce(&one, &sum, 1, DataType::Int64, ReduceOp::Sum, program_ranks_)->wait();
+    Tensor one = Tensor::empty(DataType::Int64, {1});
+    one.set(0, 1);
+    Tensor token = backend_.upload(one);
+    comm_.allreduce(token.data(), token.data(), 1, DataType::Int64, ReduceOp::Sum, program_ranks_)->wait();
   }
   streams_.setTracing(tracing_);
   try {
@@ -283,7 +310,6 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         submit(TaskKind::Communication, "wait", [this, h] {
           WaitContext context([this, ticket = h->ticket] { return describeWait(ticket); });
           if (h->work) h->work->wait();
-          for (auto& w : h->more) w->wait();
           if (h->finish) h->finish();
           h->buffers.clear();
         });
@@ -546,13 +572,19 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
   Communicator* comm = &comm_;
   const int64_t me = comm_.rank();
   Backend* backend = &backend_;
+  const Team team = program_ranks_;
+  const DataType dt = (to >= 0 ? n.in.tv : n.out.tv)->dtype();
   h->ticket = submitCommunication(taskName(n), [=]() mutable {
     if (to == me && from == me) {  // both stages on this rank: a copy
       backend->copy(out, in);
       return;
     }
-    if (from >= 0) h->more.push_back(comm->recv(out.data(), out.numel(), out.dtype(), from, tag));
-    if (to >= 0) h->more.push_back(comm->send(in.data(), in.numel(), in.dtype(), to, tag));
+    if (to < 0 && from < 0) return;
+    // One operation: a ring's receive from the left and send to the right must not be issued as
+    // two calls a transport may run one after the other (NCCL on one stream: every rank would
+    // wait in its receive).
+    h->work = comm->sendRecv(to >= 0 ? in.data() : nullptr, to >= 0 ? in.numel() : 0, to,
+                             from >= 0 ? out.data() : nullptr, from >= 0 ? out.numel() : 0, from, dt, tag, team);
   });
 }
 

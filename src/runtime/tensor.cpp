@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <random>
 
@@ -128,7 +129,16 @@ void Tensor::set(int64_t i, double v) {
     case DataType::Float: { float f = static_cast<float>(v); std::memcpy(p + 4 * i, &f, 4); return; }
     case DataType::BFloat16: { uint16_t b = floatToBf16Bits(static_cast<float>(v)); std::memcpy(p + 2 * i, &b, 2); return; }
     case DataType::Half: { uint16_t b = floatToHalfBits(static_cast<float>(v)); std::memcpy(p + 2 * i, &b, 2); return; }
-    case DataType::Int64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p + 8 * i, &x, 8); return; }
+    case DataType::Int64: {
+      // Truncating and saturating, NaN to 0: what the generated kernels do (LLVM's fptosi.sat,
+      // the CUDA emitter's mf_f2ll), so the reference agrees with them on every value.
+      int64_t x = v != v                  ? 0
+                  : v >= 0x1p63           ? std::numeric_limits<int64_t>::max()
+                  : v < -0x1p63           ? std::numeric_limits<int64_t>::min()
+                                          : static_cast<int64_t>(v);
+      std::memcpy(p + 8 * i, &x, 8);
+      return;
+    }
     case DataType::Bool: p[i] = std::byte{static_cast<uint8_t>(v != 0.0)}; return;
   }
 }

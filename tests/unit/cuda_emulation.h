@@ -19,8 +19,17 @@
 #include <string>
 #include <vector>
 
+#include <cstring>
+#include <map>
+
 #include "meshfuse/error.h"
 #include "meshfuse/ir/dtype.h"
+#include "meshfuse/ir/expr.h"
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/kernel_ir.h"
+#include "meshfuse/segment.h"
+#include "meshfuse/tensor.h"
+#include "runtime/cuda/cuda_emitter.h"
 #include "runtime/cuda/gemm_plan.h"
 
 namespace meshfuse::cuda_testing {
@@ -155,5 +164,137 @@ inline void emulateGemm(const cuda::GemmPlan& p, const void* a, const void* b, c
         storeAs(d, di, p.dtype, v);
       }
 }
+
+// ---- whole fusions --------------------------------------------------------------------------
+
+// The launch geometry a test emulates: kernels emitted for a GPU of `sm_count` SMs (grids are
+// sized from it), blocks run with at most `max_threads` threads (the emitter's blocks have 256).
+struct Geometry {
+  const char* name;
+  int sm_count;
+  int max_threads;
+};
+// An H100's grids and blocks, and a small GPU whose grid-stride loops wrap many times with
+// blocks of two warps (several warps still meet in every block reduction).
+inline constexpr Geometry kH100{"h100", 132, 256};
+inline constexpr Geometry kSmallGpu{"small", 2, 64};
+
+// A fusion's segments as the CUDA backend runs them, on the host: linear/matmul as one planned
+// cuBLASLt call (replayed by emulateGemm), every other Kernel or Gemm segment lowered to kernel
+// IR whose loop nests are the emitted kernels and whose GEMM calls are plans. A Communication
+// segment (a `set` between meshes in a definition) is its single-device meaning, a copy. Shapes
+// are the fusion's logical shapes under `sizes`: this is the single-device program.
+class EmulatedFusion {
+ public:
+  struct Launch {
+    bool direct = false;  // a planned cuBLASLt call
+    bool copy = false;    // a communication segment: out = in
+    cuda::GemmPlan plan;
+    kir::Program program;
+    cuda::EmittedProgram emitted;
+  };
+
+  EmulatedFusion(const Fusion& def, SymbolBindings sizes, const std::string& prefix, int sm_count)
+      : def_(def), sizes_(std::move(sizes)), segments_(segmentFusion(def)) {
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      const Segment& seg = segments_[i];
+      Launch l;
+      if (seg.kind == Segment::Kind::Communication) {
+        l.copy = true;
+        launches_.push_back(std::move(l));
+        continue;
+      }
+      const Expr* first = seg.exprs.front();
+      if (seg.kind == Segment::Kind::Gemm && (first->kind() == OpKind::Linear || first->kind() == OpKind::Matmul)) {
+        std::vector<std::vector<int64_t>> shapes;
+        for (const TensorView* tv : seg.inputs) shapes.push_back(shape(tv));
+        l.plan = cuda::planGemm(seg, shapes);
+        l.direct = l.plan.k > 0;
+      }
+      if (!l.direct) {
+        const std::string name = fmt::format("{}_{}", prefix, i);
+        l.program = kir::lowerSegment(def_, seg, [this](const TensorView* tv) { return shape(tv); }, name);
+        l.emitted = cuda::emitCuda(l.program, name, sm_count);
+      }
+      launches_.push_back(std::move(l));
+    }
+  }
+
+  const std::vector<Launch>& launches() const { return launches_; }
+
+  // Every emitted kernel's source (with `launchers`: and the emulation's entry points).
+  std::string source(bool launchers) const {
+    std::string src;
+    for (const Launch& l : launches_) {
+      if (l.direct || l.copy) continue;
+      src += l.emitted.source;
+      if (!launchers) continue;
+      for (const auto& step : l.emitted.steps)
+        for (const cuda::KernelLaunch& k : step) src += emulationLauncher(k.name, "MfBufs_" + l.program.name);
+    }
+    return src;
+  }
+
+  // Runs the segments in order on host tensors (`lib` compiled from source(true)).
+  std::vector<Tensor> run(EmulatedLibrary& lib, const std::vector<Tensor>& inputs, int max_threads) const {
+    std::map<const TensorView*, Tensor> values;
+    for (size_t i = 0; i < inputs.size(); ++i) values[def_.inputs()[i]] = inputs[i];
+    for (size_t s = 0; s < segments_.size(); ++s) {
+      const Segment& seg = segments_[s];
+      const Launch& l = launches_[s];
+      std::vector<Tensor> outs;
+      for (const TensorView* tv : seg.outputs) outs.push_back(Tensor::empty(tv->dtype(), shape(tv)));
+      std::vector<void*> ptrs;
+      for (const TensorView* tv : seg.inputs) ptrs.push_back(values.at(tv).data());
+      for (Tensor& t : outs) ptrs.push_back(t.data());
+      if (l.copy) {
+        std::memcpy(outs.at(0).data(), values.at(seg.inputs.at(0)).data(), outs[0].nbytes());
+      } else if (l.direct) {
+        emulateGemm(l.plan, ptrs[l.plan.a_input], ptrs[l.plan.b_input],
+                    l.plan.bias_input >= 0 ? ptrs[l.plan.bias_input] : nullptr, ptrs[seg.inputs.size()]);
+      } else {
+        runProgram(lib, l, ptrs, max_threads);
+      }
+      for (size_t i = 0; i < seg.outputs.size(); ++i) values[seg.outputs[i]] = outs[i];
+    }
+    std::vector<Tensor> result;
+    for (const TensorView* o : def_.outputs()) result.push_back(values.at(o));
+    return result;
+  }
+
+ private:
+  std::vector<int64_t> shape(const TensorView* tv) const { return tv->evaluateShape(sizes_); }
+
+  // Temporaries (each with the copies the emitter asked for), then the emitter's scratch, as the
+  // backend lays them out; the steps in order, each kernel a launch, each GEMM call its plans.
+  static void runProgram(EmulatedLibrary& lib, const Launch& l, std::vector<void*> ptrs, int max_threads) {
+    std::vector<Tensor> temps;
+    for (size_t b = ptrs.size(); b < l.program.buffers.size(); ++b) {
+      const kir::Buffer& buf = l.program.buffers[b];
+      temps.push_back(Tensor(buf.dtype, {buf.numel() * l.emitted.copies[b]}));
+      ptrs.push_back(temps.back().data());
+    }
+    for (int64_t bytes : l.emitted.extra_bytes) {
+      temps.push_back(Tensor(DataType::Bool, {bytes}));
+      ptrs.push_back(temps.back().data());
+    }
+    if (ptrs.empty()) ptrs.push_back(nullptr);
+    for (size_t i = 0; i < l.program.steps.size(); ++i) {
+      for (const cuda::KernelLaunch& k : l.emitted.steps[i])
+        lib.launch(k.name, ptrs, k.blocks, std::min(k.threads, max_threads));
+      if (l.program.steps[i].kind != kir::Step::GemmCall) continue;
+      for (const cuda::KirGemmCall& g : cuda::planKirGemm(l.program.steps[i].gemm)) {
+        auto at = [&](int64_t b, int64_t off) { return static_cast<float*>(ptrs[b]) + off; };
+        emulateGemm(g.plan, at(g.plan.a_input, g.a_offset), at(g.plan.b_input, g.b_offset), nullptr,
+                    at(l.program.steps[i].gemm.c.buffer, g.d_offset));
+      }
+    }
+  }
+
+  const Fusion& def_;
+  SymbolBindings sizes_;
+  std::vector<Segment> segments_;
+  std::vector<Launch> launches_;
+};
 
 }  // namespace meshfuse::cuda_testing

@@ -1,10 +1,13 @@
 // The CUDA backend's host-side logic, tested on any machine (no GPU needed): the behaviour
 // without a device, NVRTC compilation of the runtime's kernels for sm_90, block-copy planning,
-// GEMM planning, the caching allocator's reuse rules and the host-staged communicator's staging.
+// GEMM planning, the caching allocator's reuse and failure rules, the NCCL watchdog's verdicts and
+// the host-staged communicator's staging.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <list>
 #include <map>
 #include <set>
 
@@ -14,6 +17,7 @@
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/gemm_plan.h"
 #include "runtime/cuda/host_staged_communicator.h"
+#include "runtime/cuda/nccl_support.h"
 #include "runtime/cuda/nvrtc_compiler.h"
 #include "runtime/cuda/runtime_kernels.h"
 #include "test_helpers.h"
@@ -324,6 +328,128 @@ TEST(CudaCachingAllocator, OutOfMemoryEmptiesTheCacheThenSaysHowMuch) {
   a.release(q);
 }
 
+// A fence that cannot be taken (the device faulted, the runtime is tearing down) must not throw
+// out of release(), which runs in tensors' destructors (std::terminate): the block is leaked,
+// never reused under work that may still run.
+TEST(CudaCachingAllocator, ReleaseNeverThrowsAndLeaksWhatItCannotFence) {
+  FakeDevice dev;
+  cuda::CachingAllocator::Hooks hooks = dev.hooks();
+  bool faulted = false;
+  auto make = hooks.fence;
+  hooks.fence = [&, make]() -> std::shared_ptr<cuda::Fence> {
+    if (faulted) throw std::runtime_error("CUDA error in cudaEventRecord: an illegal memory access was encountered");
+    return make();
+  };
+  void* kept = nullptr;
+  {
+    cuda::CachingAllocator a("test memory", hooks);
+    void* p = a.allocate(1000);
+    faulted = true;
+    EXPECT_NO_THROW(a.release(p));
+    EXPECT_EQ(a.stats().unfenced, 1);
+    EXPECT_EQ(a.stats().in_use_bytes, 0);
+    EXPECT_EQ(a.stats().cached_bytes, 0);
+    faulted = false;
+    void* q = a.allocate(1000);  // never p again
+    EXPECT_NE(q, p);
+    kept = p;
+    a.release(q);
+  }
+  EXPECT_EQ(dev.live.count(kept), 1u) << "an unfenced block is leaked, not freed";
+  std::free(kept);
+}
+
+// The destructor waits for pending fences; one that throws (a faulted device) leaks its blocks
+// instead of terminating the process.
+TEST(CudaCachingAllocator, DestructorSurvivesAFenceThatThrows) {
+  struct ThrowingFence final : cuda::Fence {
+    bool done() override { return false; }
+    void wait() override { throw std::runtime_error("CUDA error in cudaEventSynchronize: unspecified launch failure"); }
+  };
+  FakeDevice dev;
+  cuda::CachingAllocator::Hooks hooks = dev.hooks();
+  hooks.fence = [] { return std::make_shared<ThrowingFence>(); };
+  void* p = nullptr;
+  EXPECT_NO_THROW({
+    cuda::CachingAllocator a("test memory", hooks);
+    p = a.allocate(100);
+    a.release(p);
+  });
+  std::free(p);
+}
+
+// Fences are shared between frees while no work is submitted; work submitted (noted) in between
+// makes the next free take a new one, which covers it. (Every enqueue of the CUDA backend and
+// the NCCL communicator goes through a cuda::Submission, which notes its work when it ends.)
+TEST(CudaCachingAllocator, SharedFencesAreRenewedByWork) {
+  int64_t made = 0, work = 0, completed = 0;
+  struct WorkFence final : cuda::Fence {  // passes once the work submitted before it completed
+    int64_t upto;
+    const int64_t* completed;
+    bool done() override { return *completed >= upto; }
+    void wait() override {}
+  };
+  cuda::SharedFences fences([&] {
+    ++made;
+    auto f = std::make_shared<WorkFence>();
+    f->upto = work;
+    f->completed = &completed;
+    return f;
+  });
+  FakeDevice dev;
+  cuda::CachingAllocator::Hooks hooks = dev.hooks();
+  hooks.fence = [&] { return fences.get(); };
+  cuda::CachingAllocator a("test memory", hooks);
+  void* x = a.allocate(512);
+  void* y = a.allocate(512);
+  a.release(x);
+  a.release(y);
+  EXPECT_EQ(made, 1) << "two frees without work in between share a fence";
+  void* z = a.allocate(512);  // work 0 completed: reusable
+  EXPECT_TRUE(z == x || z == y);
+  ++work;  // a kernel on z is enqueued...
+  fences.noteWork();  // ...and noted when its Submission ends
+  a.release(z);
+  EXPECT_EQ(made, 2);
+  void* w = a.allocate(512);
+  EXPECT_NE(w, z) << "z is reused only after the kernel that uses it completed";
+  completed = 1;
+  void* v = a.allocate(512);
+  EXPECT_EQ(v, z);
+  a.release(w);
+  a.release(v);
+}
+
+// ---- the NCCL communicator's watchdog ------------------------------------------------------
+
+TEST(CudaNcclWatchdog, AFaultOnThisRankFailsAtOnceAndIsNotATimeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  auto event = [](uintptr_t i) { return reinterpret_cast<cudaEvent_t>(i); };
+  std::map<cudaEvent_t, cudaError_t> states = {
+      {event(1), cudaSuccess}, {event(2), cudaErrorNotReady}, {event(3), cudaErrorIllegalAddress}};
+  auto query = [&](cudaEvent_t e) { return states.at(e); };
+  std::list<cuda::WatchedOperation> ops = {{event(1), now + std::chrono::hours(1), "allreduce on team [0, 1]"},
+                                           {event(2), now + std::chrono::hours(1), "allgather on team [0, 1]"},
+                                           {event(3), now + std::chrono::hours(1), "reduce_scatter on team [0, 1]"}};
+  std::string failure = cuda::pollWatched(ops, now, 60, query);
+  EXPECT_NE(failure.find("CUDA error on this rank's GPU while reduce_scatter on team [0, 1] was in flight"),
+            std::string::npos) << failure;
+  EXPECT_NE(failure.find("cudaErrorIllegalAddress"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("a kernel faulted"), std::string::npos) << failure;
+  EXPECT_EQ(failure.find("did not complete"), std::string::npos) << "a fault is not a timeout: " << failure;
+  EXPECT_EQ(ops.size(), 2u) << "the completed operation is dropped";
+  // Without the fault: nothing to report before the deadline, a timeout after it.
+  ops.pop_back();
+  EXPECT_EQ(cuda::pollWatched(ops, now, 60, query), "");
+  failure = cuda::pollWatched(ops, now + std::chrono::hours(2), 60, query);
+  EXPECT_NE(failure.find("allgather on team [0, 1] did not complete within 60 s"), std::string::npos) << failure;
+  // A blocking call in progress (no event) times out too.
+  std::list<cuda::WatchedOperation> creating = {{nullptr, now, "creating the NCCL communicator of team [0, 1, 2]"}};
+  EXPECT_NE(cuda::pollWatched(creating, now + std::chrono::seconds(1), 60, query).find("did not complete"),
+            std::string::npos);
+}
+
 // ---- host-staged communicator ------------------------------------------------------------
 
 // "Device" memory is host memory registered here; every copy is counted.
@@ -376,6 +502,143 @@ TEST(CudaHostStaging, InPlaceUsesOneTwinAndHostBuffersPassThrough) {
   comm->allgather(a.data(), b.data(), 1, DataType::Int64, {0})->wait();
   EXPECT_EQ(b[0], 7);
   EXPECT_EQ(staging->host_buffers, 1);
+}
+
+// A ring step's send and receive stage both buffers and go to the inner communicator as one
+// sendRecv (so that its grouping, not the staging, decides how they are issued).
+TEST(CudaHostStaging, SendRecvStagesBothBuffersAndStaysOneOperation) {
+  struct Recorder final : Communicator {
+    std::vector<std::string> calls;
+    std::string name() const override { return "recorder"; }
+    int64_t rank() const override { return 1; }
+    int64_t size() const override { return 3; }
+    std::unique_ptr<Work> none() {
+      struct Done final : Work {
+        void wait() override {}
+      };
+      return std::make_unique<Done>();
+    }
+    std::unique_ptr<Work> allgather(const void*, void*, int64_t, DataType, const Team&) override { return none(); }
+    std::unique_ptr<Work> reduceScatter(const void*, void*, int64_t, DataType, ReduceOp, const Team&) override {
+      return none();
+    }
+    std::unique_ptr<Work> allreduce(const void*, void*, int64_t, DataType, ReduceOp, const Team&) override {
+      return none();
+    }
+    std::unique_ptr<Work> allToAll(const void*, void*, int64_t, DataType, const Team&) override { return none(); }
+    std::unique_ptr<Work> broadcast(void*, int64_t, DataType, int64_t, const Team&) override { return none(); }
+    std::unique_ptr<Work> reduce(const void*, void*, int64_t, DataType, ReduceOp, int64_t, const Team&) override {
+      return none();
+    }
+    std::unique_ptr<Work> gather(const void*, void*, int64_t, DataType, int64_t, const Team&) override { return none(); }
+    std::unique_ptr<Work> scatter(const void*, void*, int64_t, DataType, int64_t, const Team&) override {
+      return none();
+    }
+    std::unique_ptr<Work> send(const void*, int64_t, DataType, int64_t peer, int64_t) override {
+      calls.push_back(fmt::format("send to {}", peer));
+      return none();
+    }
+    std::unique_ptr<Work> recv(void*, int64_t, DataType, int64_t peer, int64_t) override {
+      calls.push_back(fmt::format("recv from {}", peer));
+      return none();
+    }
+    std::unique_ptr<Work> sendRecv(const void* s, int64_t, int64_t to, void* r, int64_t n, int64_t from, DataType,
+                                   int64_t, const Team& team) override {
+      calls.push_back(fmt::format("sendRecv to {} from {} on [{}]", to, from, fmt::join(team, ", ")));
+      std::memcpy(r, s, static_cast<size_t>(n) * 4);  // "receives" what it sends
+      return none();
+    }
+    void prepareTeams(const std::vector<Team>& teams) override {
+      for (const Team& t : teams) calls.push_back(fmt::format("prepare [{}]", fmt::join(t, ", ")));
+    }
+    void barrier() override {}
+    [[noreturn]] void abort(const std::string& why) override { throw std::runtime_error(why); }
+  };
+  auto staging = std::make_shared<FakeStaging>();
+  auto inner = std::make_unique<Recorder>();
+  Recorder* rec = inner.get();
+  std::unique_ptr<Communicator> comm = cuda::makeHostStagedCommunicator(std::move(inner), staging);
+  std::vector<float> out = {1, 2, 3}, in(3, 0);
+  staging->device = {out.data(), in.data()};
+  comm->prepareTeams({{0, 1}, {0, 1, 2}});
+  comm->sendRecv(out.data(), 3, 2, in.data(), 3, 0, DataType::Float, 5, {0, 1, 2})->wait();
+  EXPECT_EQ(rec->calls, (std::vector<std::string>{"prepare [0, 1]", "prepare [0, 1, 2]", "sendRecv to 2 from 0 on [0, 1, 2]"}));
+  EXPECT_EQ(in, out);
+  EXPECT_EQ(staging->to_host, 1);
+  EXPECT_EQ(staging->to_device, 1);
+}
+
+// A staged operation dropped without wait() (a failed run) must not give its host twins back
+// while the inner operation may still use them (an MPI request outlives its handle).
+TEST(CudaHostStaging, TwinsOutliveTheInnerOperationOfADroppedWork) {
+  struct Log {
+    std::vector<std::string> events;
+  };
+  auto log = std::make_shared<Log>();
+  struct LoggingStaging final : cuda::StagingMemory {
+    std::shared_ptr<Log> log;
+    const void* device = nullptr;
+    bool onDevice(const void* p) override { return p == device; }
+    std::shared_ptr<void> hostBuffer(size_t bytes) override {
+      auto l = log;
+      return std::shared_ptr<void>(std::malloc(bytes), [l](void* p) {
+        l->events.push_back("twin freed");
+        std::free(p);
+      });
+    }
+    void toHost(void*, const void*, size_t) override {}
+    void toDevice(void*, const void*, size_t) override {}
+  };
+  struct SlowWork final : Work {
+    std::shared_ptr<Log> log;
+    bool waited = false;
+    void wait() override {
+      waited = true;
+      log->events.push_back("inner waited");
+    }
+    ~SlowWork() override { log->events.push_back(waited ? "inner destroyed" : "inner destroyed while in flight"); }
+  };
+  struct SlowSelf final : Communicator {
+    std::shared_ptr<Log> log;
+    std::unique_ptr<Communicator> self = makeSelfCommunicator();
+    std::string name() const override { return "slow"; }
+    int64_t rank() const override { return 0; }
+    int64_t size() const override { return 1; }
+    std::unique_ptr<Work> slow() {
+      auto w = std::make_unique<SlowWork>();
+      w->log = log;
+      return w;
+    }
+    std::unique_ptr<Work> allgather(const void*, void*, int64_t, DataType, const Team&) override { return slow(); }
+    std::unique_ptr<Work> reduceScatter(const void*, void*, int64_t, DataType, ReduceOp, const Team&) override {
+      return slow();
+    }
+    std::unique_ptr<Work> allreduce(const void*, void*, int64_t, DataType, ReduceOp, const Team&) override {
+      return slow();
+    }
+    std::unique_ptr<Work> allToAll(const void*, void*, int64_t, DataType, const Team&) override { return slow(); }
+    std::unique_ptr<Work> broadcast(void*, int64_t, DataType, int64_t, const Team&) override { return slow(); }
+    std::unique_ptr<Work> reduce(const void*, void*, int64_t, DataType, ReduceOp, int64_t, const Team&) override {
+      return slow();
+    }
+    std::unique_ptr<Work> gather(const void*, void*, int64_t, DataType, int64_t, const Team&) override { return slow(); }
+    std::unique_ptr<Work> scatter(const void*, void*, int64_t, DataType, int64_t, const Team&) override {
+      return slow();
+    }
+    std::unique_ptr<Work> send(const void*, int64_t, DataType, int64_t, int64_t) override { return slow(); }
+    std::unique_ptr<Work> recv(void*, int64_t, DataType, int64_t, int64_t) override { return slow(); }
+    void barrier() override {}
+    [[noreturn]] void abort(const std::string& why) override { throw std::runtime_error(why); }
+  };
+  auto staging = std::make_shared<LoggingStaging>();
+  staging->log = log;
+  auto inner = std::make_unique<SlowSelf>();
+  inner->log = log;
+  std::unique_ptr<Communicator> comm = cuda::makeHostStagedCommunicator(std::move(inner), staging);
+  std::vector<float> buf(4, 1);
+  staging->device = buf.data();
+  comm->allreduce(buf.data(), buf.data(), 4, DataType::Float, ReduceOp::Sum, {0}).reset();  // dropped unwaited
+  EXPECT_EQ(log->events, (std::vector<std::string>{"inner waited", "inner destroyed", "twin freed"}));
 }
 
 TEST(CudaHostStaging, RootOnlyBuffersAreStagedOnlyWhereUsed) {

@@ -1,16 +1,18 @@
 // Shared helpers of the GPU tests: skipping without a device, moving tensors, comparing with the
-// CPU within dtype-appropriate tolerances.
+// CPU or the reference within the tolerance model of reference.h.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "meshfuse/ops.h"
+#include "meshfuse/reference.h"
 #include "meshfuse/runtime/backend.h"
 #include "meshfuse/runtime/cuda.h"
 #include "meshfuse/tensor.h"
@@ -25,43 +27,33 @@ namespace meshfuse::cuda_testing {
                    << " -- GPU tests run on a GPU machine (scripts/gpu-check)";                      \
   } while (0)
 
-// |got - want| <= atol + rtol * |want|: f32 to accumulation-order noise (no TF32), 16-bit types
-// to about one unit in the last place of their storage.
-struct Tolerance {
-  double atol, rtol;
-};
-inline Tolerance toleranceFor(DataType dt) {
-  switch (dt) {
-    case DataType::BFloat16: return {2e-2, 1.6e-2};
-    case DataType::Half: return {2e-3, 2e-3};
-    case DataType::Float: return {1e-5, 1e-5};
-    default: return {0, 0};
-  }
-}
-
-inline ::testing::AssertionResult closeTo(const Tensor& got_any, const Tensor& want, Backend* backend,
-                                          Tolerance tol) {
+// Within the one tolerance model of every comparison in meshfuse (reference.h,
+// compareWithReference; the CLI's --check uses it too): element i passes when
+// |got_i - want_i| <= 16 eps(dtype) (max_j |want_j| + |want_i|). Exact for i64 and bool.
+inline ::testing::AssertionResult closeTo(const Tensor& got_any, const Tensor& want, Backend* backend) {
   Tensor got = got_any.device() == Device::Cpu ? got_any : backend->download(got_any);
   if (got.dtype() != want.dtype() || got.shape() != want.shape())
     return ::testing::AssertionFailure() << "got " << dtypeName(got.dtype()) << got.shapeString() << ", want "
                                          << dtypeName(want.dtype()) << want.shapeString();
-  double worst = 0;
-  int64_t worst_i = -1;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    double g = got.get(i), w = want.get(i);
-    double excess = std::fabs(g - w) - (tol.atol + tol.rtol * std::fabs(w));
-    if ((std::isnan(g) != std::isnan(w)) || excess > worst) {
-      worst = std::isnan(g) != std::isnan(w) ? INFINITY : excess;
-      worst_i = i;
-    }
-  }
-  if (worst_i < 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "element " << worst_i << ": got " << got.get(worst_i) << ", want "
-                                       << want.get(worst_i) << " (atol " << tol.atol << ", rtol " << tol.rtol << ")";
+  ReferenceComparison c = compareWithReference(got, want);
+  if (c.pass) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max abs err " << c.max_abs_err << " (max rel err " << c.max_rel_err
+                                       << "), allowed " << c.allowed_abs << " + " << kReferenceToleranceEps << " eps("
+                                       << dtypeName(want.dtype()) << ") |ref| with max|ref| = " << c.max_ref;
 }
 
-inline ::testing::AssertionResult closeTo(const Tensor& got, const Tensor& want, Backend* backend) {
-  return closeTo(got, want, backend, toleranceFor(want.dtype()));
+// Bit for bit (copies, data movement): element i of `got` equals element i of `want`.
+inline ::testing::AssertionResult sameValues(const Tensor& got_any, const Tensor& want, Backend* backend) {
+  Tensor got = got_any.device() == Device::Cpu ? got_any : backend->download(got_any);
+  if (got.dtype() != want.dtype() || got.shape() != want.shape())
+    return ::testing::AssertionFailure() << "got " << dtypeName(got.dtype()) << got.shapeString() << ", want "
+                                         << dtypeName(want.dtype()) << want.shapeString();
+  if (got.nbytes() == 0 || std::memcmp(got.data(), want.data(), got.nbytes()) == 0)
+    return ::testing::AssertionSuccess();
+  for (int64_t i = 0; i < got.numel(); ++i)
+    if (got.get(i) != want.get(i) && !(std::isnan(got.get(i)) && std::isnan(want.get(i))))
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got.get(i) << ", want " << want.get(i);
+  return ::testing::AssertionFailure() << "the bytes differ (NaN payloads)";
 }
 
 // One program per op of the IR (plus an MLP block), with odd sizes so that vectorized loops have
@@ -101,6 +93,15 @@ inline std::vector<OpCase> opCases() {
       {"cast_f32", {m}, [](T t) { return ops::cast(t[0], DataType::Float); }},
       {"sum", {{4, 33, 130}}, [](T t) { return ops::sum(t[0], {2}); }},
       {"sum_outer", {{4, 33, 130}}, [](T t) { return ops::sum(t[0], {0}); }},
+      // Reductions the emitter spreads in other ways: over the outer dim of a tall matrix
+      // (columns mode), over a middle dim (loops interchanged in each row), over everything
+      // (partial results of a grid, then combined).
+      {"sum_outer_tall", {{600, 70}}, [](T t) { return ops::sum(t[0], {0}); }},
+      {"sum_middle", {{4, 50, 33}}, [](T t) { return ops::sum(t[0], {1}); }},
+      {"sum_all", {{100, 90}}, [](T t) { return ops::sum(t[0], {0, 1}); }},
+      {"max_all", {{100, 90}}, [](T t) { return ops::max(t[0], {0, 1}); }},
+      {"mean_outer_keepdim", {{300, 17}}, [](T t) { return ops::mean(t[0], {0}, true); }},
+      {"cast_i64", {m}, [](T t) { return ops::cast(ops::mul(t[0], 100.0), DataType::Int64); }},
       {"max", {m}, [](T t) { return ops::max(t[0], {1}); }},
       {"mean", {m}, [](T t) { return ops::mean(t[0], {1}, true); }},
       {"broadcast_in_dim", {{130}}, [](T t) { return ops::broadcastInDim(t[0], {33, 130}, {1}); }},
@@ -137,17 +138,6 @@ inline std::vector<Tensor> buildCase(const OpCase& c, DataType dt, Fusion& def) 
   }
   def.addOutput(c.build(tvs));
   return inputs;
-}
-
-// The tolerance of case `c`'s outputs of dtype `dt`: long f32 chains (attention, the MLP block)
-// run in another order than the reference's.
-inline Tolerance toleranceFor(const OpCase& c, DataType dt) {
-  Tolerance tol = toleranceFor(dt);
-  if (c.name.rfind("sdpa", 0) == 0 || c.name == "mlp_block") {
-    tol.atol *= 4;
-    tol.rtol *= 4;
-  }
-  return tol;
 }
 
 }  // namespace meshfuse::cuda_testing

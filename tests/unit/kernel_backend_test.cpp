@@ -8,6 +8,8 @@
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
+#include "meshfuse/runtime/backend.h"
+#include "meshfuse/segment.h"
 
 namespace meshfuse {
 namespace {
@@ -154,6 +156,33 @@ TEST(KernelMath, SixteenBitStoresRoundLikeMeshfuse) {
     std::vector<double> nan = kernel([dt](TensorView* x) { return ops::cast(x, dt); }, {NAN});
     EXPECT_TRUE(std::isnan(nan[0]));
   }
+}
+
+// Generated kernels take their buffers as noalias/__restrict__ (CPU and CUDA): a launch whose
+// output overlaps an input or another output is refused before it runs, not silently computed
+// differently on each backend.
+TEST(KernelBackend, OverlappingSegmentBuffersAreRefused) {
+  Fusion f;
+  TensorView* x = f.defineTensor({16}, DataType::Float, "x");
+  f.addOutput(ops::neg(x));
+  std::vector<Segment> segs = segmentFusion(f);
+  ASSERT_EQ(segs.size(), 1u);
+  std::unique_ptr<Backend> b = makeCpuBackend();
+  Tensor buf = Tensor::random(DataType::Float, {32}, 1);
+  auto shape = [](const TensorView*) { return std::vector<int64_t>{16}; };
+  Tensor in = buf.slice0(0, 16), out = buf.slice0(8, 16);  // elements 8..15 shared
+  std::vector<const Tensor*> ins = {&in};
+  std::vector<Tensor*> outs = {&out};
+  try {
+    b->runSegment(segs[0], ins, outs, shape);
+    FAIL() << "an output overlapping an input was launched";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("output 0 overlaps input 0"), std::string::npos) << e.what();
+  }
+  Tensor apart = buf.slice0(16, 16);  // adjacent, not overlapping: fine
+  outs = {&apart};
+  b->runSegment(segs[0], ins, outs, shape);
+  EXPECT_EQ(apart.get(3), -in.get(3));
 }
 
 }  // namespace

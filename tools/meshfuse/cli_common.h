@@ -1,6 +1,7 @@
 // Helpers shared by the CLI's subcommands.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -10,6 +11,8 @@
 #include "meshfuse/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/pipeline.h"
+#include "meshfuse/runtime/backend.h"
+#include "meshfuse/runtime/communicator.h"
 #include "meshfuse/tensor.h"
 
 namespace meshfuse::cli {
@@ -48,10 +51,23 @@ struct ShardedRunOptions {
   PipelineOptions pipeline;     // --overlap, --chunks, --streams
   int64_t fail_on_rank = -1;    // --inject-failure-on-rank: this rank throws before running
 };
+// What runSharded runs on (tests replace it): the control communicator (host memory: outputs
+// gathered on rank 0, timelines, the exit code), the backend for --device, and the data
+// communicator that moves that backend's buffers (null: the control one serves).
+struct RunEnvironment {
+  std::function<std::unique_ptr<Communicator>()> control;
+  std::function<std::unique_ptr<Backend>(const std::string& device)> backend;
+  std::function<std::unique_ptr<Communicator>(const Backend&)> data;
+};
+// makeDefaultCommunicator(), makeBackend(device), and for a CUDA backend makeCudaCommunicator over
+// a second world communicator.
+RunEnvironment defaultRunEnvironment();
+
 // Runs `definition` on this process's rank of the world its meshes need (one rank when it has no
 // mesh) on `options.device`; rank 0 gathers the outputs and, with `check`, compares them with the
 // reference executor (compareWithReference). Returns the exit code.
 int runSharded(const Fusion& definition, const ShardedRunOptions& options);
+int runSharded(const Fusion& definition, const ShardedRunOptions& options, const RunEnvironment& env);
 
 // The ranks the meshes of `program` name (just 0 for a fusion without meshes).
 std::set<int64_t> meshRanks(const CompiledProgram& program);

@@ -131,17 +131,18 @@ int main(int argc, char** argv) {
   auto* dump = app.add_subcommand("dump", "Compile FILE.mf and print one stage of the pipeline");
   addFile(dump);
   std::vector<std::string> stages = mf::pipelineStages();
-  stages.insert(stages.end(), {"kernels", "llvm", "backward"});
+  stages.insert(stages.end(), {"kernels", "llvm", "cuda", "backward"});
   dump->add_option("--stage", stage,
                    "fusion | propagated | decomposed | segmented | hostir (one rank's program) | kernels (kernel IR "
-                   "of the rank's segments, for its local shapes) | llvm (their CPU LLVM IR, optimized) | backward (the "
+                   "of the rank's segments, for its local shapes) | llvm (their CPU LLVM IR, optimized) | cuda (their "
+                   "CUDA C as NVRTC compiles it, with each kernel's launch geometry on an H100) | backward (the "
                    "forward fusion with what backward saves, '# -----', the backward fusion of gradients; see --wrt)")
       ->check(CLI::IsMember(stages))
       ->capture_default_str();
   addSizes(dump);
   dump->add_option("--rank", dump_rank,
                    "the rank whose host program (--stage=hostir; -1: all ranks together) or kernels (--stage=kernels, "
-                   "llvm) are printed; one of the ranks of the fusion's meshes")
+                   "llvm, cuda) are printed; one of the ranks of the fusion's meshes")
       ->capture_default_str();
 
   // Autodiff (docs/training.md): dump --stage=backward and grad-check.
@@ -294,8 +295,11 @@ int main(int argc, char** argv) {
         o.sizes = run_opts.sizes;  // chunk counts for the sizes given (symbolic otherwise)
         mf::CompiledProgram p = mf::compile(std::move(fusion), o, /*keep_stages=*/true);
         cli::checkRankOption(p, dump_rank, /*all_allowed=*/stage == "hostir");
-        if (stage == "kernels" || stage == "llvm") {
-          std::cout << mf::dumpKernels(p, dump_rank, sizes, stage == "llvm");
+        if (stage == "kernels" || stage == "llvm" || stage == "cuda") {
+          std::cout << mf::dumpKernels(p, dump_rank, sizes,
+                                       stage == "llvm"   ? mf::KernelDump::Llvm
+                                       : stage == "cuda" ? mf::KernelDump::Cuda
+                                                         : mf::KernelDump::KernelIr);
         } else if (stage == "hostir") {
           std::cout << (dump_rank < 0 ? p.host.toString() : mf::programForRank(p, dump_rank).toString());
         } else {

@@ -1,6 +1,12 @@
 // `meshfuse run` (except --reference): every rank runs its host program on its shard of the
 // seeded inputs (a fusion without meshes: one rank, the whole inputs); rank 0 gathers the outputs
 // and, with --check, compares them with single-device execution of the same definition.
+//
+// Two communicators: the programs run on the *data* communicator, which moves the backend's
+// buffers (on a GPU: NCCL, which takes device memory only, or MPI over host-staged device
+// buffers); the CLI's own messages -- outputs downloaded to the host and gathered on rank 0, the
+// timelines, the exit code -- go over the *control* communicator (MPI or self, host memory). With
+// a CPU backend both are one.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -43,9 +49,28 @@ Tensor gatherGlobal(Communicator& comm, const TensorView* tv, const Tensor& loca
 
 }  // namespace
 
+RunEnvironment defaultRunEnvironment() {
+  RunEnvironment env;
+  env.control = [] { return makeDefaultCommunicator(); };
+  env.backend = [](const std::string& device) { return makeBackend(device); };
+  env.data = [](const Backend& backend) -> std::unique_ptr<Communicator> {
+    if (backend.device() != Device::Cuda) return nullptr;
+    // Device buffers travel by NCCL, or through pinned host memory when ranks share a GPU; over a
+    // world communicator of their own, so that no program message can match a control one.
+    return makeCudaCommunicator(makeDefaultCommunicator());
+  };
+  return env;
+}
+
 int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
-  std::unique_ptr<Communicator> comm = makeDefaultCommunicator();
-  const int64_t rank = comm->rank(), world = comm->size();
+  return runSharded(definition, o, defaultRunEnvironment());
+}
+
+int runSharded(const Fusion& definition, const ShardedRunOptions& o, const RunEnvironment& env) {
+  std::unique_ptr<Communicator> control = env.control();
+  std::unique_ptr<Communicator> data;  // null: the programs run on `control`
+  Communicator* comm = control.get();  // what the programs run on
+  const int64_t rank = control->rank(), world = control->size();
   std::vector<ShardedTensor> inputs = inputLayouts(definition);
   std::unique_ptr<MultiDeviceExecutor> exec;
   std::vector<Tensor> full;
@@ -64,9 +89,9 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
     sizes = completeBindings(definition, o.sizes, rank == 0);
     ExecutorOptions options{.pipeline = o.pipeline, .trace = !o.trace_file.empty()};
     options.pipeline.sizes = sizes;  // chunk counts checked (or chosen) here, on every rank alike
-    std::unique_ptr<Backend> backend = makeBackend(o.device);
-    // Device buffers travel by NCCL, or through pinned host memory when ranks share a GPU.
-    if (backend->device() == Device::Cuda) comm = makeCudaCommunicator(std::move(comm));
+    std::unique_ptr<Backend> backend = env.backend(o.device);
+    data = env.data(*backend);
+    if (data) comm = data.get();
     exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm, std::move(backend), options);
     const CompiledProgram& compiled = exec->plan(inputs);
     // Memory is each machine's own: what cannot be allocated here is reported by every rank,
@@ -131,7 +156,7 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
       for (const CollectiveInfo& c : exec->lastCollectives()) std::cout << "  " << formatCollective(c) << "\n";
     }
     if (!o.trace_file.empty()) {
-      std::vector<std::vector<TraceEvent>> traces = gatherTraces(*comm, exec->lastTrace());
+      std::vector<std::vector<TraceEvent>> traces = gatherTraces(*control, exec->lastTrace());
       if (rank == 0) {
         std::ofstream(o.trace_file) << chromeTraceJson(traces);
         std::cout << fmt::format(
@@ -154,7 +179,7 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
     for (size_t i = 0; i < outs.size(); ++i) {
       const TensorView* tv = compiled.fusion->outputs()[i];
       Tensor local = outs[i].local.defined() ? exec->backend().download(outs[i].local) : outs[i].local;
-      Tensor global = gatherGlobal(*comm, tv, local, sizes);
+      Tensor global = gatherGlobal(*control, tv, local, sizes);
       if (rank != 0) continue;
       // (A fusion without meshes has no placements to show: its outputs are whole on the device.)
       std::cout << fmt::format("output {} {}: {}{}{}  {}\n", i, compiled.fusion->displayName(tv),
@@ -176,11 +201,11 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o) {
     int64_t code = ok ? 0 : 1;
     Team everyone(world);
     for (int64_t r = 0; r < world; ++r) everyone[r] = r;
-    comm->broadcast(&code, 1, DataType::Int64, 0, everyone)->wait();
+    control->broadcast(&code, 1, DataType::Int64, 0, everyone)->wait();
     return static_cast<int>(code);
   } catch (const std::exception& e) {
     if (world == 1) throw;
-    comm->abort(e.what());
+    comm->abort(e.what());  // the data communicator's abort also ends its NCCL communicators
   }
   return 1;  // not reached: abort() does not return (gcc ignores [[noreturn]] on virtual calls)
 }

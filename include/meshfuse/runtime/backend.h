@@ -70,6 +70,12 @@ class Backend {
   std::unique_ptr<Streams> streams_;
 };
 
+// Generated kernels take every buffer as restrict/noalias (CPU and CUDA alike): a segment's outputs
+// must not overlap one another or any of its inputs (inputs may overlap: they are only read).
+// Backends check it before a launch; an overlap is an InternalError naming both buffers.
+void checkSegmentBuffersDisjoint(const Segment& seg, const std::vector<const Tensor*>& inputs,
+                                 const std::vector<Tensor*>& outputs);
+
 // The reference executor's loops, one op at a time: obviously correct, slow. Tests' oracle.
 std::unique_ptr<Backend> makeReferenceBackend();
 // The CPU backend of the runtime (generated kernels and BLAS GEMMs).

@@ -3,7 +3,9 @@
 // the runtime picks an implementation: `mpi` (OpenMPI; mpirun/srun, across nodes), `self`
 // (world size 1) and, on GPUs, `nccl`.
 //
-// Buffers are contiguous host memory of `count` elements of `dtype` per rank-chunk. Every call
+// Buffers are contiguous memory of `count` elements of `dtype` per rank-chunk: host memory for
+// `mpi` and `self`, device memory for `nccl` (a device communicator never takes host memory:
+// front ends keep a separate host communicator for their own messages). Every call
 // returns a Work handle; the call may complete asynchronously and the buffers must stay alive
 // and untouched until Work::wait() returns. Blocking use is `comm.allreduce(...)->wait()`.
 //
@@ -67,6 +69,25 @@ class Communicator {
                                         const Team& team) = 0;
   virtual std::unique_ptr<Work> send(const void* buf, int64_t count, DataType dtype, int64_t peer, int64_t tag) = 0;
   virtual std::unique_ptr<Work> recv(void* buf, int64_t count, DataType dtype, int64_t peer, int64_t tag) = 0;
+  // One step of an exchange: sends `send_count` elements of `send` to `to` and receives
+  // `recv_count` into `recv` from `from` (-1: no send, or no receive), as ONE operation, so that
+  // a ring (every rank receiving from its left while sending to its right) cannot deadlock
+  // whatever the transport blocks on. `team`: the ranks that exchange with each other in this
+  // program (the host program's ranks); a transport that needs a communicator per group of peers
+  // (NCCL) uses the team's. The default issues recv() then send(), which suits transports whose
+  // send and recv never block the caller (MPI's Irecv + Isend).
+  virtual std::unique_ptr<Work> sendRecv(const void* send, int64_t send_count, int64_t to, void* recv,
+                                         int64_t recv_count, int64_t from, DataType dtype, int64_t tag,
+                                         const Team& team);
+  // Sets up whatever per-team state the communicator creates with a blocking handshake among the
+  // team's members (NCCL communicators), for every team of `teams`, in the one order every rank
+  // uses: sorted (teams compare as vectors of ranks). Creating teams lazily in the order of first
+  // use can deadlock with three or more ranks (rank 0 waits in {0,1} for rank 1, which waits in
+  // {1,2} for rank 2, which waits in {0,2} for rank 0); in one global order it cannot: the
+  // smallest team not created yet has all its members waiting in it. Each rank passes the teams
+  // of its host program before that program's first communication (the evaluator does). The
+  // default has nothing to set up.
+  virtual void prepareTeams(const std::vector<Team>& /*teams*/) {}
   virtual void barrier() = 0;
 
   // The progress board, for the watchdog's hang report: this rank has issued `issued`

@@ -95,8 +95,15 @@ class HostIrEvaluator {
   bool abort_on_failure_ = true;
   bool communicates_ = false;  // the program holds a communication (set at construction)
   Team program_ranks_;         // every rank of the fusion's meshes (empty when not among them)
+  std::vector<Team> teams_;    // communicationTeams(): prepared before the first communication
   std::vector<TraceEvent> trace_;
 };
+
+// The teams a rank's host program communicates on, in the order Communicator::prepareTeams asks
+// for (sorted): every collective's team of two or more ranks, and `program_ranks` (every rank of
+// the fusion's meshes) when the program exchanges point to point with another rank (sendRecv's
+// team).
+std::vector<Team> communicationTeams(const HostProgram& program, const Team& program_ranks);
 
 // Binds symbolic sizes from local inputs: a sharded dim's global size is its local size times
 // the number of shards. Checks dtypes and shapes, naming the input and both shapes. An input

@@ -77,6 +77,7 @@ class CpuBackend final : public Backend {
     MF_CHECK(inputs.size() == seg.inputs.size() && outputs.size() == seg.outputs.size(),
              "a segment launch with {} inputs and {} outputs for {} and {}", inputs.size(), outputs.size(),
              seg.inputs.size(), seg.outputs.size());
+    checkSegmentBuffersDisjoint(seg, inputs, outputs);
     const Compiled& c = compiled(seg, shape_of);
     static thread_local Scratch scratch;
     static thread_local std::vector<void*> ptrs;

@@ -2,6 +2,7 @@
 #include "runtime/cuda/caching_allocator.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "meshfuse/error.h"
 
@@ -9,9 +10,36 @@ namespace meshfuse::cuda {
 
 CachingAllocator::CachingAllocator(std::string what, Hooks hooks) : what_(std::move(what)), hooks_(std::move(hooks)) {}
 
+std::shared_ptr<Fence> SharedFences::get() {
+  // Read before taking the fence: work noted later may not be covered by it, so the fence is
+  // cached under this count and a later count makes a new one.
+  const uint64_t work = work_.load(std::memory_order_acquire);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (last_ && last_work_ == work) return last_;
+  }
+  std::shared_ptr<Fence> f = make_();
+  std::lock_guard<std::mutex> lk(mu_);
+  last_ = f;
+  last_work_ = work;
+  return f;
+}
+
+void SharedFences::clear() {
+  std::lock_guard<std::mutex> lk(mu_);
+  last_.reset();
+  last_work_ = ~uint64_t{0};
+}
+
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lk(mu_);
-  collectLocked(/*wait=*/true);
+  try {
+    collectLocked(/*wait=*/true);
+  } catch (...) {
+    // A fence that cannot be waited for (a faulted device): its blocks are leaked, not freed
+    // under work that may still run. The blocks already free are given back below.
+    pending_.clear();
+  }
   freeCachedLocked();
   // Blocks still in use belong to tensors that outlive us only if their owner forgot to keep
   // the allocator alive; they are leaked rather than freed under a user.
@@ -58,14 +86,26 @@ void* CachingAllocator::allocate(size_t bytes) {
   return p;
 }
 
-void CachingAllocator::release(void* p) {
-  std::shared_ptr<Fence> fence = hooks_.fence();  // outside the lock: it may call into CUDA
+void CachingAllocator::release(void* p) noexcept {
+  std::shared_ptr<Fence> fence;
+  try {
+    fence = hooks_.fence();  // outside the lock: it may call into CUDA
+  } catch (...) {
+  }
   std::lock_guard<std::mutex> lk(mu_);
   auto it = in_use_.find(p);
-  MF_CHECK(it != in_use_.end(), "release of a pointer this {} allocator did not hand out", what_);
-  pending_.push_back({std::move(fence), p, it->second});
+  if (it == in_use_.end()) {  // a bug, reported without throwing (this runs in destructors)
+    std::fprintf(stderr, "meshfuse: internal error (this is a bug): release of a pointer the %s allocator did not "
+                 "hand out\n", what_.c_str());
+    return;
+  }
   stats_.in_use_bytes -= static_cast<int64_t>(it->second);
-  stats_.cached_bytes += static_cast<int64_t>(it->second);
+  if (fence) {
+    pending_.push_back({std::move(fence), p, it->second});
+    stats_.cached_bytes += static_cast<int64_t>(it->second);
+  } else {
+    ++stats_.unfenced;
+  }
   in_use_.erase(it);
 }
 

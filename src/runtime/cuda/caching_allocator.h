@@ -11,6 +11,7 @@
 // pinned host memory, and is unit-tested on the host with fake fences.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -30,6 +31,25 @@ class Fence {
   virtual void wait() = 0;  // blocks the host until done
 };
 
+// Fences shared between frees: a fence covers all work submitted before it was taken, so the
+// frees that follow it may share it until more work is submitted. Whoever submits work calls
+// noteWork() AFTER submitting it (while still holding the buffers the work uses): a free that
+// can only happen after that sees the new count and gets a fresh fence. Thread-safe.
+class SharedFences {
+ public:
+  explicit SharedFences(std::function<std::shared_ptr<Fence>()> make) : make_(std::move(make)) {}
+  std::shared_ptr<Fence> get();
+  void noteWork() { work_.fetch_add(1, std::memory_order_acq_rel); }
+  void clear();  // drops the cached fence
+
+ private:
+  std::function<std::shared_ptr<Fence>()> make_;
+  std::atomic<uint64_t> work_{0};
+  std::mutex mu_;
+  std::shared_ptr<Fence> last_;
+  uint64_t last_work_ = ~uint64_t{0};
+};
+
 class CachingAllocator {
  public:
   struct Hooks {
@@ -40,19 +60,23 @@ class CachingAllocator {
   struct Stats {
     int64_t in_use_bytes = 0, cached_bytes = 0, peak_in_use_bytes = 0;
     int64_t raw_allocs = 0, reuses = 0;
+    int64_t unfenced = 0;  // blocks released when no fence could be taken (leaked, never reused)
   };
 
   // `what` names the memory in out-of-memory errors ("GPU memory", "pinned host memory").
   CachingAllocator(std::string what, Hooks hooks);
-  ~CachingAllocator();  // waits for pending fences, then frees every block
+  ~CachingAllocator();  // waits for pending fences, then frees every block (never throws)
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   // At least `bytes` bytes (a distinct pointer also for 0). When the raw allocation fails, waits
   // for pending blocks, frees the cache and retries; then throws RuntimeError naming the sizes.
   void* allocate(size_t bytes);
-  // Gives back a pointer from allocate(); reusable once the fence taken now has passed.
-  void release(void* p);
+  // Gives back a pointer from allocate(); reusable once the fence taken now has passed. Never
+  // throws (it runs in tensors' destructors): when no fence can be taken (the device faulted, the
+  // runtime is shutting down) the block is never reused nor freed -- leaked, as work queued on it
+  // may still run -- and counted in Stats::unfenced.
+  void release(void* p) noexcept;
   // Frees every cached block (waiting for pending ones first).
   void emptyCache();
   Stats stats() const;

@@ -6,8 +6,10 @@
 // cores). Every other segment (kernels, sdpa) is lowered to kernel IR, as on the CPU; its loop
 // nests become NVRTC kernels (cuda_emitter.h) and its GEMM calls f32 cuBLASLt calls. Compiled
 // programs are cached per segment structure and local shapes (the CPU backend's key).
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "meshfuse/error.h"
@@ -40,11 +42,16 @@ class CudaBackend final : public Backend {
                   o.cache_dir.empty() ? readRuntimeEnvironment().cache_dir + "/cuda" : o.cache_dir}),
         gemm_(o.allow_tf32) {}
 
-  // Kernels and GEMMs may still run: their libraries and cuBLASLt's handle must outlive them.
+  // Kernels and GEMMs may still run: their libraries and cuBLASLt's handle must outlive them. A
+  // destructor cannot throw, and the error of work nobody waited for would otherwise be lost: it
+  // is reported on stderr (a run that failed has thrown its own error already).
   ~CudaBackend() override {
     try {
       streams_->synchronize();
-    } catch (...) {  // a failed stream was reported by the run that failed
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "meshfuse: the CUDA backend's work failed after its last run: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "meshfuse: the CUDA backend's work failed after its last run\n");
     }
   }
 
@@ -66,6 +73,7 @@ class CudaBackend final : public Backend {
              seg.inputs.size(), seg.outputs.size());
     for (const Tensor* t : inputs) requireDevice(*t, "a segment input");
     for (const Tensor* t : outputs) requireDevice(*t, "a segment output");
+    checkSegmentBuffersDisjoint(seg, inputs, outputs);  // the kernels' buffers are __restrict__
     ctx_->activate();
     if (seg.kind == Segment::Kind::Gemm && runDirectGemm(seg, inputs, outputs)) return;
     runProgram(seg, inputs, outputs, shape_of);
@@ -76,8 +84,9 @@ class CudaBackend final : public Backend {
              dst.shapeString());
     if (src.nbytes() == 0 || dst.data() == src.data()) return;
     ctx_->activate();
+    cuda::Submission q(*ctx_);
     // cudaMemcpyDefault: unified addressing tells device from host memory.
-    MF_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault, ctx_->currentOrMain()));
+    MF_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault, q.stream()));
   }
 
   void accumulate(Tensor& dst, const Tensor& src) override {
@@ -93,7 +102,8 @@ class CudaBackend final : public Backend {
     int vec = reinterpret_cast<uintptr_t>(d) % 16 == 0 && reinterpret_cast<uintptr_t>(s) % 16 == 0;
     void* args[] = {&d, &s, &n, &vec};
     cudaKernel_t k = kernels_.get(cuda::runtimeKernelsSource(), cuda::accumulateKernelName(dst.dtype()));
-    cuda::launchKernel(k, grid(n / (vec ? 4 : 1)), dim3(kThreads), 0, ctx_->currentOrMain(), args);
+    cuda::Submission q(*ctx_);
+    cuda::launchKernel(k, grid(n / (vec ? 4 : 1)), dim3(kThreads), 0, q.stream(), args);
   }
 
   void copyBlock(const Tensor& src, const std::vector<int64_t>& src_offsets, Tensor& dst,
@@ -108,9 +118,9 @@ class CudaBackend final : public Backend {
     const char* s = static_cast<const char*>(src.data()) + p.src_offset;
     char* d = static_cast<char*>(dst.data()) + p.dst_offset;
     if (p.contiguous) {
+      cuda::Submission q(*ctx_);
       if (p.bytes > 0)
-        MF_CUDA_CHECK(cudaMemcpyAsync(d, s, static_cast<size_t>(p.bytes), cudaMemcpyDeviceToDevice,
-                                      ctx_->currentOrMain()));
+        MF_CUDA_CHECK(cudaMemcpyAsync(d, s, static_cast<size_t>(p.bytes), cudaMemcpyDeviceToDevice, q.stream()));
       return;
     }
     cuda::BlockCopyDims dims = cuda::kernelDims(p);
@@ -118,7 +128,8 @@ class CudaBackend final : public Backend {
     int rank = p.rank;
     void* args[] = {&d, &s, &total, &rank, &dims};
     cudaKernel_t k = kernels_.get(cuda::runtimeKernelsSource(), cuda::copyBlockKernelName(p.unit));
-    cuda::launchKernel(k, grid(total), dim3(kThreads), 0, ctx_->currentOrMain(), args);
+    cuda::Submission q(*ctx_);
+    cuda::launchKernel(k, grid(total), dim3(kThreads), 0, q.stream(), args);
   }
 
   // Through pinned staging: a pageable copy would be staged by the driver anyway, in small
@@ -131,9 +142,9 @@ class CudaBackend final : public Backend {
     ctx_->activate();
     std::shared_ptr<void> staging = CudaContext::pinned(ctx_, t.nbytes());
     std::memcpy(staging.get(), t.data(), t.nbytes());
-    cudaStream_t s = ctx_->currentOrMain();
-    MF_CUDA_CHECK(cudaMemcpyAsync(out.data(), staging.get(), t.nbytes(), cudaMemcpyHostToDevice, s));
-    MF_CUDA_CHECK(cudaStreamSynchronize(s));
+    cuda::Submission q(*ctx_);
+    MF_CUDA_CHECK(cudaMemcpyAsync(out.data(), staging.get(), t.nbytes(), cudaMemcpyHostToDevice, q.stream()));
+    MF_CUDA_CHECK(cudaStreamSynchronize(q.stream()));
     return out;
   }
 
@@ -143,9 +154,11 @@ class CudaBackend final : public Backend {
     if (t.nbytes() == 0) return out;
     ctx_->activate();
     std::shared_ptr<void> staging = CudaContext::pinned(ctx_, t.nbytes());
-    cudaStream_t s = ctx_->currentOrMain();
-    MF_CUDA_CHECK(cudaMemcpyAsync(staging.get(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost, s));
-    MF_CUDA_CHECK(cudaStreamSynchronize(s));
+    {
+      cuda::Submission q(*ctx_);
+      MF_CUDA_CHECK(cudaMemcpyAsync(staging.get(), t.data(), t.nbytes(), cudaMemcpyDeviceToHost, q.stream()));
+      MF_CUDA_CHECK(cudaStreamSynchronize(q.stream()));
+    }
     std::memcpy(out.data(), staging.get(), t.nbytes());
     return out;
   }
@@ -179,7 +192,8 @@ class CudaBackend final : public Backend {
     cuda::GemmPlan plan = cuda::planGemm(seg, shapes);
     if (plan.k == 0) return false;
     const void* bias = plan.bias_input >= 0 ? inputs[plan.bias_input]->data() : nullptr;
-    cudaStream_t s = ctx_->currentOrMain();
+    cuda::Submission q(*ctx_);
+    cudaStream_t s = q.stream();
     gemm_.run(plan, inputs[plan.a_input]->data(), inputs[plan.b_input]->data(), bias, outputs.at(0)->data(), s,
               workspace(s), cuda::CublasLtGemm::kWorkspaceBytes);
     return true;
@@ -222,13 +236,18 @@ class CudaBackend final : public Backend {
       if (buf.role == kir::Buffer::Temp)
         p->scratch_bytes += (static_cast<size_t>(buf.numel() * dtypeSize(buf.dtype) * p->emitted.copies[b]) + 255) / 256 * 256;
     }
+    for (int64_t bytes : p->emitted.extra_bytes) {  // after the program's buffers (cuda_emitter.h)
+      p->offsets.push_back(p->scratch_bytes);
+      p->scratch_bytes += (static_cast<size_t>(bytes) + 255) / 256 * 256;
+    }
     return *programs_.emplace(key, std::move(p)).first->second;
   }
 
   void runProgram(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
                   const ShapeFn& shape_of) {
     const Program& p = program(seg, shape_of);
-    cudaStream_t s = ctx_->currentOrMain();
+    cuda::Submission q(*ctx_);
+    cudaStream_t s = q.stream();
     void* scratch = p.scratch_bytes > 0 ? this->scratch(s, p.scratch_bytes) : nullptr;
     std::vector<void*> ptrs;
     for (const Tensor* t : inputs) ptrs.push_back(const_cast<void*>(t->data()));
@@ -239,7 +258,7 @@ class CudaBackend final : public Backend {
       MF_CHECK(t.dtype() == b.dtype && t.numel() == b.numel(), "{}: buffer {} is {}{} but the kernel expects {}[{}]",
                p.program.name, i, dtypeName(t.dtype()), t.shapeString(), dtypeName(b.dtype), fmt::join(b.shape, ", "));
     }
-    for (size_t i = ptrs.size(); i < p.program.buffers.size(); ++i)
+    for (size_t i = ptrs.size(); i < p.offsets.size(); ++i)  // temporaries, then the emitter's scratch
       ptrs.push_back(static_cast<char*>(scratch) + p.offsets[i]);
     if (ptrs.empty()) ptrs.push_back(nullptr);  // the kernels' parameter has at least one slot
     for (size_t i = 0; i < p.program.steps.size(); ++i) {
@@ -256,11 +275,14 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // Kernel temporaries, one area per stream that grows to the largest program's need: launches
-  // on one stream run in order, so the next one may reuse it without waiting for anything.
+  // Kernel temporaries, one area per stream and host thread that grows to the largest program's
+  // need: launches on one stream run in order, so the next program this thread enqueues there may
+  // reuse it without waiting for anything. Per thread too: two threads enqueueing on one stream
+  // (executors sharing the backend, both on stream 0) interleave their launches, and one
+  // program's temporaries must survive between its own launches.
   void* scratch(cudaStream_t s, size_t bytes) {
     std::lock_guard<std::mutex> lk(mu_);
-    Tensor& t = scratch_[s];
+    Tensor& t = scratch_[{s, std::this_thread::get_id()}];
     if (!t.defined() || t.nbytes() < bytes) t = allocate(DataType::Bool, {static_cast<int64_t>(bytes)});
     return t.data();
   }
@@ -281,7 +303,8 @@ class CudaBackend final : public Backend {
   cuda::KernelCache kernels_;
   cuda::CublasLtGemm gemm_;
   std::mutex mu_;  // guards the maps below
-  std::map<cudaStream_t, Tensor> workspaces_, scratch_;
+  std::map<cudaStream_t, Tensor> workspaces_;  // a GEMM uses its workspace within one launch
+  std::map<std::pair<cudaStream_t, std::thread::id>, Tensor> scratch_;
   std::unordered_map<cpu::SegmentKey, std::unique_ptr<Program>, cpu::SegmentKeyHash> programs_;
 };
 

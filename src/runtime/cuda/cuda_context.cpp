@@ -46,10 +46,25 @@ StreamScope::StreamScope(cudaStream_t s) : saved_(t_current_stream) { t_current_
 StreamScope::~StreamScope() { t_current_stream = saved_; }
 
 std::shared_ptr<CudaContext> CudaContext::create(int device) {
-  return std::shared_ptr<CudaContext>(new CudaContext(requireDevice(device)));
+  const int d = requireDevice(device);
+  static std::mutex mu;
+  static std::map<int, std::weak_ptr<CudaContext>> contexts;
+  std::lock_guard<std::mutex> lk(mu);
+  if (std::shared_ptr<CudaContext> ctx = contexts[d].lock()) return ctx;
+  std::shared_ptr<CudaContext> ctx(new CudaContext(d));
+  contexts[d] = ctx;
+  return ctx;
 }
 
+Submission::Submission(CudaContext& ctx, int64_t fallback) : ctx_(ctx) {
+  cudaStream_t s = currentStream();
+  stream_ = s != nullptr ? s : ctx.stream(fallback);
+}
+
+Submission::~Submission() { ctx_.fences_->noteWork(); }
+
 CudaContext::CudaContext(int device) : device_(device), props_(deviceProperties(device)) {
+  fences_ = std::make_unique<SharedFences>([this] { return makeFence(); });
   activate();
   MF_CUDA_CHECK(cudaFree(nullptr));  // creates the primary context now, not in the first timed call
   CachingAllocator::Hooks dev;
@@ -64,8 +79,8 @@ CudaContext::CudaContext(int device) : device_(device), props_(deviceProperties(
     MF_CUDA_CHECK(err);
     return p;
   };
-  dev.free = [this](void* p) {
-    activate();
+  dev.free = [this](void* p) {  // never throws: it runs in the allocator's destructor
+    (void)cudaSetDevice(device_);
     (void)cudaFree(p);  // errors at exit (driver already unloading) are harmless here
   };
   dev.fence = [this] { return fence(); };
@@ -87,9 +102,9 @@ CudaContext::CudaContext(int device) : device_(device), props_(deviceProperties(
 }
 
 CudaContext::~CudaContext() {
-  activate();
+  (void)cudaSetDevice(device_);  // no activate(): it throws, and the runtime may be tearing down
   for (auto& [id, s] : streams_) (void)cudaStreamSynchronize(s);
-  last_fence_.reset();
+  fences_->clear();
   device_memory_.reset();
   pinned_memory_.reset();
   for (auto& [id, s] : streams_) (void)cudaStreamDestroy(s);
@@ -141,24 +156,20 @@ void CudaContext::giveEvent(cudaEvent_t e, bool timing) {
   events_[timing ? 1 : 0].push_back(e);
 }
 
-std::shared_ptr<Fence> CudaContext::fence() {
-  uint64_t epoch = work_epoch_.load(std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (last_fence_ && last_fence_epoch_ == epoch) return last_fence_;
-  }
+std::shared_ptr<Fence> CudaContext::makeFence() {
   activate();
   std::vector<cudaEvent_t> events;
-  for (cudaStream_t s : allStreams()) {
-    cudaEvent_t e = takeEvent(false);
-    MF_CUDA_CHECK(cudaEventRecord(e, s));
-    events.push_back(e);
+  try {
+    for (cudaStream_t s : allStreams()) {
+      cudaEvent_t e = takeEvent(false);
+      events.push_back(e);
+      MF_CUDA_CHECK(cudaEventRecord(e, s));
+    }
+  } catch (...) {
+    for (cudaEvent_t e : events) giveEvent(e, false);
+    throw;
   }
-  auto f = std::make_shared<StreamsFence>(*this, std::move(events));
-  std::lock_guard<std::mutex> lk(mu_);
-  last_fence_ = f;
-  last_fence_epoch_ = epoch;
-  return f;
+  return std::make_shared<StreamsFence>(*this, std::move(events));
 }
 
 Tensor CudaContext::allocateTensor(const std::shared_ptr<CudaContext>& ctx, DataType dtype,

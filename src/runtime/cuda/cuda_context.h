@@ -1,6 +1,8 @@
-// The per-process state of one GPU that the CUDA backend, its streams and its communicators
-// share: the device, the CUDA streams (created on first use), pooled events, the caching device
-// allocator and pinned host staging memory.
+// The per-process state of one GPU that every CUDA backend on it, their streams and the NCCL
+// communicator share: the device, the CUDA streams (created on first use), pooled events, the
+// caching device allocator and pinned host staging memory. One context per device and process
+// (CudaContext::create), so that a block freed by any of them is fenced on every stream that may
+// use it, also when a tensor passes from one backend to another.
 //
 // Device tensors hold a reference to their context (in the Tensor's owner), so memory is given
 // back to the cache, and the context outlives every tensor it allocated.
@@ -38,9 +40,14 @@ class StreamScope {
 
 class CudaContext {
  public:
-  // Throws RuntimeError "no CUDA device: ..." when `device` is not usable (-1: current device).
+  // The process's context of `device` (-1: the current device), made on first use and shared
+  // while anyone holds it. Throws RuntimeError "no CUDA device: ..." when it is not usable.
   static std::shared_ptr<CudaContext> create(int device);
-  ~CudaContext();
+  ~CudaContext();  // never throws (it may run during the CUDA runtime's own teardown)
+
+  // The stream id of the NCCL communicator's work outside tasks: a stream of this context, so
+  // that fences cover it.
+  static constexpr int64_t kCommunicatorStream = -1;
 
   int device() const { return device_; }
   const DeviceProperties& properties() const { return props_; }
@@ -52,17 +59,14 @@ class CudaContext {
   cudaStream_t stream(int64_t id);
   // Every stream created so far (the allocator's fences and synchronize() cover these).
   std::vector<cudaStream_t> allStreams();
-  // The current stream of this thread, else the main stream.
-  cudaStream_t currentOrMain() { cudaStream_t s = currentStream(); return s != nullptr ? s : stream(0); }
 
   // Pooled events: creating one costs a driver call; `timing` events can measure elapsed time.
   cudaEvent_t takeEvent(bool timing);
   void giveEvent(cudaEvent_t e, bool timing);
 
   // A fence over every stream created so far (see caching_allocator.h). Reused while no new
-  // work was submitted (noteWork()).
-  std::shared_ptr<Fence> fence();
-  void noteWork() { work_epoch_.fetch_add(1, std::memory_order_relaxed); }
+  // work was submitted: all work is enqueued inside a Submission, which notes it.
+  std::shared_ptr<Fence> fence() { return fences_->get(); }
 
   // Uninitialized device memory from the cache, as a Device::Cuda tensor.
   static Tensor allocateTensor(const std::shared_ptr<CudaContext>& ctx, DataType dtype,
@@ -77,15 +81,34 @@ class CudaContext {
  private:
   explicit CudaContext(int device);
 
+  friend class Submission;
+  std::shared_ptr<Fence> makeFence();
+
   int device_;
   DeviceProperties props_;
   std::mutex mu_;
   std::map<int64_t, cudaStream_t> streams_;
   std::vector<cudaEvent_t> events_[2];  // [timing]
-  std::atomic<uint64_t> work_epoch_{0};
-  std::shared_ptr<Fence> last_fence_;
-  uint64_t last_fence_epoch_ = ~uint64_t{0};
+  std::unique_ptr<SharedFences> fences_;
   std::unique_ptr<CachingAllocator> device_memory_, pinned_memory_;
+};
+
+// Work about to be enqueued on a context's streams, the only way to get a stream to enqueue on:
+// stream() is the calling task's stream (else the context's stream `fallback`, 0: the main
+// stream). When the Submission ends the work counts as submitted, so that every block freed
+// afterwards is fenced after it (caching_allocator.h: SharedFences). Keep the buffers the work
+// uses alive until then.
+class Submission {
+ public:
+  explicit Submission(CudaContext& ctx, int64_t fallback = 0);
+  ~Submission();
+  Submission(const Submission&) = delete;
+  Submission& operator=(const Submission&) = delete;
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  CudaContext& ctx_;
+  cudaStream_t stream_;
 };
 
 }  // namespace meshfuse::cuda

@@ -190,7 +190,108 @@ int64_t innerWork(const std::vector<Stmt>& body) {
   return w;
 }
 
-enum class Mode { Thread, Block };
+// Thread: one thread per outer iteration. Block: one block per outer iteration. Columns: a nest
+// whose outer loops are an accumulation over inner serial loops (a reduction over a dim that is
+// not innermost: `for r { for i { y[i] = y[i] + x[r, i] } }`): a block takes 32 consecutive
+// outer iterations (one per lane: coalesced), its 8 warps split the serial loops, and a
+// shared-memory pass combines their partial results.
+enum class Mode { Thread, Block, Columns };
+
+bool sameExpr(const Expr& a, const Expr& b) {
+  if (a == b) return true;
+  if (a->op != b->op || a->type != b->type || a->value != b->value || a->id != b->id || a->round_to != b->round_to ||
+      a->args.size() != b->args.size())
+    return false;
+  for (size_t i = 0; i < a->args.size(); ++i)
+    if (!sameExpr(a->args[i], b->args[i])) return false;
+  return true;
+}
+
+bool loadsBuffer(const Expr& e, int64_t buffer) {
+  if (e->op == Op::Load && e->id == buffer) return true;
+  return std::any_of(e->args.begin(), e->args.end(), [&](const Expr& a) { return loadsBuffer(a, buffer); });
+}
+
+// An accumulation nest: perfect loops whose body is lets and one update of a location the loops
+// do not move: a store `b[I] = op(b[I], v)` with I independent of the loops, or an accumulator
+// `acc = op(acc, v)` (op add/max/min). Its iterations combine into that location in any order:
+// threads (and blocks) may split them, each keeping a partial.
+struct Accumulation {
+  std::vector<const Stmt*> loops;  // outermost first
+  std::vector<const Stmt*> lets;   // the innermost body's lets, in order
+  const Stmt* store = nullptr;     // the update (a Store or an Assign)
+  Expr target;                     // the update's read of its location (b[I] or acc)
+  Expr value;                      // v
+  Op op = Op::Add;
+  Type type = Type::F32;           // of the combined values
+  int64_t trips() const {
+    int64_t t = 1;
+    for (const Stmt* l : loops) t *= l->extent;
+    return t;
+  }
+};
+
+std::optional<Accumulation> accumulationOf(const Stmt& loop) {
+  if (loop.kind != Stmt::For) return std::nullopt;
+  Accumulation a;
+  const Stmt* l = &loop;
+  a.loops.push_back(l);
+  while (l->body.size() == 1 && l->body.front().kind == Stmt::For) {
+    l = &l->body.front();
+    a.loops.push_back(l);
+  }
+  const std::vector<Stmt>& body = l->body;
+  if (body.empty() || (body.back().kind != Stmt::Store && body.back().kind != Stmt::Assign)) return std::nullopt;
+  for (size_t i = 0; i + 1 < body.size(); ++i) {
+    if (body[i].kind != Stmt::Let) return std::nullopt;
+    a.lets.push_back(&body[i]);
+  }
+  a.store = &body.back();
+  const bool assign = a.store->kind == Stmt::Assign;
+  const Expr& sv = a.store->value;
+  if (sv->args.size() != 2 || !(sv->op == Op::Add || sv->op == Op::Max || sv->op == Op::Min)) return std::nullopt;
+  auto reads = [&](const Expr& e) {  // whether e reads the location
+    if (!assign) return loadsBuffer(e, a.store->id);
+    std::set<int64_t> vars;
+    exprUses(e, &vars, nullptr);
+    return vars.count(a.store->id) > 0;
+  };
+  for (int k : {0, 1}) {
+    const Expr& t = sv->args[k];
+    const bool is_target = assign ? t->op == Op::Var && t->id == a.store->id
+                                  : t->op == Op::Load && t->id == a.store->id && sameExpr(t->args[0], a.store->index);
+    if (is_target && !reads(sv->args[1 - k])) {
+      a.target = t;
+      a.value = sv->args[1 - k];
+    }
+  }
+  if (!a.target) return std::nullopt;
+  for (const Stmt* let : a.lets)
+    if (reads(let->value)) return std::nullopt;
+  if (assign) {
+    a.op = sv->op;
+    a.type = sv->type;
+    return a;
+  }
+  std::set<int64_t> index_vars;
+  exprUses(a.store->index, &index_vars, nullptr);
+  for (const Stmt* x : a.loops)
+    if (index_vars.count(x->id)) return std::nullopt;
+  for (const Stmt* x : a.lets)
+    if (index_vars.count(x->id)) return std::nullopt;
+  a.op = sv->op;
+  a.type = sv->type;
+  return a;
+}
+
+// A full reduction split over the whole GPU: the accumulation `loop` of a one-block kernel runs
+// first as a grid of `blocks` blocks that each write a partial result to extra buffer `partials`;
+// the kernel then combines the partials where the loop was.
+struct GridSplit {
+  const Stmt* loop = nullptr;
+  int64_t partials = -1;
+  int64_t blocks = 0;
+};
 
 // ---- vectorization of pointwise nests -------------------------------------------------------
 // In a loop-free body, a load or store whose index steps by 1 with the innermost outer loop
@@ -296,22 +397,21 @@ struct Reduction {
 class KernelWriter {
  public:
   KernelWriter(const kir::Program& p, const std::string& bufs_type, const Nest& nest, Mode mode,
-               const std::set<int64_t>& private_buffers, const VectorPlan& vectors)
-      : p_(p), bufs_type_(bufs_type), nest_(nest), mode_(mode), private_(private_buffers), vectors_(vectors) {}
+               const std::set<int64_t>& private_buffers, const VectorPlan& vectors, GridSplit split = {})
+      : p_(p), bufs_type_(bufs_type), nest_(nest), mode_(mode), private_(private_buffers), vectors_(vectors),
+        split_(split) {}
 
   std::string write(const std::string& name) {
     const Uses u = usesOf(nest_.body());
     out_ = fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({} mf_bufs) {{\n", kThreads, name,
                        bufs_type_);
     indent_ = 1;
-    for (int64_t b : u.buffers) {
-      const DataType dt = p_.buffers.at(b).dtype;
-      line(fmt::format("{}* __restrict__ b{} = static_cast<{}*>(mf_bufs.p[{}]);", storageType(dt), b, storageType(dt), b));
+    declare(u);
+    if (split_.loop != nullptr) declarePartials();
+    if (mode_ == Mode::Columns) {
+      columns();
+      return out_ + "}\n\n";
     }
-    for (int64_t s : u.scalars)
-      if (p_.scalars.at(s).kind == kir::Scalar::Accumulator) line(fmt::format("{} s{};", ctype(p_.scalars[s].type), s));
-    for (int64_t s : u.assigned)
-      if (!u.scalars.count(s)) line(fmt::format("{} s{};", ctype(p_.scalars.at(s).type), s));
     if (mode_ == Mode::Thread) {
       line("const long long mf_w = blockIdx.x * (long long)blockDim.x + threadIdx.x;");
       line("const long long mf_W = (long long)gridDim.x * blockDim.x;");
@@ -341,8 +441,164 @@ class KernelWriter {
     return out_ + "}\n\n";
   }
 
+  // The first kernel of a GridSplit: every block reduces its share of the accumulation's
+  // iterations and writes its partial result; `prefix` are the statements before the loop (lets
+  // and accumulators: uniform values the loop may read).
+  std::string writePartials(const std::string& name, const Accumulation& a, const std::vector<Stmt>& prefix) {
+    out_ = fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({} mf_bufs) {{\n", kThreads, name,
+                       bufs_type_);
+    indent_ = 1;
+    std::vector<Stmt> used = prefix;
+    used.push_back(*a.loops.front());
+    Uses u = usesOf(used);
+    if (a.store->kind == Stmt::Store) {  // the target is written by the combining kernel only
+      u.buffers.erase(a.store->id);
+      u.stored.erase(a.store->id);
+    }
+    declare(u);
+    declarePartials();
+    memo_.emplace_back();
+    stmts(prefix, /*guard_stores=*/false);
+    const std::string q = accumulate(a, "blockIdx.x * (long long)blockDim.x + threadIdx.x",
+                                     "(long long)gridDim.x * blockDim.x");
+    line(fmt::format("{0} = mf_block_reduce({0}, {1}());", q, reduceOp(a.op)));
+    line(fmt::format("if (threadIdx.x == 0) mf_partials[blockIdx.x] = {};", q));
+    memo_.pop_back();
+    return out_ + "}\n\n";
+  }
+
  private:
   void line(const std::string& s) { out_ += std::string(2 * indent_, ' ') + s + "\n"; }
+
+  void declare(const Uses& u) {
+    for (int64_t b : u.buffers) {
+      const DataType dt = p_.buffers.at(b).dtype;
+      // Only what the kernel writes needs __restrict__'s promise to the compiler about others'
+      // writes; the runtime checks that no output overlaps another buffer
+      // (checkSegmentBuffersDisjoint), which is what makes the promise hold.
+      line(fmt::format("{}{}* __restrict__ b{} = static_cast<{}*>(mf_bufs.p[{}]);", u.stored.count(b) ? "" : "const ",
+                       storageType(dt), b, storageType(dt), b));
+    }
+    for (int64_t s : u.scalars)
+      if (p_.scalars.at(s).kind == kir::Scalar::Accumulator) line(fmt::format("{} s{};", ctype(p_.scalars[s].type), s));
+    for (int64_t s : u.assigned)
+      if (!u.scalars.count(s)) line(fmt::format("{} s{};", ctype(p_.scalars.at(s).type), s));
+  }
+
+  void declarePartials() {
+    const Accumulation a = *accumulationOf(*split_.loop);
+    line(fmt::format("{0}* __restrict__ mf_partials = static_cast<{0}*>(mf_bufs.p[{1}]);", ctype(a.type),
+                     split_.partials));
+  }
+
+  // Binds the variables of `loops` (outermost first) from the row-major flat index `flat`.
+  void unflatten(const std::string& flat, const std::vector<const Stmt*>& loops) {
+    if (loops.size() == 1) {
+      line(fmt::format("const long long s{} = {};", loops[0]->id, flat));
+      return;
+    }
+    line(fmt::format("long long mf_r = {};", flat));
+    for (size_t d = loops.size(); d-- > 0;) {
+      line(fmt::format("const long long s{} = mf_r % {}LL;", loops[d]->id, loops[d]->extent));
+      if (d > 0) line(fmt::format("mf_r /= {}LL;", loops[d]->extent));
+    }
+  }
+
+  // Declares a partial `mf_q<n>` and loops over the accumulation's iterations (flattened, so that
+  // consecutive threads read consecutive elements) from `first` by `step`, combining each value
+  // into it. Returns the partial's name.
+  std::string accumulate(const Accumulation& a, const std::string& first, const std::string& step) {
+    const std::string q = fmt::format("mf_q{}", next_value_++);
+    line(fmt::format("{} {} = {};", ctype(a.type), q, identity(a.op, a.type)));
+    line(fmt::format("for (long long mf_f = {}; mf_f < {}LL; mf_f += {}) {{", first, a.trips(), step));
+    ++indent_;
+    memo_.emplace_back();
+    unflatten("mf_f", a.loops);
+    for (const Stmt* l : a.lets) stmt(*l, false);
+    line(fmt::format("{0} = {1}()({0}, {2});", q, reduceOp(a.op), expr(a.value)));
+    memo_.pop_back();
+    --indent_;
+    line("}");
+    return q;
+  }
+
+  // b[I] = op(b[I], q), by thread 0 (or by every thread when `guard` is false); an accumulator
+  // acc = op(acc, q) by every thread (q is the block's total in every thread).
+  void combineInto(const Accumulation& a, const std::string& q, bool guard) {
+    if (a.store->kind == Stmt::Assign) {
+      line(fmt::format("s{0} = {1}()(s{0}, {2});", a.store->id, reduceOp(a.op), q));
+      return;
+    }
+    const int64_t fake = -1 - next_value_++;  // a scalar id the program does not use, named q
+    rename_[fake] = q;
+    Stmt st{Stmt::Store, a.store->id, 0, kir::binary(a.op, a.target, kir::var(fake, a.type)), a.store->index};
+    stmt(st, guard);
+    rename_.erase(fake);
+  }
+
+  // An accumulation loop of a block-mode body: the block's threads split its iterations.
+  void accumulateLoop(const Accumulation& a) {
+    line("{");
+    ++indent_;
+    memo_.emplace_back();
+    const std::string q = accumulate(a, "threadIdx.x", "blockDim.x");
+    line(fmt::format("{0} = mf_block_reduce({0}, {1}());", q, reduceOp(a.op)));
+    combineInto(a, q, /*guard=*/true);
+    memo_.pop_back();
+    --indent_;
+    line("}");
+  }
+
+  // The combining half of a GridSplit: the partials replace the loop.
+  void combinePartials(const Accumulation& a) {
+    line("{");
+    ++indent_;
+    const std::string q = fmt::format("mf_q{}", next_value_++);
+    line(fmt::format("{} {} = {};", ctype(a.type), q, identity(a.op, a.type)));
+    line(fmt::format("for (int mf_g = threadIdx.x; mf_g < {}; mf_g += blockDim.x) {} = {}()({}, mf_partials[mf_g]);",
+                     split_.blocks, q, reduceOp(a.op), q));
+    line(fmt::format("{0} = mf_block_reduce({0}, {1}());", q, reduceOp(a.op)));
+    memo_.emplace_back();
+    combineInto(a, q, /*guard=*/true);
+    memo_.pop_back();
+    --indent_;
+    line("}");
+  }
+
+  // Columns mode (see Mode): the nest's parallel loops over lanes (32 per tile), its serial loops
+  // -- one accumulation nest -- over the block's warps.
+  void columns() {
+    const Accumulation a = *accumulationOf(nest_.owned.front());
+    const int64_t tiles = (nest_.total() + 31) / 32;
+    line(fmt::format("__shared__ {} mf_col[32][33];  // [warp][lane], padded: no bank conflicts", ctype(a.type)));
+    line("const int mf_lane = threadIdx.x & 31, mf_row = threadIdx.x >> 5, mf_rows = blockDim.x >> 5;");
+    line(fmt::format("for (long long mf_t = blockIdx.x; mf_t < {}LL; mf_t += gridDim.x) {{", tiles));
+    ++indent_;
+    memo_.emplace_back();
+    line("const long long mf_o = mf_t * 32 + mf_lane;");
+    line(fmt::format("const bool mf_in = mf_o < {}LL;", nest_.total()));
+    line("long long mf_rest = mf_in ? mf_o : 0;");
+    for (size_t d = nest_.vars.size(); d-- > 0;) {
+      line(fmt::format("const long long s{} = mf_rest % {}LL;", nest_.vars[d], nest_.extents[d]));
+      if (d > 0) line(fmt::format("mf_rest /= {}LL;", nest_.extents[d]));
+    }
+    const std::string q = accumulate(a, "mf_in ? (long long)mf_row : MF_LLONG_MAX", "mf_rows");
+    line(fmt::format("mf_col[mf_row][mf_lane] = {};", q));
+    line("__syncthreads();");
+    line("if (mf_row == 0 && mf_in) {");
+    ++indent_;
+    line(fmt::format("for (int mf_k = 1; mf_k < mf_rows; ++mf_k) {0} = {1}()({0}, mf_col[mf_k][mf_lane]);", q,
+                     reduceOp(a.op)));
+    memo_.emplace_back();
+    combineInto(a, q, /*guard=*/false);
+    memo_.pop_back();
+    --indent_;
+    line("}");
+    line("__syncthreads();  // mf_col is reused by the next tile");
+    memo_.pop_back();
+    --indent_;
+    line("}");
+  }
 
   // ---- expressions ------------------------------------------------------------------------
   std::string expr(const Expr& e) {
@@ -391,7 +647,9 @@ class KernelWriter {
   static std::string convert(const std::string& v, Type from, Type to) {
     if (from == to) return v;
     if (to == Type::Bool) return fmt::format("({} != 0)", v);
-    // float -> i64 truncates; the GPU's conversion saturates and maps NaN to 0, as the CPU's does.
+    // float -> i64 truncates, saturates and maps NaN to 0, as the CPU's fptosi.sat: spelled out,
+    // so that the host emulation (where the plain cast is undefined out of range) agrees.
+    if (to == Type::I64 && isFloat(from)) return fmt::format("mf_f2ll({})", v);
     return fmt::format("static_cast<{}>({})", ctype(to), v);
   }
 
@@ -583,8 +841,16 @@ class KernelWriter {
       const std::vector<Stmt> rest(body.begin() + static_cast<std::ptrdiff_t>(i) + 1, body.end());
       const bool parallel = parallelPlan(s, initialized, rest, &reductions);
       const Uses u = usesOf({s});
-      if (parallel) {
+      std::optional<Accumulation> acc;
+      std::vector<const Stmt*> inner_parallel;
+      if (&s == split_.loop) {
+        combinePartials(*accumulationOf(s));
+      } else if ((acc = accumulationOf(s)) && (acc->store->kind == Stmt::Store || parallel)) {
+        accumulateLoop(*acc);  // (an accumulator must also pass parallelPlan: initialized, not read elsewhere)
+      } else if (parallel) {
         parallelLoop(s, reductions);
+      } else if (interchangePlan(s, &inner_parallel)) {
+        interchangedLoop(s, inner_parallel);
       } else {
         stmt(s, /*guard_stores=*/true);
       }
@@ -634,6 +900,71 @@ class KernelWriter {
     return true;
   }
 
+  // A perfect nest `for r { for i { ... } }` whose stores all index by some of its loops (`i`,
+  // returned in `parallel`) and by none of the others (`r`), with no accumulators: each thread
+  // takes values of the indexing loops and runs the others serially inside (an interchange: an
+  // accumulation over a middle dim, `y[i] = y[i] + x[r, i]`, then keeps its partial sums in the
+  // thread's own locations).
+  bool interchangePlan(const Stmt& loop, std::vector<const Stmt*>* parallel) {
+    std::vector<const Stmt*> loops = {&loop};
+    while (loops.back()->body.size() == 1 && loops.back()->body.front().kind == Stmt::For)
+      loops.push_back(&loops.back()->body.front());
+    const Uses u = usesOf({loop});
+    if (!u.assigned.empty() || u.stored.empty()) return false;
+    std::vector<Expr> indices;  // stores, and loads of what the nest stores
+    walk({loop}, [&](const Stmt& st) {
+      if (st.kind == Stmt::Store) indices.push_back(st.index);
+      std::function<void(const Expr&)> loads = [&](const Expr& e) {
+        if (e->op == Op::Load && u.stored.count(e->id)) indices.push_back(e->args[0]);
+        for (const Expr& a : e->args) loads(a);
+      };
+      if (st.value) loads(st.value);
+      if (st.index) loads(st.index);
+    });
+    for (const Stmt* l : loops) {
+      int64_t with = 0;
+      for (const Expr& i : indices) with += involvesAll(i, {l->id});
+      if (with == static_cast<int64_t>(indices.size())) {
+        parallel->push_back(l);
+      } else if (with != 0) {
+        return false;
+      }
+    }
+    return !parallel->empty() && parallel->size() < loops.size();
+  }
+
+  void interchangedLoop(const Stmt& loop, const std::vector<const Stmt*>& parallel) {
+    int64_t total = 1;
+    for (const Stmt* l : parallel) total *= l->extent;
+    line(fmt::format("for (long long mf_i = threadIdx.x; mf_i < {}LL; mf_i += blockDim.x) {{", total));
+    ++indent_;
+    memo_.emplace_back();
+    unflatten("mf_i", parallel);
+    // The nest with the parallel loops removed (their variables are bound above).
+    std::function<void(const Stmt&)> emit = [&](const Stmt& l) {
+      const bool par = std::find(parallel.begin(), parallel.end(), &l) != parallel.end();
+      if (!par) {
+        line(fmt::format("for (long long s{0} = 0; s{0} < {1}LL; ++s{0}) {{", l.id, l.extent));
+        ++indent_;
+        memo_.emplace_back();
+      }
+      if (l.body.size() == 1 && l.body.front().kind == Stmt::For) {
+        emit(l.body.front());
+      } else {
+        stmts(l.body, /*guard_stores=*/false);
+      }
+      if (!par) {
+        memo_.pop_back();
+        --indent_;
+        line("}");
+      }
+    };
+    emit(loop);
+    memo_.pop_back();
+    --indent_;
+    line("}");
+  }
+
   static bool isVar(const Expr& e, int64_t id) { return e->op == Op::Var && e->id == id; }
   static int64_t countVar(const Expr& e, int64_t id) {
     int64_t n = isVar(e, id) ? 1 : 0;
@@ -674,6 +1005,7 @@ class KernelWriter {
   Mode mode_;
   const std::set<int64_t>& private_;
   const VectorPlan& vectors_;
+  GridSplit split_;
   int lane_ = -1;  // inside a vectorized group: the lane being emitted
   std::map<const kir::Node*, std::string> vector_loads_;  // load -> its lanes' array
   std::map<const Stmt*, std::string> vector_stores_;      // store -> its lanes' array
@@ -683,6 +1015,8 @@ class KernelWriter {
   std::map<int64_t, std::string> rename_;
   int64_t next_value_ = 0;
 };
+
+}  // namespace
 
 // The helpers every program's kernels use, after the prelude.
 const char* kKernelHelpers = R"CUDA(
@@ -695,6 +1029,9 @@ const char* kKernelHelpers = R"CUDA(
 #define MF_LLONG_MAX 9223372036854775807LL
 #define MF_LLONG_MIN (-MF_LLONG_MAX - 1LL)
 __device__ __forceinline__ float mf_round_bf16(float x) { return x != x ? x : mf_bf16_to_f32(mf_f32_to_bf16(x)); }
+__device__ __forceinline__ long long mf_f2ll(double x) {  // truncating, saturating, NaN -> 0
+  return x != x ? 0LL : x >= 9.2233720368547758e18 ? MF_LLONG_MAX : x < -9.2233720368547758e18 ? MF_LLONG_MIN : (long long)x;
+}
 struct MfAdd { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
 struct MfMax { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? b : a; } };
 struct MfMin { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return b < a ? b : a; } };
@@ -713,6 +1050,8 @@ __device__ __forceinline__ T mf_block_reduce(T v, Op op) {
 }
 #endif  // MF_KERNEL_HELPERS
 )CUDA";
+
+namespace {
 
 // Temporaries of a kernel that hold one iteration of its outer loops: used by no other kernel
 // of the program and indexed without any of `outer_vars`.
@@ -766,8 +1105,7 @@ EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm
   EmittedProgram out;
   out.copies.assign(p.buffers.size(), 1);
   const std::string bufs_type = fmt::format("MfBufs_{}", prefix);
-  out.source = cudaPrelude() + kKernelHelpers +
-               fmt::format("struct {} {{ void* p[{}]; }};\n\n", bufs_type, std::max<size_t>(p.buffers.size(), 1));
+  std::string kernels;
   // How many kernels of the whole program touch each buffer (private temporaries: exactly one),
   // GEMM calls counting as users of their operands.
   std::vector<std::vector<std::vector<Stmt>>> roots(p.steps.size());
@@ -792,14 +1130,64 @@ EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm
       const std::set<int64_t> priv = privateTemporaries(p, loop_vars, root, kernels_using);
       const Nest nest = outerNest(root, priv);
       const int64_t total = nest.total(), work = innerWork(nest.body());
-      const Mode mode = work == 0 || (work <= 32 && total >= int64_t{sm_count} * 4 * kThreads) ? Mode::Thread
-                                                                                               : Mode::Block;
+      Mode mode = work == 0 || (work <= 32 && total >= int64_t{sm_count} * 4 * kThreads) ? Mode::Thread : Mode::Block;
+      if (!nest.owned.empty()) {
+        // Serial loops around the body: an accumulation over outer dims. Never one block per outer
+        // iteration (its threads would wait on one serial loop): columns when the serial loops
+        // are one accumulation nest, else a thread per outer iteration.
+        std::optional<Accumulation> a = nest.owned.size() == 1 ? accumulationOf(nest.owned.front()) : std::nullopt;
+        mode = priv.empty() && a && a->store->kind == Stmt::Store ? Mode::Columns : Mode::Thread;
+      }
       const VectorPlan vectors = mode == Mode::Thread && priv.empty() ? planVectors(p, nest) : VectorPlan{};
       const int64_t groups = total / vectors.width;
+      // A one-block kernel whose first loop is a long accumulation (a full reduction): that loop
+      // runs first on a grid, whose partial results the kernel combines (GridSplit).
+      GridSplit split;
+      std::optional<Accumulation> split_acc;
+      std::vector<Stmt> split_prefix;  // the statements before the loop that it may read
+      if (mode == Mode::Block && nest.vars.empty()) {
+        const Stmt* first = nullptr;
+        for (const Stmt& st : nest.body()) {
+          if (st.kind == Stmt::For) {
+            first = &st;
+            break;
+          }
+          if (st.kind != Stmt::Store) split_prefix.push_back(st);
+        }
+        split_acc = first ? accumulationOf(*first) : std::nullopt;
+        if (split_acc && split_acc->store->kind == Stmt::Assign &&
+            std::none_of(split_prefix.begin(), split_prefix.end(), [&](const Stmt& st) {
+              return st.kind == Stmt::Assign && st.id == split_acc->store->id;
+            }))
+          split_acc.reset();  // an accumulator the loop does not continue
+        bool reads_stored = false;  // the grid cannot see what the kernel stores before the loop
+        if (split_acc) {
+          const std::set<int64_t> stored = usesOf(nest.body()).stored;
+          std::set<int64_t> read;
+          exprUses(split_acc->value, nullptr, &read);
+          for (const Stmt* let : split_acc->lets) exprUses(let->value, nullptr, &read);
+          for (int64_t b : read) reads_stored |= stored.count(b) > 0;
+        }
+        constexpr int64_t kPerThread = 8;  // iterations per thread before another block pays off
+        if (split_acc && !reads_stored && split_acc->trips() >= 2 * kThreads * kPerThread) {
+          split.loop = first;
+          split.blocks = std::min<int64_t>((split_acc->trips() + kThreads * kPerThread - 1) / (kThreads * kPerThread),
+                                           int64_t{sm_count} * 4);
+          split.partials = static_cast<int64_t>(p.buffers.size() + out.extra_bytes.size());
+          out.extra_bytes.push_back(split.blocks * (split_acc->type == Type::F32 ? 4 : 8));
+          KernelLaunch pl{fmt::format("{}_s{}_k{}p", prefix, i, k), split.blocks, kThreads};
+          kernels += fmt::format("// step {} ({}), kernel {}: its full reduction's {} iterations on {} blocks\n", i,
+                                 p.steps[i].loops.name, k, split_acc->trips(), split.blocks);
+          kernels +=
+              KernelWriter(p, bufs_type, nest, mode, priv, VectorPlan{}, split).writePartials(pl.name, *split_acc, split_prefix);
+          out.steps.back().push_back(pl);
+        }
+      }
       KernelLaunch l;
       l.name = fmt::format("{}_s{}_k{}", prefix, i, k);
-      int64_t workers = mode == Mode::Thread ? std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t{sm_count} * 32) * kThreads
-                                             : std::min<int64_t>(total, int64_t{sm_count} * 16);
+      int64_t workers = mode == Mode::Thread    ? std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t{sm_count} * 32) * kThreads
+                        : mode == Mode::Columns ? std::min<int64_t>((total + 31) / 32, int64_t{sm_count} * 16)
+                                                : std::min<int64_t>(total, int64_t{sm_count} * 16);
       int64_t private_bytes = 0;
       for (int64_t b : priv) private_bytes += p.buffers[b].numel() * dtypeSize(p.buffers[b].dtype);
       if (private_bytes > 0) workers = std::max<int64_t>(1, std::min(workers, kPrivateBytesCap / private_bytes));
@@ -807,14 +1195,42 @@ EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm
       workers = std::max<int64_t>(workers, 1);
       l.blocks = mode == Mode::Thread ? workers / kThreads : workers;
       for (int64_t b : priv) out.copies[b] = mode == Mode::Thread ? l.blocks * kThreads : l.blocks;
-      out.source += fmt::format("// step {} ({}), kernel {}: {} mode over {} outer iteration(s){}\n", i,
-                                p.steps[i].loops.name, k, mode == Mode::Thread ? "thread" : "block", total,
-                                vectors.width > 1 ? fmt::format(", {} per thread (vectorized)", vectors.width) : "");
-      out.source += KernelWriter(p, bufs_type, nest, mode, priv, vectors).write(l.name);
+      const char* mode_name = mode == Mode::Thread ? "thread" : mode == Mode::Block ? "block" : "columns";
+      kernels += fmt::format("// step {} ({}), kernel {}: {} mode over {} outer iteration(s){}{}\n", i,
+                             p.steps[i].loops.name, k, mode_name, total,
+                             vectors.width > 1 ? fmt::format(", {} per thread (vectorized)", vectors.width) : "",
+                             split.loop ? ", combining the partial results" : "");
+      kernels += KernelWriter(p, bufs_type, nest, mode, priv, vectors, split).write(l.name);
       out.steps.back().push_back(l);
     }
   }
+  out.source = cudaPrelude() + kKernelHelpers +
+               fmt::format("struct {} {{ void* p[{}]; }};\n\n", bufs_type,
+                           std::max<size_t>(p.buffers.size() + out.extra_bytes.size(), 1)) +
+               kernels;
   return out;
 }
 
 }  // namespace meshfuse::cuda
+
+namespace meshfuse {
+
+std::string cudaSource(const kir::Program& program, const std::string& prefix, int sm_count, bool with_prelude) {
+  cuda::EmittedProgram e = cuda::emitCuda(program, prefix, sm_count);
+  std::string out = fmt::format("// launches on a GPU of {} SMs, in order:\n", sm_count);
+  for (size_t i = 0; i < e.steps.size(); ++i) {
+    if (program.steps[i].kind == kir::Step::GemmCall) {
+      out += fmt::format("//   step {}: f32 GEMM call (cuBLASLt)\n", i);
+      continue;
+    }
+    for (const cuda::KernelLaunch& l : e.steps[i])
+      out += fmt::format("//   step {}: {}<<<{}, {}>>>\n", i, l.name, l.blocks, l.threads);
+  }
+  for (size_t b = 0; b < e.copies.size(); ++b)
+    if (e.copies[b] > 1) out += fmt::format("//   buffer b{}: {} private copies\n", b, e.copies[b]);
+  const size_t header = cuda::cudaPrelude().size() + std::strlen(cuda::kKernelHelpers);
+  MF_CHECK(e.source.size() >= header, "emitted CUDA source shorter than its prelude");
+  return out + (with_prelude ? e.source : e.source.substr(header));
+}
+
+}  // namespace meshfuse

@@ -16,7 +16,14 @@
 //
 // A loop whose iterations are not independent in a way the emitter can prove (an accumulator it
 // cannot identify as a reduction, a store whose index does not vary with the loop) runs serially
-// in every thread, with stores by thread 0 only: slower, still correct.
+// in every thread, with stores by thread 0 only: slower, still correct. Two shapes of
+// accumulation are recognized instead: an accumulation over serial outer loops of a nest
+// (a reduction over a dim that is not innermost) runs in *columns* mode (32 consecutive outer
+// iterations per block, one per lane, the block's warps splitting the serial loops), and an
+// accumulation loop inside a row (`b[I] = op(b[I], v)` over loops I does not involve) is split
+// over the block's threads with a block reduction. A kernel that is one block with a long
+// accumulation first (a full reduction) runs that accumulation as a grid of partial results
+// first (a second launch; no atomics, so results are deterministic).
 //
 // A root made of several independent loop nests becomes one launch each; anything else with no
 // shared outer loops runs as one block. Temporaries that hold one outer iteration (their indices
@@ -43,10 +50,17 @@ struct EmittedProgram {
   // Per buffer: how many copies of it the runtime must provide (1 except for private
   // temporaries, which kernels index by worker).
   std::vector<int64_t> copies;
+  // Scratch the kernels need beyond the program's buffers (the partial results of a full
+  // reduction split over the grid), in bytes: the runtime passes them after the program's
+  // buffers, in this order.
+  std::vector<int64_t> extra_bytes;
 };
 
 // `prefix` makes kernel names unique in a process; `sm_count` sizes grids. Every kernel takes
 // one argument: the program's buffer pointers, in order, as an array of void* by value.
 EmittedProgram emitCuda(const kir::Program& program, const std::string& prefix, int sm_count);
+
+// The helpers every emitted source has after cudaPrelude() (block reductions, literals).
+extern const char* kKernelHelpers;
 
 }  // namespace meshfuse::cuda

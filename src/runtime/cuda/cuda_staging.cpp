@@ -86,6 +86,10 @@ class CudaStagingMemory final : public StagingMemory {
   void toDevice(void* device, const void* host, size_t bytes) override {
     cudaStream_t s = currentStream();
     if (s == nullptr) {
+      // Outside a task: the buffer may still be read by work queued on any stream (all of them
+      // non-blocking, so a copy on the legacy stream would not wait for them). Wait for the device,
+      // then copy synchronously (pinned -> device: cudaMemcpy returns when it is done).
+      MF_CUDA_CHECK(cudaDeviceSynchronize());
       MF_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
       return;
     }

@@ -34,15 +34,13 @@ class CudaStreams final : public Streams {
     cudaStream_t s = ctx_->stream(stream);
     StreamScope scope(s);
     if (!tracing_ || kind == TaskKind::Wait) {
-      task();
-      ctx_->noteWork();
+      task();  // what it enqueues is noted by its Submissions (cuda_context.h)
       return;
     }
     Traced t{name, kind, stream, ctx_->takeEvent(true), ctx_->takeEvent(true)};
     try {
       MF_CUDA_CHECK(cudaEventRecord(t.begin, s));
       task();
-      ctx_->noteWork();
       MF_CUDA_CHECK(cudaEventRecord(t.end, s));
     } catch (...) {  // a failed task leaves no half-recorded entry
       ctx_->giveEvent(t.begin, true);
@@ -56,7 +54,6 @@ class CudaStreams final : public Streams {
     ctx_->activate();
     auto e = std::make_shared<CudaEvent>(ctx_, ctx_->takeEvent(false));
     MF_CUDA_CHECK(cudaEventRecord(e->handle(), ctx_->stream(stream)));
-    ctx_->noteWork();
     return e;
   }
 

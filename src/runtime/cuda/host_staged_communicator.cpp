@@ -22,7 +22,18 @@ struct Staging {
 class StagedWork final : public Work {
  public:
   StagedWork(std::unique_ptr<Work> inner, std::shared_ptr<Staging> staging, std::shared_ptr<StagingMemory> memory)
-      : inner_(std::move(inner)), staging_(std::move(staging)), memory_(std::move(memory)) {}
+      : staging_(std::move(staging)), memory_(std::move(memory)), inner_(std::move(inner)) {}
+  // Dropped without wait() (a failed run): the inner operation may still read or write the host
+  // twins (an MPI request outlives its handle), so they go back to the pool only after it ended.
+  ~StagedWork() override {
+    if (!staging_) return;
+    try {
+      inner_->wait();  // bounded: the inner communicator's watchdog aborts a hung operation
+    } catch (...) {
+      // It failed: nothing uses the twins any more.
+    }
+    inner_.reset();
+  }
   void wait() override {
     if (!staging_) return;  // waited already
     inner_->wait();
@@ -32,9 +43,11 @@ class StagedWork final : public Work {
   }
 
  private:
-  std::unique_ptr<Work> inner_;
+  // Declared before inner_: members are destroyed in reverse order, so the inner operation is
+  // gone before its buffers are.
   std::shared_ptr<Staging> staging_;
   std::shared_ptr<StagingMemory> memory_;
+  std::unique_ptr<Work> inner_;
 };
 
 class HostStagedCommunicator final : public Communicator {
@@ -115,6 +128,14 @@ class HostStagedCommunicator final : public Communicator {
     return staged(nullptr, 0, buf, count, dt,
                   [&](const void*, void* r) { return inner_->recv(r, count, dt, peer, tag); });
   }
+  std::unique_ptr<Work> sendRecv(const void* send, int64_t send_count, int64_t to, void* recv, int64_t recv_count,
+                                 int64_t from, DataType dt, int64_t tag, const Team& team) override {
+    return staged(to >= 0 ? send : nullptr, to >= 0 ? send_count : 0, from >= 0 ? recv : nullptr,
+                  from >= 0 ? recv_count : 0, dt, [&](const void* s, void* r) {
+                    return inner_->sendRecv(s, send_count, to, r, recv_count, from, dt, tag, team);
+                  });
+  }
+  void prepareTeams(const std::vector<Team>& teams) override { inner_->prepareTeams(teams); }
   void barrier() override { inner_->barrier(); }
   [[noreturn]] void abort(const std::string& reason) override {
     inner_->abort(reason);

@@ -17,6 +17,7 @@
 //   gather          send: count                 recv on the root: count * team
 //   scatter         send on the root: count*team recv: count
 //   send / recv     buf: count                  buf: count
+//   sendRecv        send: send_count            recv: recv_count
 #pragma once
 
 #include <cstddef>

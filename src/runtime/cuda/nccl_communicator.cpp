@@ -2,14 +2,24 @@
 //
 // One NCCL communicator per team, created by the team's members only (the first member makes the
 // unique id and broadcasts it over the bootstrap communicator to the team), so an MPMD rank never
-// joins another team's setup; point-to-point uses the communicator of the pair. Collectives are
-// enqueued on the current CUDA stream; each returns a Work holding an event recorded after it.
+// joins another team's setup. Creation blocks until every member joined, so the evaluator has
+// every team of its program created up front, in sorted order (prepareTeams): creating them in
+// the order of first use can deadlock with three or more ranks. Collectives are enqueued on the
+// current CUDA stream (outside tasks: the context's communicator stream, which the allocator's
+// fences cover); each returns a Work holding an event recorded after it.
+//
+// Point to point: a host program's exchanges (sendRecv: a ring step, a stage boundary) run on
+// the communicator of the program's team, the receive and the send in one ncclGroupStart/End
+// group: as two calls on one stream, every rank of a ring would wait in its receive for a send
+// queued behind its peer's receive. A lone send() or recv() uses the pair's communicator.
 //
 // No hangs: a watchdog thread polls every outstanding collective's event and every
 // communicator's asynchronous error. A collective that has not completed within the timeout
-// (MESHFUSE_COMM_TIMEOUT), an NCCL error, or a communicator creation that does not return in
-// time aborts every NCCL communicator (ncclCommAbort, which also frees kernels stuck waiting for
-// a peer) and then the job through the bootstrap communicator (MPI_Abort under mpirun).
+// (MESHFUSE_COMM_TIMEOUT), an NCCL error, a CUDA error on this rank's GPU (a kernel fault,
+// reported as such at once, not as a peer's timeout), or a communicator creation that does not
+// return in time aborts every NCCL communicator (ncclCommAbort, which also frees kernels stuck
+// waiting for a peer) and then the job through the bootstrap communicator (MPI_Abort under
+// mpirun).
 #include <unistd.h>
 
 #include <chrono>
@@ -66,13 +76,6 @@ NcclTypeOp ncclTypeOf(DataType dt) {
   MF_CHECK(false, "unknown dtype");
 }
 
-// An operation the watchdog follows: a collective (its completion event) or a blocking call in
-// progress (no event; finished when removed).
-struct Watched {
-  cudaEvent_t event = nullptr;
-  Clock::time_point deadline;
-  std::string what;
-};
 
 class NcclCommunicator;
 
@@ -100,6 +103,7 @@ class NcclCommunicator final : public Communicator {
       : bootstrap_(std::move(bootstrap)), timeout_s_(timeout_s) {
     MF_CHECK(bootstrap_ != nullptr, "an NCCL communicator needs a bootstrap communicator");
     device_ = requireDevice(-1);
+    ctx_ = CudaContext::create(device_);
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -116,7 +120,6 @@ class NcclCommunicator final : public Communicator {
       (void)dyn::ncclCommFinalize(comm);  // flushes this rank's outstanding operations
       (void)dyn::ncclCommDestroy(comm);
     }
-    if (own_stream_ != nullptr) (void)cudaStreamDestroy(own_stream_);
   }
 
   std::string name() const override { return "nccl"; }
@@ -223,6 +226,26 @@ class NcclCommunicator final : public Communicator {
       MF_NCCL_CHECK(dyn::ncclRecv(buf, n(count), ncclTypeOf(dt).type, indexIn(pair, peer), c, s));
     });
   }
+  // The receive and the send in one group on the team's communicator (see the file comment).
+  std::unique_ptr<Work> sendRecv(const void* send_buf, int64_t send_count, int64_t to, void* recv_buf,
+                                 int64_t recv_count, int64_t from, DataType dt, int64_t, const Team& team) override {
+    MF_CHECK(to >= 0 || from >= 0, "sendRecv with neither a peer to send to nor one to receive from");
+    for (int64_t peer : {to, from})
+      MF_CHECK(peer < 0 || (peer != rank() && std::find(team.begin(), team.end(), peer) != team.end()),
+               "sendRecv: peer {} is not another rank of the team [{}] (this is rank {})", peer, fmt::join(team, ", "),
+               rank());
+    ncclComm_t c = commOf("send_recv", team, -1);
+    return run("send_recv", team, [&](cudaStream_t s) {
+      MF_NCCL_CHECK(dyn::ncclGroupStart());
+      if (from >= 0) MF_NCCL_CHECK(dyn::ncclRecv(recv_buf, n(recv_count), ncclTypeOf(dt).type, indexIn(team, from), c, s));
+      if (to >= 0) MF_NCCL_CHECK(dyn::ncclSend(send_buf, n(send_count), ncclTypeOf(dt).type, indexIn(team, to), c, s));
+      MF_NCCL_CHECK(dyn::ncclGroupEnd());
+    });
+  }
+  // Every team's communicator, in the callers' (sorted) order: see communicator.h.
+  void prepareTeams(const std::vector<Team>& teams) override {
+    for (const Team& team : teams) commOf("prepare", team, -1);
+  }
   void barrier() override { bootstrap_->barrier(); }
 
   [[noreturn]] void abort(const std::string& reason) override {
@@ -255,18 +278,13 @@ class NcclCommunicator final : public Communicator {
     return {std::min(rank(), peer), std::max(rank(), peer)};
   }
 
-  // The stream collectives go on: the task's, else the communicator's own (outside tasks).
-  cudaStream_t stream() {
-    if (cudaStream_t s = currentStream()) return s;
-    std::lock_guard<std::mutex> lk(mu_);
-    if (own_stream_ == nullptr) MF_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
-    return own_stream_;
-  }
-
+  // Enqueues on the task's stream, else (outside tasks) the context's communicator stream; the
+  // Submission makes later frees fence after it.
   template <typename Enqueue>
   std::unique_ptr<Work> run(const char* what, const Team& team, Enqueue&& enqueue) {
     MF_CUDA_CHECK(cudaSetDevice(device_));
-    cudaStream_t s = stream();
+    Submission q(*ctx_, CudaContext::kCommunicatorStream);
+    cudaStream_t s = q.stream();
     enqueue(s);
     cudaEvent_t e = nullptr;
     MF_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -300,7 +318,7 @@ class NcclCommunicator final : public Communicator {
       bootstrap_->broadcast(&id, sizeof(id) / sizeof(int64_t), DataType::Int64, team.front(), team)->wait();
     const std::string creating = fmt::format("creating the NCCL communicator of team [{}] for {}",
                                              fmt::join(team, ", "), what);
-    std::list<Watched>::iterator guard;
+    std::list<WatchedOperation>::iterator guard;
     {
       std::lock_guard<std::mutex> lk(mu_);
       watched_.push_back({nullptr, deadline(), creating});
@@ -320,22 +338,11 @@ class NcclCommunicator final : public Communicator {
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
       cv_.wait_for(lk, std::chrono::milliseconds(50));
-      std::string failure;
-      for (auto it = watched_.begin(); it != watched_.end();) {
-        if (it->event != nullptr && cudaEventQuery(it->event) == cudaSuccess) {
-          it = watched_.erase(it);
-          continue;
-        }
-        if (Clock::now() > it->deadline && failure.empty())
-          failure = fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): a peer rank failed, hangs, "
-                                "or runs a different program",
-                                it->what, timeout_s_);
-        ++it;
-      }
+      std::string failure = pollWatched(watched_, Clock::now(), timeout_s_, cudaEventQuery);
       // The events the list no longer names can go (their Work may still hold them).
       std::erase_if(watched_owners_, [&](const std::shared_ptr<void>& o) {
         return std::none_of(watched_.begin(), watched_.end(),
-                            [&](const Watched& w) { return w.event == static_cast<cudaEvent_t>(o.get()); });
+                            [&](const WatchedOperation& w) { return w.event == static_cast<cudaEvent_t>(o.get()); });
       });
       for (auto& [team, comm] : comms_) {
         ncclResult_t async = ncclSuccess;
@@ -371,17 +378,43 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> bootstrap_;
   double timeout_s_;
   int device_ = 0;
+  std::shared_ptr<CudaContext> ctx_;  // the process's context of device_: streams fenced with the allocator's
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false, aborted_ = false;
   std::map<Team, ncclComm_t> comms_;
-  cudaStream_t own_stream_ = nullptr;
-  std::list<Watched> watched_;
+  std::list<WatchedOperation> watched_;
   std::vector<std::shared_ptr<void>> watched_owners_;
   std::thread watchdog_;
 };
 
 }  // namespace
+
+std::string pollWatched(std::list<WatchedOperation>& ops, Clock::time_point now, double timeout_s,
+                        const std::function<cudaError_t(cudaEvent_t)>& query) {
+  std::string failure;
+  for (auto it = ops.begin(); it != ops.end();) {
+    const cudaError_t state = it->event != nullptr ? query(it->event) : cudaErrorNotReady;
+    if (state == cudaSuccess) {
+      it = ops.erase(it);
+      continue;
+    }
+    if (state != cudaErrorNotReady && failure.empty())
+      failure = fmt::format("CUDA error on this rank's GPU while {} was in flight: {} ({}){}: this rank failed, not a "
+                            "peer",
+                            it->what, cudaGetErrorString(state), cudaGetErrorName(state),
+                            state == cudaErrorIllegalAddress || state == cudaErrorLaunchFailure
+                                ? " (a kernel faulted; run under compute-sanitizer to find it)"
+                                : "");
+    if (state == cudaErrorNotReady && now > it->deadline && failure.empty())
+      failure = fmt::format("{} did not complete within {} s (MESHFUSE_COMM_TIMEOUT): a peer rank failed, hangs, "
+                            "or runs a different program",
+                            it->what, timeout_s);
+    ++it;
+  }
+  return failure;
+}
+
 }  // namespace meshfuse::cuda
 
 namespace meshfuse {

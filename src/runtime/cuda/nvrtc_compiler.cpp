@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -74,6 +76,8 @@ CompiledCode compileCuda(const std::string& source, const std::string& program_n
   std::vector<std::string> opts = {o.ptx ? fmt::format("--gpu-architecture=compute_{}", o.arch)
                                          : fmt::format("--gpu-architecture=sm_{}", o.arch),
                                    "-std=c++17", "-lineinfo", "--device-as-default-execution-space"};
+  const bool report = o.resource_usage && !o.ptx;
+  if (report) opts.push_back("--ptxas-options=-v");
   std::string key_text = fmt::format("{}\n{}\n{}\n", nvrtcVersionString(), fmt::join(opts, " "), source);
   std::filesystem::path cached;
   if (!o.cache_dir.empty()) {
@@ -81,7 +85,7 @@ CompiledCode compileCuda(const std::string& source, const std::string& program_n
              fmt::format("{}-{:016x}{:016x}.{}", program_name, hash64(key_text), hash64(key_text, 1),
                          o.ptx ? "ptx" : "cubin");
     std::string hit = readFile(cached);
-    if (!hit.empty()) return {std::move(hit), true, 0};
+    if (!hit.empty() && !report) return {std::move(hit), true, 0, "", {}};
   }
 
   auto start = std::chrono::steady_clock::now();
@@ -112,7 +116,53 @@ CompiledCode compileCuda(const std::string& source, const std::string& program_n
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!cached.empty()) writeAtomically(cached, image);
-  return {std::move(image), false, seconds};
+  CompiledCode code{std::move(image), false, seconds, log, {}};
+  if (report) code.resources = parsePtxasResources(log);
+  return code;
+}
+
+std::vector<KernelResources> parsePtxasResources(const std::string& log) {
+  std::vector<KernelResources> out;
+  auto kernel = [&](const std::string& name) -> KernelResources& {
+    for (KernelResources& k : out)
+      if (k.name == name) return k;
+    out.push_back({name});
+    return out.back();
+  };
+  auto number_before = [](const std::string& line, const std::string& what) -> int64_t {
+    size_t at = line.find(what);
+    if (at == std::string::npos) return -1;
+    size_t end = at;
+    while (end > 0 && line[end - 1] == ' ') --end;
+    size_t begin = end;
+    while (begin > 0 && std::isdigit(static_cast<unsigned char>(line[begin - 1]))) --begin;
+    return begin < end ? std::stoll(line.substr(begin, end - begin)) : -1;
+  };
+  auto quoted = [](const std::string& line, size_t from) {
+    size_t a = line.find_first_of("'\"", from);
+    if (a == std::string::npos) return std::string();
+    size_t b = line.find(line[a], a + 1);
+    return b == std::string::npos ? std::string() : line.substr(a + 1, b - a - 1);
+  };
+  std::istringstream in(log);
+  std::string line, current;
+  while (std::getline(in, line)) {
+    if (size_t at = line.find("Function properties for "); at != std::string::npos) {
+      current = line.substr(at + std::strlen("Function properties for "));
+      while (!current.empty() && (current.back() == '\r' || current.back() == ' ')) current.pop_back();
+      kernel(current);
+    } else if (size_t at = line.find("Compiling entry function"); at != std::string::npos) {
+      current = quoted(line, at);
+      kernel(current);
+    }
+    if (current.empty()) continue;
+    if (int64_t v = number_before(line, "bytes stack frame"); v >= 0) kernel(current).stack_frame_bytes = v;
+    if (int64_t v = number_before(line, "bytes spill stores"); v >= 0) kernel(current).spill_store_bytes = v;
+    if (int64_t v = number_before(line, "bytes spill loads"); v >= 0) kernel(current).spill_load_bytes = v;
+    if (size_t at = line.find("Used "); at != std::string::npos && line.find("registers") != std::string::npos)
+      kernel(current).registers = std::stoll(line.substr(at + 5));
+  }
+  return out;
 }
 
 CudaLibrary::CudaLibrary(const std::string& image) {

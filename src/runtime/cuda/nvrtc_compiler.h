@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace meshfuse::cuda {
 
@@ -22,13 +23,26 @@ struct CompileOptions {
   int arch = 90;           // sm_90 for H100/H200
   bool ptx = false;        // PTX for compute_<arch> instead of a CUBIN for sm_<arch>
   std::string cache_dir;   // "" disables the disk cache
+  bool resource_usage = false;  // CUBIN only: ptxas reports each kernel's resources (CompiledCode)
+};
+
+// What ptxas reports for one kernel of a CUBIN.
+struct KernelResources {
+  std::string name;
+  int64_t registers = 0, stack_frame_bytes = 0, spill_store_bytes = 0, spill_load_bytes = 0;
 };
 
 struct CompiledCode {
   std::string image;  // CUBIN (binary) or PTX (text)
   bool from_cache = false;
   double seconds = 0;  // spent in NVRTC (0 from the cache)
+  std::string log;     // NVRTC's (and with resource_usage, ptxas's) messages
+  std::vector<KernelResources> resources;  // with resource_usage: one per kernel
 };
+
+// The per-kernel lines of ptxas's verbose log ("Function properties for K", "N bytes stack frame,
+// N bytes spill stores, N bytes spill loads", "Compiling entry function 'K'", "Used N registers").
+std::vector<KernelResources> parsePtxasResources(const std::string& log);
 
 // Compiles `source`. A compile error is a meshfuse bug (the source is generated): InternalError
 // with NVRTC's log and the numbered source.
