@@ -119,7 +119,7 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o, const RunEn
       int64_t mine = too_large.empty() ? 0 : 1, any = 0;
       Team everyone(world);
       for (int64_t r = 0; r < world; ++r) everyone[r] = r;
-      comm->allreduce(&mine, &any, 1, DataType::Int64, ReduceOp::Max, everyone)->wait();
+      control->allreduce(&mine, &any, 1, DataType::Int64, ReduceOp::Max, everyone)->wait();
       if (any != 0 && too_large.empty())
         std::cerr << fmt::format(
             "meshfuse: rank {} of {}: stops: another rank cannot allocate a tensor of this program (its message "
