@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <set>
@@ -74,10 +75,10 @@ DeviceMesh decodeMesh(Decoder& d, int64_t first_device) {
   return DeviceMesh(devices, shape);
 }
 
-std::vector<Placement> decodePlacements(Decoder& d, const DeviceMesh& mesh, int64_t rank, bool allow_partial) {
+std::vector<Placement> decodePlacements(Decoder& d, const DeviceMesh& mesh, int64_t rank) {
   std::vector<Placement> ps;
   for (int64_t axis = 0; axis < mesh.rank(); ++axis) {
-    int64_t k = d.pick(allow_partial ? 4 : 3);
+    int64_t k = d.pick(4);
     if (k == 0) ps.push_back(Placement::replicate());
     if (k == 1 || k == 2) ps.push_back(Placement::shard(d.pick(2 * rank + 1) - rank));  // out of range too
     if (k == 3) ps.push_back(Placement::partial());
@@ -86,10 +87,10 @@ std::vector<Placement> decodePlacements(Decoder& d, const DeviceMesh& mesh, int6
 }
 
 // Places `tv` on one of the meshes (placements, sometimes a Stream split), as a user pin would.
-void decodeLayout(Decoder& d, Program& p, TensorView* tv, bool allow_partial) {
+void decodeLayout(Decoder& d, Program& p, TensorView* tv) {
   const DeviceMesh& mesh = d.from(p.meshes);
   try {
-    applyPlacements(tv, mesh, decodePlacements(d, mesh, tv->rank(), allow_partial));
+    applyPlacements(tv, mesh, decodePlacements(d, mesh, tv->rank()));
     if (d.chance(15)) applyStreamSplit(tv, {d.pick(tv->rank()), 1 + d.pick(4)});
   } catch (const UserError&) {
     // Left as it is: the builder said why it refuses (wrong dim, uneven split, ...).
@@ -204,7 +205,7 @@ Program decodeProgram(Decoder& d) {
     std::vector<Extent> shape(1 + d.pick(4));
     for (Extent& e : shape) e = d.from(extents);
     TensorView* tv = p.fusion->defineTensor(shape, d.from(dtypes), "in" + std::to_string(i));
-    if (d.chance(90)) decodeLayout(d, p, tv, /*allow_partial=*/true);
+    if (d.chance(90)) decodeLayout(d, p, tv);
     p.pool.push_back(tv);
   }
 
@@ -212,7 +213,7 @@ Program decodeProgram(Decoder& d) {
   for (int64_t i = 0; i < num_ops && !d.exhausted(); ++i) {
     try {
       TensorView* tv = decodeOp(d, p);
-      if (d.chance(15)) decodeLayout(d, p, tv, /*allow_partial=*/false);
+      if (d.chance(15)) decodeLayout(d, p, tv);
       p.pool.push_back(tv);
     } catch (const UserError&) {
       // The menu draws ill-typed programs too; the op is left out.
