@@ -406,7 +406,7 @@ class Parser {
       MF_USER_CHECK(it != meshes_.end(), ErrorKind::Name, "{}: undefined mesh @{}", where(type.mesh), type.mesh.text);
       at(type.mesh, [&] { tv->setDeviceMesh(fusion_->mesh(it->second)); });
     }
-    for (const auto& [tok, s] : type.steps) at(tok, [&] { tv->applyStep(s); });
+    for (const auto& step : type.steps) at(step.first, [&] { tv->applyStep(step.second); });
     if (type.has_mesh) {
       tv->setPinned(!type.has_provenance);
       tv->setProvenance(Provenance::literal(type.has_provenance ? type.provenance : ""));

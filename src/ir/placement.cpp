@@ -105,7 +105,11 @@ std::optional<StreamSplit> streamSplitOf(const TensorView* tv) {
 }
 
 void applyStreamSplit(TensorView* tv, const StreamSplit& s) {
-  const IterDomain* target = tv->dims().at(s.dim);
+  const std::string name = tv->fusion()->displayName(tv);
+  MF_USER_CHECK(s.dim >= 0 && s.dim < tv->rank(), ErrorKind::Value,
+                "{}: a Stream split of dim {}, but it has {} dims (not counting reduction dims)", name, s.dim,
+                tv->rank());
+  const IterDomain* target = tv->dims()[s.dim];
   for (size_t i = 0; i < tv->loop().size(); ++i) {
     const IterDomain* id = tv->loop()[i];
     if (id->isDeviceDim()) continue;
@@ -116,7 +120,10 @@ void applyStreamSplit(TensorView* tv, const StreamSplit& s) {
     tv->parallelize(static_cast<int64_t>(i), ParallelType::Stream);
     return;
   }
-  MF_CHECK(false, "no loop axis for dim {} of {}", s.dim, tv->fusion()->displayName(tv));
+  // Only a merge's first input is traced back above: a dim merged into an earlier one has no loop
+  // axis of its own (the schedule API can build that).
+  userError(ErrorKind::Unsupported, "{}: a Stream split of dim {}, which its schedule merged into another dim", name,
+            s.dim);
 }
 
 std::vector<int64_t> shardFactors(const TensorView* tv) {

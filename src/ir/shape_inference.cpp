@@ -291,7 +291,8 @@ InferredOutput reshape(const Ctx& c) {
     num = e.num();
     den = e.den();
   }
-  int64_t infer_at = -1, out_static = 1;
+  int64_t infer_at = -1;
+  std::vector<int64_t> given;  // the output sizes other than the -1
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       MF_USER_CHECK(infer_at < 0, ErrorKind::Value, "reshape: at most one -1 is allowed in [{}]",
@@ -300,8 +301,13 @@ InferredOutput reshape(const Ctx& c) {
       continue;
     }
     MF_USER_CHECK(shape[i] >= 0, ErrorKind::Shape, "reshape: size {} at dim {} is invalid", shape[i], i);
-    out_static *= shape[i];
+    given.push_back(shape[i]);
   }
+  // (The input's static sizes were checked to fit when it was made; the attribute is user text.)
+  std::optional<int64_t> given_numel = checkedNumel(given);
+  MF_USER_CHECK(given_numel.has_value(), ErrorKind::Shape,
+                "reshape: shape [{}] has more elements than an int64 can count", fmt::join(shape, ", "));
+  const int64_t out_static = *given_numel;
   std::vector<Extent> out_shape(shape.begin(), shape.end());
   auto mismatch = [&] {
     std::vector<std::string> s;
@@ -319,7 +325,19 @@ InferredOutput reshape(const Ctx& c) {
   } else {
     MF_USER_CHECK(infer_at >= 0, ErrorKind::Value,
                   "reshape: {} has symbolic size ?{}; mark the output dim that absorbs it with -1", c.name(x), sym);
-    out_shape[infer_at] = Extent::symbolic(sym, num * in_static, den * out_static);
+    // A size-0 dim on either side: no elements in (the -1 is 0), or a -1 that any size would fit.
+    MF_USER_CHECK(out_static != 0, ErrorKind::Shape,
+                  "reshape: the -1 in [{}] is ambiguous: the other sizes hold 0 elements, so any size fits it",
+                  fmt::join(shape, ", "));
+    int64_t n = 0, d = 0;
+    if (in_static == 0) {
+      out_shape[infer_at] = Extent(0);
+    } else if (__builtin_mul_overflow(num, in_static, &n) || __builtin_mul_overflow(den, out_static, &d)) {
+      userError(ErrorKind::Shape, "reshape: the size of the -1 in [{}], ?{} times {}/{}, does not fit in an int64",
+                fmt::join(shape, ", "), sym, in_static, out_static);
+    } else {
+      out_shape[infer_at] = Extent::symbolic(sym, n, d);
+    }
   }
   std::vector<InferredDim> out;
   for (const Extent& e : out_shape) out.push_back(c.id(e));

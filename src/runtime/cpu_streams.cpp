@@ -75,7 +75,8 @@ class CpuStreams final : public Streams {
   }
 
   void synchronize() override {
-    for (auto& [id, w] : workers_) {
+    for (auto& [id, worker] : workers_) {
+      auto& w = worker;  // (clang 14 cannot capture a structured binding)
       std::unique_lock<std::mutex> lk(w->mu);
       w->idle_cv.wait(lk, [&] { return w->queue.empty() && !w->busy; });
     }

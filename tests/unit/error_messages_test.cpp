@@ -112,6 +112,27 @@ TEST(ErrorMessages, ReshapeElementCountMismatch) {
               HasSubstr("into [5, -1]"));
 }
 
+// Found by the fuzzers (fuzz/regressions): sizes whose product overflowed (undefined behaviour)
+// and a size-0 dim beside a symbolic one (an invalid symbolic extent: an internal error).
+TEST(ErrorMessages, ReshapeSizesThatNoInt64CountsOrThatHoldNoElements) {
+  Fusion f;
+  TensorView* x = f.defineTensor({8}, DataType::Float, "x");
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               f.apply(OpKind::Reshape, {x}, {{"shape", Ints{int64_t{1} << 62, 4}}});
+                             }),
+            "reshape: shape [4611686018427387904, 4] has more elements than an int64 can count");
+  TensorView* t = f.defineTensor({Extent::symbolic("t"), 4}, DataType::Float, "t");
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               f.apply(OpKind::Reshape, {t}, {{"shape", Ints{-1, 0}}});
+                             }),
+            "reshape: the -1 in [-1, 0] is ambiguous: the other sizes hold 0 elements, so any size fits it");
+  // No elements in, none out: the -1 is 0 whatever ?t is.
+  TensorView* empty = f.defineTensor({Extent::symbolic("t"), 0}, DataType::Float, "empty");
+  EXPECT_EQ(ops::reshape(empty, {-1, 2})->shape(), (std::vector<Extent>{0, 2}));
+}
+
 TEST(ErrorMessages, SdpaNeedsRank4) {
   Fusion f;
   TensorView* q = f.defineTensor({2, 16, 8}, DataType::Float, "q");

@@ -288,5 +288,18 @@ TEST_F(PlacementCase, RejectsBadPlacements) {
               HasSubstr("uneven sharding not supported: %x dim 0 has size 6"));
 }
 
+TEST_F(PlacementCase, RejectsBadStreamSplits) {
+  // fuzz/regressions/compile_plan/stream_split_of_a_missing_dim: a dim the tensor does not have
+  // (a full reduction has none) was a std::out_of_range; a merged-away dim an internal error.
+  TensorView* x = f.defineTensor({8, 4}, DataType::Float, "x");
+  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { applyStreamSplit(x, {2, 2}); }),
+              HasSubstr("%x: a Stream split of dim 2, but it has 2 dims (not counting reduction dims)"));
+  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { applyStreamSplit(x, {-1, 2}); }),
+              HasSubstr("%x: a Stream split of dim -1"));
+  x->merge(0);
+  EXPECT_THAT(userErrorMessage(ErrorKind::Unsupported, [&] { applyStreamSplit(x, {1, 2}); }),
+              HasSubstr("%x: a Stream split of dim 1, which its schedule merged into another dim"));
+}
+
 }  // namespace
 }  // namespace meshfuse

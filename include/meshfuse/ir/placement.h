@@ -50,7 +50,8 @@ struct StreamSplit {
 };
 std::optional<StreamSplit> streamSplitOf(const TensorView* tv);
 // Splits what remains of dim `s.dim` after the DID splits outer by `s.chunks` and parallelizes
-// the outer part on Stream.
+// the outer part on Stream. Throws ValueError naming the tensor when `s.dim` is not one of its
+// dims, and UnsupportedError when its schedule merged that dim into another.
 void applyStreamSplit(TensorView* tv, const StreamSplit& s);
 
 // The per-rank (local) extent of each non-reduction logical dim: global extent divided by the
