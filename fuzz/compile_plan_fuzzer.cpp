@@ -292,7 +292,7 @@ void compileAndPlan(Program p) {
     if (!sized) continue;
     by_rank[rank] = collectives(program, options.sizes);
     (void)peakMemoryBytes(program, options.sizes);
-    (void)dumpKernels(compiled, rank, options.sizes, /*llvm=*/false);
+    (void)dumpKernels(compiled, rank, options.sizes, KernelDump::KernelIr);
   }
   checkTeamsAgree(by_rank);
 }

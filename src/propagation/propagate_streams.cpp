@@ -44,7 +44,7 @@ void propagateStreams(Fusion& f) {
       const TensorView* in = tensorAt(e, i);
       if (in == nullptr || !streamSplitOf(in)) continue;
       int64_t ol = rule.operand_maps.at(i).at(0);
-      MF_USER_CHECK(ol >= 0 && out->logical()[ol] == out->dims().at(0), ErrorKind::Unsupported,
+      MF_USER_CHECK(ol >= 0 && !out->dims().empty() && out->logical()[ol] == out->dims()[0], ErrorKind::Unsupported,
                     "{}: {} is split into microbatches along dim 0, which {} does not keep as the rows (dim 0) of its "
                     "output {}; microbatched pipelines need ops that process rows independently",
                     e->name(), f.displayName(in), e->name(), f.displayName(out));
