@@ -497,6 +497,9 @@ class Propagator {
       moved.push_back(move);
       const AxisState& from = states_.at(in).sharding.axes[a];
       int64_t c1 = conversionCost(from, req);
+      // A pending sum asked of a whole value: no collective makes one (and weighting kInfinite
+      // below would overflow).
+      if (c1 >= kInfinite) return infeasible;
       // Moving what should stay costs kWeightFactor times more: parameters, or with
       // gather_parameters (FSDP) the activations.
       bool parameter = static_cast<int64_t>(i) == rule.weight_operand && f_.isInput(in);
