@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshfuse/ir/extent.h"
@@ -176,6 +177,14 @@ struct CollectiveInfo {
   int64_t root = -1;       // broadcast, scatter, gather, reduce: the root's global rank
 };
 std::vector<CollectiveInfo> collectives(const HostProgram& program, const SymbolBindings& bindings);
+
+// The parsable text of a host program (parseHostModule reads it back): the decomposed fusion
+// its nodes refer to, then the program.
+std::string printHostModule(const HostProgram& program);
+// Reads printHostModule's text back (src/lower/host_ir_parser.cpp): the fusion is parsed and
+// segmented as lower-to-host-ir segments it; every node is checked against it. Malformed text
+// is a ParseError with the line; the program is not verified (verifyHostIr does that).
+HostProgram parseHostModule(std::string_view text, std::string_view path = "<input>");
 
 // One node as the host program prints it (a loop as its header only), for messages.
 std::string printHostNode(const HostProgram& program, const HostNode& node);

@@ -65,8 +65,37 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
 // counts or errors: it has symbolic sizes and chunked loops (overlap asked for, or Stream
 // splits). MultiDeviceExecutor compiles such programs for the sizes of each run.
 bool chunkingDependsOnSizes(const Fusion& fusion, const OverlapOptions& options);
-// What `rank` runs: specialize-for-rank then insert-deallocations.
-HostProgram programForRank(const CompiledProgram& program, int64_t rank);
+
+// A host pass: a host program in, a host program out (lower-to-host-ir takes a HostProgram
+// holding only the decomposed fusion). Each states its contract (requires / guarantees /
+// before-after) at the top of its source file; the precondition checks what it needs.
+struct HostPass {
+  std::string name;         // opt-host's --pass=NAME
+  std::string description;  // one line for --help
+  // `rank`: the rank specialize-for-rank keeps (-1: not given).
+  std::function<void(HostProgram&, const PipelineOptions&, int64_t rank)> run;
+  // Throws a ValueError naming the pass that must come first when the input is not what the
+  // pass needs. Empty: nothing.
+  std::function<void(const HostProgram&, const HostPass&, int64_t rank)> precondition = nullptr;
+  // After this pass every stream-pool loop has been placed on streams (the verifier then
+  // requires it).
+  bool streams_assigned_after = false;
+};
+
+// Every host pass, in pipeline order: lower-to-host-ir, specialize-for-rank, assign-streams,
+// insert-deallocations.
+const std::vector<HostPass>& hostPasses();
+// Throws ValueError listing the known host passes when `name` is unknown.
+const HostPass& findHostPass(std::string_view name);
+// Runs the named host passes in order: each pass's precondition, the pass, then (with
+// options.verify) the host-IR verifier; options.dump receives the host program after each pass
+// (headed by "# ----- host IR after <pass>", in the parsable form of printHostModule) and
+// options.timing each pass's wall time.
+void runHostPasses(HostProgram& program, const std::vector<std::string>& names, const PipelineOptions& options = {},
+                   int64_t rank = -1);
+// What `rank` runs: the host passes specialize-for-rank, assign-streams, insert-deallocations
+// run on the collective program.
+HostProgram programForRank(const CompiledProgram& program, int64_t rank, const PipelineOptions& options = {});
 
 // The kernel IR of every kernel and GEMM segment `rank` launches, for its local shapes with the
 // symbolic sizes bound by `sizes`, or what an emitter makes of it: the CPU backend's optimized LLVM

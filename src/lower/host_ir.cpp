@@ -265,6 +265,8 @@ std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindin
   return out;
 }
 
+std::string printHostModule(const HostProgram& p) { return printFusion(*p.fusion) + p.toString(); }
+
 std::string printHostNode(const HostProgram& p, const HostNode& n) {
   HostNode header = n;
   header.body.clear();

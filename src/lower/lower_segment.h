@@ -23,6 +23,10 @@ HostNode poolLoop(int64_t trips, int64_t stream_pool, std::vector<HostNode> body
 // `mesh_axis` through the root (through this rank when there is none), or the whole mesh when
 // mesh_axis < 0.
 const DeviceMesh& teamMesh(const HostNode& n);
+// The segments lower-to-host-ir runs: segmentFusion's, with a resharding that moves no data (a
+// team of one device) made a local copy kernel. (The host-IR parser segments a parsed fusion
+// the same way.)
+std::vector<Segment> hostSegments(const Fusion& fusion);
 // The nodes that run segment `index`: a Gemm or LaunchKernel node; a Communication and its
 // Wait (taking the next handle); or a local slice.
 std::vector<HostNode> segmentNodes(const Segment& seg, int64_t index, int64_t& handles);

@@ -231,16 +231,21 @@ void lowerStreamChunks(const Segment& seg, int64_t index, int64_t chunks, int64_
 
 }  // namespace
 
-HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& overlap) {
-  HostProgram p;
-  p.fusion = fusion;
-  auto segments = std::make_shared<std::vector<Segment>>(segmentFusion(*fusion));
+std::vector<Segment> hostSegments(const Fusion& fusion) {
+  std::vector<Segment> segments = segmentFusion(fusion);
   // A resharding among one device moves no data: a local copy kernel.
-  for (Segment& seg : *segments) {
+  for (Segment& seg : segments) {
     HostNode n;
     if (seg.kind == Segment::Kind::Communication && classifySet(seg.exprs.at(0), n) && movesNoData(n))
       seg.kind = Segment::Kind::Kernel;
   }
+  return segments;
+}
+
+HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& overlap) {
+  HostProgram p;
+  p.fusion = fusion;
+  auto segments = std::make_shared<std::vector<Segment>>(hostSegments(*fusion));
   p.segments = segments;
   // Overlapped pairs: the loop replaces both segments, at the position of the first of them.
   std::map<int64_t, int64_t> partner;  // first segment of a pair -> the other

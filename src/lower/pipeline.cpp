@@ -7,7 +7,6 @@
 #include "decompose/decompose_for_overlap.h"
 #include "decompose/decompose_reshardings.h"
 #include "decompose/layout_for_communication.h"
-#include "lower/assign_streams.h"
 #include "lower/dead_code_elimination.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
@@ -100,18 +99,11 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   if (options.verify) verify(*fusion, {.require_meshes = !fusion->inputs().empty() && fusion->inputs()[0]->mesh()});
   if (keep_stages) out.stages["decomposed"] = printFusion(*fusion);
   out.fusion = std::shared_ptr<Fusion>(std::move(fusion));
-  out.host = lowerToHostIr(out.fusion, options.overlap);
+  out.host.fusion = out.fusion;
+  runHostPasses(out.host, {"lower-to-host-ir"}, options);
   if (keep_stages) out.stages["segmented"] = printSegments(*out.fusion, *out.host.segments);
   if (keep_stages) out.stages["hostir"] = out.host.toString();
   return out;
-}
-
-HostProgram programForRank(const CompiledProgram& program, int64_t rank) {
-  HostProgram p = specializeForRank(program.host, rank);
-  // assign-streams moves allocations (prefetch); insert-deallocations then frees after last use.
-  assignStreams(p);
-  insertDeallocations(p);
-  return p;
 }
 
 }  // namespace meshfuse
