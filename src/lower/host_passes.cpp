@@ -8,7 +8,7 @@
 #include <chrono>
 
 #include "lower/assign_streams.h"
-#include "lower/host_ir_verifier.h"
+#include "meshfuse/host_ir_verifier.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/pipeline.h"
@@ -18,10 +18,11 @@ namespace {
 
 bool lowered(const HostProgram& p) { return p.segments != nullptr; }
 
-bool anyNode(const std::vector<HostNode>& nodes, HostNodeKind kind) {
-  bool found = false;
-  forEachNode(nodes, [&](const HostNode& n) { found |= n.kind == kind; });
-  return found;
+// Whether insert-deallocations ran: it frees tensors' buffers at the top level. (Lowering frees
+// only per-iteration buffers, in loop bodies, and a ring's second slot after its loop.)
+bool deallocationsInserted(const HostProgram& p) {
+  return std::any_of(p.nodes.begin(), p.nodes.end(),
+                     [](const HostNode& n) { return n.kind == HostNodeKind::Deallocate && n.slot == 0; });
 }
 
 bool hasStreamPool(const std::vector<HostNode>& nodes) {
@@ -60,7 +61,7 @@ void specializePrecondition(const HostProgram& p, const HostPass& pass, int64_t 
 
 void assignStreamsPrecondition(const HostProgram& p, const HostPass& pass, int64_t) {
   requireSpecialized(p, pass);
-  MF_USER_CHECK(!anyNode(p.nodes, HostNodeKind::Deallocate), ErrorKind::Value,
+  MF_USER_CHECK(!deallocationsInserted(p), ErrorKind::Value,
                 "{} must run before insert-deallocations: it moves allocations (found a deallocate)", pass.name);
 }
 
@@ -68,7 +69,7 @@ void deallocationsPrecondition(const HostProgram& p, const HostPass& pass, int64
   requireSpecialized(p, pass);
   MF_USER_CHECK(!hasStreamPool(p.nodes), ErrorKind::Value,
                 "{} needs assign-streams first: a loop is still marked `on k streams`", pass.name);
-  MF_USER_CHECK(!anyNode(p.nodes, HostNodeKind::Deallocate), ErrorKind::Value,
+  MF_USER_CHECK(!deallocationsInserted(p), ErrorKind::Value,
                 "{} has run already: the program has deallocate nodes", pass.name);
 }
 

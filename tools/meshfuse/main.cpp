@@ -9,6 +9,7 @@
 
 #include "autodiff_commands.h"
 #include "cli_common.h"
+#include "opt_host.h"
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
@@ -125,6 +126,9 @@ int main(int argc, char** argv) {
                 "print the IR after every pass, each headed by a line '# ----- IR after PASS' (so the output reads "
                 "back with --split-input-file)");
   opt->add_flag("--timing", timing, "print each pass's wall time to stderr");
+
+  cli::OptHostOptions opt_host_opts;
+  auto* opt_host = cli::addOptHost(app, opt_host_opts);
 
   std::string stage = "hostir";
   int64_t dump_rank = 0;
@@ -254,6 +258,7 @@ int main(int argc, char** argv) {
                   "handle each on its own and print '# -----' between the results");
 
   CLI11_PARSE(app, argc, argv);
+  if (*opt_host) return cli::runOptHost(opt_host_opts);
 
   std::vector<std::string> pieces;
   try {
