@@ -64,7 +64,7 @@ CLI::App* addOptHost(CLI::App& app, OptHostOptions& o) {
       ->required();
   std::string help = "host passes to run, in order (comma-separated):";
   for (const HostPass& p : hostPasses()) help += "\n  " + p.name + ": " + p.description;
-  sub->add_option("--pass", o.passes, help)->delimiter(',')->required();
+  sub->add_option("--pass", o.passes, help + "\n(none: read, verify and print the program)")->delimiter(',');
   sub->add_option("--rank", o.rank, "the rank specialize-for-rank keeps");
   sub->add_option("--streams", o.streams, "lower-to-host-ir: the stream pool of independent loop iterations")
       ->capture_default_str();
