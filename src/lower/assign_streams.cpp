@@ -47,6 +47,8 @@
 
 #include <algorithm>
 
+#include "lower/host_builder.h"
+
 #include "meshfuse/ir/fusion.h"
 
 namespace meshfuse {
@@ -77,28 +79,9 @@ size_t firstReader(const HostProgram& p, const std::vector<HostNode>& nodes, con
   return nodes.size();
 }
 
-HostNode streamNode(int64_t stream) {
-  HostNode n;
-  n.kind = HostNodeKind::SetCurrentStream;
-  n.stream = stream;
-  return n;
-}
-
-HostNode eventNode(HostNodeKind kind, int64_t id, std::vector<int64_t> coeffs = {}) {
-  HostNode n;
-  n.kind = kind;
-  n.event = id;
-  n.event_coeffs = std::move(coeffs);
-  return n;
-}
-
 // The host waits for iteration i - k's `done` event before it issues iteration i: at most k
 // iterations are in flight, so at most k iterations' buffers are alive (peakMemoryBytes).
-HostNode hostWait(int64_t done, int64_t k) {
-  HostNode n = eventNode(HostNodeKind::HostWaitEvent, done, {1});
-  n.event_offset = -k;
-  return n;
-}
+HostNode hostWait(int64_t done, int64_t k) { return host::event(HostNodeKind::HostWaitEvent, done, {1}, -k); }
 
 // 1. (see the top): the loops of independent iterations on their stream pools.
 void placeStreamPools(std::vector<HostNode>& nodes, int64_t& events) {
@@ -109,17 +92,15 @@ void placeStreamPools(std::vector<HostNode>& nodes, int64_t& events) {
       continue;
     }
     const int64_t start = events++, done = events++;
-    HostNode pool = streamNode(1);
+    HostNode pool = host::onStream(1);
     pool.stream_pool = n.stream_pool;
-    n.body.insert(n.body.begin(), {hostWait(done, n.stream_pool), pool, eventNode(HostNodeKind::WaitEvent, start)});
-    n.body.push_back(eventNode(HostNodeKind::RecordEvent, done, {1}));
+    n.body.insert(n.body.begin(), {hostWait(done, n.stream_pool), pool, host::event(HostNodeKind::WaitEvent, start)});
+    n.body.push_back(host::event(HostNodeKind::RecordEvent, done, {1}));
     n.stream_pool = 0;
-    out.push_back(eventNode(HostNodeKind::RecordEvent, start));
+    out.push_back(host::event(HostNodeKind::RecordEvent, start));
     out.push_back(std::move(n));
-    out.push_back(streamNode(0));
-    HostNode join;
-    join.kind = HostNodeKind::Synchronize;
-    out.push_back(join);
+    out.push_back(host::onStream(0));
+    out.push_back(host::sync());
   }
   nodes = std::move(out);
 }
@@ -141,7 +122,7 @@ void prefetchParameters(HostProgram& p, int64_t& events) {
     nodes.erase(nodes.begin() + static_cast<std::ptrdiff_t>(c - 1), nodes.begin() + static_cast<std::ptrdiff_t>(c + 2));
     const int64_t event = events++;
     std::vector<HostNode> issued = {
-        group[0], streamNode(1), group[1], group[2], eventNode(HostNodeKind::RecordEvent, event), streamNode(0)};
+        group[0], host::onStream(1), group[1], group[2], host::event(HostNodeKind::RecordEvent, event), host::onStream(0)};
     // Issue it just before the main stream waits for the previous gathered parameter (one ahead),
     // so that it runs while the previous layer computes; the first one stays where it was.
     size_t at = c - 1;
@@ -149,7 +130,7 @@ void prefetchParameters(HostProgram& p, int64_t& events) {
       if (nodes[i].kind == HostNodeKind::WaitEvent && nodes[i].event == previous_event) at = i;
     nodes.insert(nodes.begin() + static_cast<std::ptrdiff_t>(at), issued.begin(), issued.end());
     size_t use = firstReader(p, nodes, gathered, at + issued.size());
-    nodes.insert(nodes.begin() + static_cast<std::ptrdiff_t>(use), eventNode(HostNodeKind::WaitEvent, event));
+    nodes.insert(nodes.begin() + static_cast<std::ptrdiff_t>(use), host::event(HostNodeKind::WaitEvent, event));
     c = use;  // continue after the first use
     previous_event = event;
   }
@@ -177,14 +158,6 @@ void viewAsBlocks(std::vector<HostNode>& nodes, const TensorView* tv, int64_t bl
   });
 }
 
-HostNode loopOf(int64_t trips, std::vector<HostNode> body) {
-  HostNode n;
-  n.kind = HostNodeKind::ForLoop;
-  n.trip_count = trips;
-  n.body = std::move(body);
-  return n;
-}
-
 // Rewrites one microbatch loop; `before` receives the nodes that go ahead of it, `after` those
 // that follow it.
 void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before, std::vector<HostNode>& after) {
@@ -205,19 +178,19 @@ void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before
       const int64_t arrived = events++;
       posts.push_back(n);
       waits.push_back(waitOf(j, n.handle));
-      waits.push_back(eventNode(HostNodeKind::RecordEvent, arrived, {1}));
-      body.push_back(eventNode(HostNodeKind::WaitEvent, arrived, {1}));
+      waits.push_back(host::event(HostNodeKind::RecordEvent, arrived, {1}));
+      body.push_back(host::event(HostNodeKind::WaitEvent, arrived, {1}));
       received.push_back(n.out.tv);
       ++j;  // (its wait went with it)
     } else if (sendsOnly(n)) {
       const int64_t computed = events++;
-      body.push_back(eventNode(HostNodeKind::RecordEvent, computed, {1}));
-      body.push_back(streamNode(2));
-      body.push_back(eventNode(HostNodeKind::WaitEvent, computed, {1}));
+      body.push_back(host::event(HostNodeKind::RecordEvent, computed, {1}));
+      body.push_back(host::onStream(2));
+      body.push_back(host::event(HostNodeKind::WaitEvent, computed, {1}));
       body.push_back(n);
       body.push_back(waitOf(j, n.handle));
       last_send = body.size();
-      body.push_back(streamNode(0));
+      body.push_back(host::onStream(0));
       sends = true;
       ++j;
     } else {
@@ -228,9 +201,9 @@ void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before
   // iteration's last work is done (its sends, else its compute).
   const int64_t done = events++;
   if (sends) {
-    body.insert(body.begin() + static_cast<std::ptrdiff_t>(last_send), eventNode(HostNodeKind::RecordEvent, done, {1}));
+    body.insert(body.begin() + static_cast<std::ptrdiff_t>(last_send), host::event(HostNodeKind::RecordEvent, done, {1}));
   } else {
-    body.push_back(eventNode(HostNodeKind::RecordEvent, done, {1}));
+    body.push_back(host::event(HostNodeKind::RecordEvent, done, {1}));
   }
   body.insert(body.begin(), hostWait(done, 2));
   // A received tensor becomes a buffer of every microbatch, allocated before the loop.
@@ -240,22 +213,17 @@ void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before
     });
     viewAsBlocks(body, tv, m);
     viewAsBlocks(posts, tv, m);
-    HostNode a;
-    a.kind = HostNodeKind::Allocate;
-    a.tv = tv;
-    before.push_back(a);
+    before.push_back(host::allocate(tv));
   }
   if (!posts.empty()) {
-    before.push_back(streamNode(1));
-    before.push_back(loopOf(m, std::move(posts)));  // every receive posted up front
-    before.push_back(loopOf(m, std::move(waits)));  // and waited for in order, beside the compute
-    before.push_back(streamNode(0));
+    before.push_back(host::onStream(1));
+    before.push_back(host::loop(m, std::move(posts)));  // every receive posted up front
+    before.push_back(host::loop(m, std::move(waits)));  // and waited for in order, beside the compute
+    before.push_back(host::onStream(0));
   }
   loop.body = std::move(body);
   if (received.empty() && !sends) return;
-  HostNode join;
-  join.kind = HostNodeKind::Synchronize;
-  after.push_back(join);
+  after.push_back(host::sync());
 }
 
 // Microbatch loops: the loops, not on a stream pool, whose iterations allocate buffers (ring

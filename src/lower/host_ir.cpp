@@ -24,7 +24,9 @@ namespace {
 
 // "2*i0 - 2*r + i1 - 2" for coefficients of the loop variables, the rank index and a constant;
 // `wraps` is set when the value may need a modulo to be a valid index.
-std::string indexExpr(const std::vector<int64_t>& loop_coeffs, int64_t rank_coeff, int64_t offset, bool& wraps) {
+// The rank index is `r` along mesh axis 0 (every ring so far), `rK` along axis K.
+std::string indexExpr(const std::vector<int64_t>& loop_coeffs, int64_t rank_coeff, int64_t offset, bool& wraps,
+                      int64_t rank_axis = 0) {
   std::string index;
   wraps = rank_coeff != 0;
   auto term = [&](int64_t c, const std::string& var) {
@@ -35,7 +37,7 @@ std::string indexExpr(const std::vector<int64_t>& loop_coeffs, int64_t rank_coef
   };
   for (size_t j = 0; j < loop_coeffs.size(); ++j)
     term(loop_coeffs[j], loop_coeffs.size() == 1 ? std::string("i") : fmt::format("i{}", j));
-  term(rank_coeff, "r");
+  term(rank_coeff, rank_axis > 0 ? fmt::format("r{}", rank_axis) : std::string("r"));
   if (offset < 0) wraps = true;
   if (offset != 0 || index.empty())
     index +=
@@ -49,7 +51,7 @@ std::string BlockRef::toString(const Fusion& f) const {
   std::string name = f.displayName(tv) + (slot > 0 ? fmt::format("~{}", slot) : "");
   if (whole()) return name;
   bool wraps = false;
-  std::string index = indexExpr(loop_coeffs, rank_coeff, offset, wraps);
+  std::string index = indexExpr(loop_coeffs, rank_coeff, offset, wraps, mesh_axis);
   return fmt::format("{}[{} of {}]", name, wraps ? "(" + index + ") % " + std::to_string(blocks) : index, blocks);
 }
 

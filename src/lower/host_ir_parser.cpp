@@ -89,7 +89,10 @@ class Cursor {
 struct Index {
   std::vector<int64_t> loop_coeffs;
   int64_t rank_coeff = 0, offset = 0;
+  int64_t rank_axis = -1;  // the mesh axis of the rank index: `r` is axis 0, `rK` axis K
 };
+
+bool isDigit(char d) { return std::isdigit(static_cast<unsigned char>(d)) != 0; }
 
 Index parseIndex(Cursor& c, size_t depth) {
   Index x;
@@ -100,12 +103,15 @@ Index parseIndex(Cursor& c, size_t depth) {
     if (number) coeff = c.integer();
     if (!number || c.eat("*")) {
       std::string var = c.word();
-      if (var == "r") {
+      if (var[0] == 'r' && std::all_of(var.begin() + 1, var.end(), isDigit)) {
+        const int64_t axis = var.size() == 1 ? 0 : std::stoll(var.substr(1));
+        if (x.rank_axis >= 0 && x.rank_axis != axis) c.fail("an index over the rank along two mesh axes");
+        x.rank_axis = axis;
         x.rank_coeff += sign * coeff;
       } else if (var == "i") {
         x.loop_coeffs.resize(std::max<size_t>(x.loop_coeffs.size(), 1));
         x.loop_coeffs[0] += sign * coeff;
-      } else if (var.size() > 1 && var[0] == 'i' && std::all_of(var.begin() + 1, var.end(), [](char d) { return std::isdigit(static_cast<unsigned char>(d)) != 0; })) {
+      } else if (var.size() > 1 && var[0] == 'i' && std::all_of(var.begin() + 1, var.end(), isDigit)) {
         size_t k = std::stoul(var.substr(1));
         if (k >= depth) c.fail(fmt::format("loop variable {} outside {} loops", var, depth));
         x.loop_coeffs.resize(depth);
@@ -170,6 +176,7 @@ class HostParser {
     b.loop_coeffs = x.loop_coeffs;
     b.rank_coeff = x.rank_coeff;
     b.offset = x.offset;
+    if (x.rank_coeff != 0) b.mesh_axis = x.rank_axis;
     return b;
   }
 
@@ -194,10 +201,14 @@ class HostParser {
     std::vector<BlockRef> views;
     for (bool outs : {false, true}) {
       if (outs) c.expect("-> (");
+      if (c.eat(")")) continue;  // (a segment without inputs: a constant)
       do views.push_back(ref(c, depth));
       while (c.eat(","));
       c.expect(")");
     }
+    if (views.size() != seg.inputs.size() + seg.outputs.size())
+      c.fail(fmt::format("segment #{} has {} inputs and {} outputs", n.segment, seg.inputs.size(),
+                         seg.outputs.size()));
     // Whole tensors, in the segment's order, print the same with or without views; a segment of
     // one expr prints `=` without them, so views were given.
     bool plain = seg.exprs.size() > 1 && views.size() == seg.inputs.size() + seg.outputs.size();
@@ -326,30 +337,6 @@ HostNode HostParser::node(const Line& line, size_t depth) {
   return n;
 }
 
-// A block index that uses this rank's index r (ring steps) walks the ranks along the axis of the
-// collectives in its loop; the text leaves that axis to them.
-void inferRankAxes(std::vector<HostNode>& nodes, int64_t axis) {
-  for (HostNode& n : nodes) {
-    if (n.kind == HostNodeKind::ForLoop) {
-      int64_t inner = axis;
-      forEachNode(n.body, [&](const HostNode& b) {
-        if (inner < 0 && b.kind == HostNodeKind::Communication && b.mesh_axis >= 0) inner = b.mesh_axis;
-      });
-      inferRankAxes(n.body, inner);
-      continue;
-    }
-    auto fix = [&](BlockRef& b) {
-      if (b.rank_coeff == 0) return;
-      MF_USER_CHECK(axis >= 0, ErrorKind::Parse,
-                    "a block index uses the rank index r outside a loop of collectives along a mesh axis");
-      b.mesh_axis = axis;
-    };
-    fix(n.in);
-    fix(n.out);
-    for (BlockRef& v : n.views) fix(v);
-  }
-}
-
 }  // namespace
 
 HostProgram parseHostModule(std::string_view text, std::string_view path) {
@@ -377,7 +364,6 @@ HostProgram parseHostModule(std::string_view text, std::string_view path) {
   parser.lines_ = std::move(lines);
   parser.next_ = 2;  // (the inputs line is checked with the whole text below)
   p.nodes = parser.nodes(0);
-  inferRankAxes(p.nodes, -1);
   // What parsed prints as the text read: the header, inputs and outputs lines, loop variables.
   std::string printed = p.toString();
   std::vector<std::string> expected;

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "lower/host_builder.h"
 #include "meshfuse/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 
@@ -51,10 +52,7 @@ void insertDeallocations(HostProgram& p) {
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     out.push_back(p.nodes[i]);
     for (const TensorView* tv : frees[i]) {
-      HostNode d;
-      d.kind = HostNodeKind::Deallocate;
-      d.tv = tv;
-      out.push_back(d);
+      out.push_back(host::deallocate(tv));
     }
   }
   p.nodes = std::move(out);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "lower/host_builder.h"
 #include "lower/lower_segment.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
@@ -38,15 +39,15 @@ class MicrobatchLowering {
                         "{} needs every microbatch of {} at once; microbatched pipelines need ops that process rows "
                         "independently",
                         seg.exprs.at(0)->name(), f_.displayName(in));
-        for (const TensorView* o : seg.outputs) out.push_back(allocateNode(o));
+        for (const TensorView* o : seg.outputs) out.push_back(host::allocate(o));
         for (HostNode& n : segmentNodes(seg, static_cast<int64_t>(i), handles_)) out.push_back(std::move(n));
         continue;
       }
       for (const TensorView* o : seg.outputs) {
         if (f_.isOutput(o)) {
-          out.push_back(allocateNode(o));  // whole, written one microbatch at a time
+          out.push_back(host::allocate(o));  // whole, written one microbatch at a time
         } else {
-          body.push_back(allocateNode(o, chunks_));
+          body.push_back(host::allocate(o, chunks_));
           buffers.push_back(o);
         }
       }
@@ -60,16 +61,8 @@ class MicrobatchLowering {
         body.push_back(std::move(n));
       }
     }
-    for (const TensorView* tv : buffers) {
-      HostNode d = allocateNode(tv, chunks_);
-      d.kind = HostNodeKind::Deallocate;
-      body.push_back(d);
-    }
-    HostNode loop;
-    loop.kind = HostNodeKind::ForLoop;
-    loop.trip_count = chunks_;
-    loop.body = std::move(body);
-    out.push_back(std::move(loop));
+    for (const TensorView* tv : buffers) body.push_back(host::deallocate(tv, chunks_));
+    out.push_back(host::loop(chunks_, std::move(body)));
   }
 
  private:

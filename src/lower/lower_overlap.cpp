@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "lower/host_builder.h"
 #include "lower/lower_segment.h"
 #include "meshfuse/ir/fusion.h"
 #include "propagation/sharding.h"
@@ -10,68 +11,14 @@
 namespace meshfuse {
 namespace {
 
-// ---- node builders --------------------------------------------------------------------------
-
-HostNode node(HostNodeKind k) {
-  HostNode n;
-  n.kind = k;
-  return n;
-}
-
-HostNode allocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0) {
-  HostNode n = node(HostNodeKind::Allocate);
-  n.tv = tv;
-  n.chunk_blocks = chunk_blocks;
-  n.slot = slot;
-  return n;
-}
-
-HostNode deallocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0) {
-  HostNode n = allocate(tv, chunk_blocks, slot);
-  n.kind = HostNodeKind::Deallocate;
-  return n;
-}
-
-HostNode onStream(int64_t stream, int64_t pool = 0) {
-  HostNode n = node(HostNodeKind::SetCurrentStream);
-  n.stream = stream;
-  n.stream_pool = pool;
-  return n;
-}
-
-HostNode event(HostNodeKind k, int64_t id, std::vector<int64_t> coeffs = {}, int64_t offset = 0) {
-  HostNode n = node(k);
-  n.event = id;
-  n.event_coeffs = std::move(coeffs);
-  n.event_offset = offset;
-  return n;
-}
-
-HostNode loop(int64_t trips, std::vector<HostNode> body) {
-  HostNode n = node(HostNodeKind::ForLoop);
-  n.trip_count = trips;
-  n.body = std::move(body);
-  return n;
-}
-
-BlockRef block(const TensorView* tv, int64_t blocks, std::vector<int64_t> coeffs, int64_t rank_coeff, int64_t offset,
-               int64_t axis, int64_t slot = 0) {
-  BlockRef b = BlockRef::of(tv, slot);
-  b.blocks = blocks;
-  b.loop_coeffs = std::move(coeffs);
-  b.rank_coeff = rank_coeff;
-  b.offset = offset;
-  b.mesh_axis = axis;
-  return b;
-}
-
-HostNode copy(BlockRef in, BlockRef out, bool accumulate) {
-  HostNode n = node(HostNodeKind::Copy);
-  n.in = std::move(in);
-  n.out = std::move(out);
-  n.accumulate = accumulate;
-  return n;
-}
+using host::allocate;
+using host::block;
+using host::copy;
+using host::deallocate;
+using host::event;
+using host::loop;
+using host::onStream;
+using host::wait;
 
 // ---- the pair ---------------------------------------------------------------------------------
 
@@ -110,20 +57,10 @@ class PairLowering {
   const TensorView* gemmOut() const { return gemm_seg_.outputs.at(0); }
 
   HostNode comm(CommKind kind, BlockRef in, BlockRef out, int64_t* handle) const {
-    HostNode n = node(HostNodeKind::Communication);
-    n.comm = kind;
-    n.in = std::move(in);
-    n.out = std::move(out);
-    n.mesh_axis = axis_;
+    HostNode n = host::communication(kind, std::move(in), std::move(out), axis_, *handle = state_.handles++);
     if (kind == CommKind::Allgather) n.in_dim = 0;
     if (kind == CommKind::ReduceScatter) n.out_dim = 0;
     if (kind == CommKind::SendRecv) n.shift = 1;
-    n.handle = *handle = state_.handles++;
-    return n;
-  }
-  static HostNode wait(int64_t handle) {
-    HostNode n = node(HostNodeKind::Wait);
-    n.handle = handle;
     return n;
   }
 
@@ -131,7 +68,7 @@ class PairLowering {
   // (assign-streams places them: each after the main stream's state at the loop's start, joined
   // at the end).
   void collectiveLoop(std::vector<HostNode> body, std::vector<HostNode>& out) {
-    out.push_back(poolLoop(s_, pool_, std::move(body)));
+    out.push_back(loop(s_, std::move(body), pool_));
   }
 
   void allgatherCollective(std::vector<HostNode>& out) {
@@ -204,7 +141,7 @@ class PairLowering {
     last.push_back(
         gemm(block(y_, nc, {1}, c, -(n_ - 1) * c, axis_), block(gemmOut(), nc, {1}, c, -(n_ - 1) * c, axis_)));
     out.push_back(loop(c, std::move(last)));
-    out.push_back(node(HostNodeKind::Synchronize));
+    out.push_back(host::sync());
   }
 
   // Ring GEMM + reduce-scatter into `result` blocks: at step k this rank computes the partial
@@ -256,7 +193,7 @@ class PairLowering {
     last.push_back(event(HostNodeKind::WaitEvent, received, {1}, (n_ - 2) * c));
     last.push_back(copy(part({1}, 0, 1), result_of_q, true));
     out.push_back(loop(c, std::move(last)));
-    out.push_back(node(HostNodeKind::Synchronize));
+    out.push_back(host::sync());
     out.push_back(deallocate(x_, 1, 1));  // (slot 0 is freed by insert-deallocations)
   }
 

@@ -9,15 +9,12 @@
 
 namespace meshfuse {
 
-// An Allocate of `tv` (one block of `chunk_blocks` along dim 0 when > 1).
-HostNode allocateNode(const TensorView* tv, int64_t chunk_blocks = 1);
+// (Plain node builders: lower/host_builder.h.)
+
 // A Gemm node that launches GEMM segment `index` on blocks of rows: `row_in` is the block of
 // the GEMM's row operand (its first operand), `row_out` the block its first output goes to (a
 // fused epilogue's outputs follow the same rows); every other input is whole.
 HostNode gemmOnRows(const Segment& seg, int64_t index, const BlockRef& row_in, const BlockRef& row_out);
-// A ForLoop of `trips` iterations whose iterations are independent: assign-streams runs them on
-// a pool of `stream_pool` streams.
-HostNode poolLoop(int64_t trips, int64_t stream_pool, std::vector<HostNode> body);
 // The mesh whose devices a Communication node's team is drawn from: the source mesh of a gather
 // or reduce, the target mesh of everything else. The team is that mesh's slice along
 // `mesh_axis` through the root (through this rank when there is none), or the whole mesh when

@@ -15,6 +15,7 @@
 #include <map>
 #include <set>
 
+#include "lower/host_builder.h"
 #include "lower/lower_microbatches.h"
 #include "lower/lower_overlap.h"
 #include "lower/lower_segment.h"
@@ -143,14 +144,6 @@ const DeviceMesh& teamMesh(const HostNode& n) {
   return n.comm == CommKind::Gather || n.comm == CommKind::Reduce ? *n.in.tv->mesh() : *n.out.tv->mesh();
 }
 
-HostNode allocateNode(const TensorView* tv, int64_t chunk_blocks) {
-  HostNode n;
-  n.kind = HostNodeKind::Allocate;
-  n.tv = tv;
-  n.chunk_blocks = chunk_blocks;
-  return n;
-}
-
 HostNode gemmOnRows(const Segment& seg, int64_t index, const BlockRef& row_in, const BlockRef& row_out) {
   HostNode n;
   n.kind = HostNodeKind::Gemm;
@@ -168,15 +161,6 @@ HostNode gemmOnRows(const Segment& seg, int64_t index, const BlockRef& row_in, c
   return n;
 }
 
-HostNode poolLoop(int64_t trips, int64_t stream_pool, std::vector<HostNode> body) {
-  HostNode n;
-  n.kind = HostNodeKind::ForLoop;
-  n.trip_count = trips;
-  n.stream_pool = stream_pool;
-  n.body = std::move(body);
-  return n;
-}
-
 std::vector<HostNode> segmentNodes(const Segment& seg, int64_t index, int64_t& handles) {
   HostNode n;
   n.segment = index;
@@ -189,10 +173,7 @@ std::vector<HostNode> segmentNodes(const Segment& seg, int64_t index, int64_t& h
   n.segment = -1;
   if (n.kind != HostNodeKind::Communication) return {n};  // a local slice
   n.handle = handles++;
-  HostNode w;
-  w.kind = HostNodeKind::Wait;
-  w.handle = n.handle;
-  return {n, w};
+  return {n, host::wait(n.handle)};
 }
 
 namespace {
@@ -220,13 +201,13 @@ int64_t streamChunks(const Segment& seg) {
 // A GEMM on stream chunks of its rows: iteration i computes rows [i of s] of the output from
 // rows [i of s] of the row operand, the iterations on the stream pool.
 void lowerStreamChunks(const Segment& seg, int64_t index, int64_t chunks, int64_t pool, std::vector<HostNode>& out) {
-  for (const TensorView* o : seg.outputs) out.push_back(allocateNode(o));
+  for (const TensorView* o : seg.outputs) out.push_back(host::allocate(o));
   BlockRef rows = BlockRef::of(static_cast<const TensorView*>(seg.exprs.at(0)->input(size_t{0})));
   rows.blocks = chunks;
   rows.loop_coeffs = {1};
   BlockRef result = rows;
   result.tv = seg.outputs.at(0);
-  out.push_back(poolLoop(chunks, pool, {gemmOnRows(seg, index, rows, result)}));
+  out.push_back(host::loop(chunks, {gemmOnRows(seg, index, rows, result)}, pool));
 }
 
 }  // namespace
@@ -281,7 +262,7 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
       lowerStreamChunks(seg, static_cast<int64_t>(i), chunks, overlap.streams, p.nodes);
       continue;
     }
-    for (const TensorView* out : seg.outputs) p.nodes.push_back(allocateNode(out));
+    for (const TensorView* out : seg.outputs) p.nodes.push_back(host::allocate(out));
     for (HostNode& n : segmentNodes(seg, static_cast<int64_t>(i), state.handles)) p.nodes.push_back(std::move(n));
   }
   return p;

@@ -124,10 +124,13 @@ TEST(HostIrText, MalformedTextIsAParseErrorNamingTheLine) {
   EXPECT_EQ(parseError(with("allocate %up", "frobnicate %up")),
             l3 + "unknown host node 'frobnicate' in `frobnicate %up : f32[?t, 64]`");
   EXPECT_EQ(parseError(with("gemm #0", "gemm #42")).substr(l3.size()),
-            "segment #42 does not exist (the fusion has 4 segments) in `gemm #42 %up = linear(%inp, %up_w)`");
+            "segment #42 does not exist (the fusion has 5 segments) in `gemm #42 %up = linear(%inp, %up_w, "
+            "bias=%up_b)`");
   EXPECT_EQ(parseError(good.substr(0, good.find("hostir"))),
             "t.mf: no host program (a line `hostir {` or `hostir rank R {` after the fusion)");
   std::string m = parseError(with("  outputs %out\n", ""));
+  EXPECT_NE(m.find(": the host program reads back as `outputs %out` here, not `}`"), std::string::npos) << m;
+  m = parseError(with("  outputs %out\n}\n", ""));
   EXPECT_EQ(m, "t.mf: the host program ends inside a loop or without its outputs line");
 }
 

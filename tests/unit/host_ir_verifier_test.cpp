@@ -30,7 +30,8 @@ std::string violation(const HostProgram& p, HostVerifyOptions o = {}) {
   try {
     verifyHostIr(p, o);
   } catch (const InternalError& e) {
-    return e.what();
+    std::string m = e.what();
+    return m.substr(m.find("host IR verifier:"));  // (after InternalError's "this is a bug" prefix)
   }
   ADD_FAILURE() << "the verifier accepted:\n" << p.toString();
   return "";
@@ -61,7 +62,8 @@ TEST(HostIrVerifier, UseBeforeAllocate) {
   ASSERT_TRUE(first);
   p.nodes.erase(p.nodes.begin() + (first - p.nodes.data()));  // `allocate %up` goes
   EXPECT_EQ(violation(p),
-            "host IR verifier: `gemm #0 %up = linear(%inp, %up_w)` uses %up, which is not allocated before it");
+            "host IR verifier: `gemm #0 %up = linear(%inp, %up_w, bias=%up_b)` uses %up, which is not allocated "
+            "before it");
 }
 
 TEST(HostIrVerifier, UseAfterDeallocate) {

@@ -34,7 +34,8 @@ void verifyInput(const HostProgram& p, bool streams_assigned) {
   try {
     verifyHostIr(p, {.streams_assigned = streams_assigned});
   } catch (const InternalError& e) {
-    userError(ErrorKind::Value, "the host program read is not valid: {}", e.what());
+    std::string m = e.what();  // (without InternalError's "this is a bug" prefix: the file is wrong)
+    userError(ErrorKind::Value, "the host program read is not valid: {}", m.substr(m.find("host IR verifier")));
   }
 }
 
