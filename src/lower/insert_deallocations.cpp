@@ -5,6 +5,10 @@
 //   counts as touching everything its body touches; buffers allocated inside a loop body are
 //   freed by the body itself. (Tasks already submitted to a stream keep their buffers alive
 //   until they have run, so freeing after the node that issued them is safe.)
+//
+//   before: launch #1 %act = gelu(%up) ; allocate %0 ; gemm #2 %0 = linear(%act, %w) ; ...
+//   after:  launch #1 %act = gelu(%up) ; deallocate %up ; allocate %0 ;
+//           gemm #2 %0 = linear(%act, %w) ; deallocate %act ; ...
 #include <map>
 #include <set>
 

@@ -11,6 +11,11 @@
 //   its GEMM become one Stream-parallel loop (lower_overlap.h); a GEMM whose output rows the
 //   schedule splits on Stream (and that no collective is paired with) runs as a loop over those
 //   chunks, its iterations on the stream pool (assign-streams places them).
+//
+//   before: %0 = set(%inp) : f32[?t, 64] @tp {}        (Shard(0) -> Replicate on axis 0)
+//           %up = linear(%0, %up_w) ...
+//   after:  allocate %0 : f32[?t, 64] ; comm h0 allgather %inp -> %0 axis 0 from dim 0 ; wait h0 ;
+//           allocate %up : f32[?t, 64] ; gemm #1 %up = linear(%0, %up_w)
 #include <algorithm>
 #include <map>
 #include <set>

@@ -7,6 +7,11 @@
 //   broadcast, scatter, gather or reduce between meshes is kept by the members of its team (the
 //   slice through its root); every other Communication has its team (the mesh slice along its
 //   axis through `rank`); loops whose bodies hold no work of this rank are dropped.
+//
+//   before (hostir {):        comm h0 allgather %inp -> %0 axis 0 from dim 0
+//   after (hostir rank 1 {):  comm h0 allgather %inp -> %0 axis 0 from dim 0 team [0, 1]
+//   (a stage boundary: `comm h0 send_recv %out0 -> %0` becomes, on rank 1 of stages [0] -> [1],
+//   `comm h0 send_recv %out0 -> %0 from rank 0 team [0, 1]`; rank 2 drops it.)
 #include <algorithm>
 
 #include "lower/lower_segment.h"
