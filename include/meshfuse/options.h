@@ -7,10 +7,21 @@
 namespace meshfuse {
 
 // propagate-shardings.
+// How attention whose sequence dim arrives sharded is parallelized (docs/parallelisms.md
+// "Context parallelism").
+//   Auto:    Ulysses where the heads divide the mesh axis, else gather the sequence;
+//   Ulysses: Ulysses, an error where the heads do not divide (Auto is kept apart so that ring
+//            attention can join its choice);
+//   Gather:  all-gather q, k and v (every rank holds the whole sequence).
+enum class ContextParallel { Auto, Ulysses, Gather };
+// "auto" | "ulysses" | "gather" (the CLI's --cp, Python's cp=); a ValueError names the others.
+ContextParallel parseContextParallel(const std::string& name);
+
 struct PropagationOptions {
   // Fully sharded data parallelism: parameters are all-gathered where they are used and the
   // activations keep their sharding (by default parameters stay and activations move).
   bool gather_parameters = false;
+  ContextParallel context_parallel = ContextParallel::Auto;
 };
 
 // decompose-for-overlap and the streams of its loops.

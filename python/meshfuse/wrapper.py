@@ -94,7 +94,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 class FusionDefinitionWrapper:
     def __init__(self, define_fusion, *, overlap: str = "none", chunks: int = 0, streams: int = 2,
-                 fsdp: bool = False, trace: bool = False, check_inputs: str = "first",
+                 fsdp: bool = False, cp: str = "auto", trace: bool = False, check_inputs: str = "first",
                  abort_on_failure: bool = True, device: str = "auto"):
         """`define_fusion(fd)` defines the single-device program (called once, lazily).
 
@@ -103,6 +103,11 @@ class FusionDefinitionWrapper:
             "none" (default) only chunks the GEMMs the definition's schedule splits on a stream axis.
         fsdp: fully sharded data parallelism: all-gather sharded parameters where they are used
             (prefetched one layer ahead) instead of moving the activations.
+        cp: context parallelism for attention (sdpa) whose q, k or v arrive sharded on the
+            sequence dim: "auto" (default: Ulysses where the heads divide the mesh axis, else the
+            sequence is gathered), "ulysses" (all-to-all to a split of the heads, attention on whole
+            sequences; meshfuse.UnsupportedError where the heads do not divide) or "gather"
+            (all-gather q, k and v). docs/parallelisms.md "Context parallelism".
         trace: record each call's timeline; see last_trace() and write_trace().
         check_inputs: whether the ranks first agree that they were given the same inputs (shapes,
             dtypes, placements, meshes; not values), so that a rank given other inputs makes every
@@ -126,7 +131,7 @@ class FusionDefinitionWrapper:
         self._check_inputs = check_inputs
         self._run_check = None  # check_inputs, or "never" in a world of one rank (known at the first call)
         self._define_fusion = define_fusion
-        self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, trace=trace,
+        self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, cp=cp, trace=trace,
                              abort_on_failure=abort_on_failure, device=device)
         self._fd = None
         self._executor = None

@@ -360,7 +360,8 @@ void bindPrograms(py::module_& m) {
 
   py::class_<PyExecutor, std::shared_ptr<PyExecutor>>(m, "Executor")
       .def(py::init([](const Fusion& definition, bool keep_stages, const std::string& overlap, int64_t chunks,
-                       int64_t streams, bool fsdp, bool trace, bool abort_on_failure, const std::string& device) {
+                       int64_t streams, bool fsdp, const std::string& cp, bool trace, bool abort_on_failure,
+                       const std::string& device) {
              auto e = std::make_shared<PyExecutor>();
              std::unique_ptr<Backend> backend = makeBackend(device);
              e->comm = communicatorFor(*backend);
@@ -368,6 +369,7 @@ void bindPrograms(py::module_& m) {
              options.keep_stages = keep_stages;
              options.pipeline.overlap = {overlap, chunks, streams};
              options.pipeline.propagation.gather_parameters = fsdp;
+             options.pipeline.propagation.context_parallel = parseContextParallel(cp);
              options.trace = trace;
              options.abort_on_failure = abort_on_failure;
              options.check_inputs = false;  // the wrapper's own check (check_inputs=, _agreement.py)
@@ -376,8 +378,9 @@ void bindPrograms(py::module_& m) {
              return e;
            }),
            "definition"_a, "keep_stages"_a = true, "overlap"_a = "none", "chunks"_a = 0, "streams"_a = 2,
-           "fsdp"_a = false, "trace"_a = false, "abort_on_failure"_a = true, "device"_a = "auto",
-           "overlap: none | collective | ring (decompose-for-overlap); fsdp: gather parameters where used; trace: "
+           "fsdp"_a = false, "cp"_a = "auto", "trace"_a = false, "abort_on_failure"_a = true, "device"_a = "auto",
+           "overlap: none | collective | ring (decompose-for-overlap); fsdp: gather parameters where used; cp: auto | ulysses | "
+           "gather (context parallelism of attention whose sequence arrives sharded); trace: "
            "record each run's timeline; abort_on_failure: a failure while a multi-rank program runs ends the job "
            "(MPI_Abort) instead of raising on this rank while the others wait; device: cpu, cuda or auto (cuda "
            "when a GPU is present): where the programs run (inputs and outputs stay host arrays)")

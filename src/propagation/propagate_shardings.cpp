@@ -565,10 +565,56 @@ class Propagator {
       if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
       if (std::optional<int64_t> h = states_.at(in).hints[a]; h && *h < in->rank()) fromDim(i, *h, "sharded upstream");
     }
+    // Where Ulysses applies, gathering the sequence is not a candidate: it would win on the count
+    // of collectives (three allgathers against four all-to-alls when the output goes back to
+    // the sequence) but send n times the bytes and hold the whole sequence on every rank, which
+    // is what context parallelism is for avoiding.
+    if (std::optional<OutputChoice> u = ulysses(e, rule, mesh, a)) {
+      add(*u);
+      return out;
+    }
     OutputChoice rep;
     rep.why = Provenance::literal(fmt::format("Replicate(): no cheaper sharding for {} on mesh axis {}", e->name(), a));
     add(rep);
     return out;
+  }
+
+  // Ulysses (DeepSpeed's context parallelism), derived: attention whose q, k or v arrive sharded
+  // on the sequence dim, which attention needs whole, may instead run on whole sequences for a
+  // subset of heads. The candidate is the output sharded on heads; its operands then move
+  // Shard(seq) -> Shard(heads) by all-to-all, which sends an n-th of what gathering them would,
+  // and a consumer that wants the sequence sharded again pays one more all-to-all: four in all.
+  std::optional<OutputChoice> ulysses(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
+                                      int64_t a) const {
+    if (e->kind() != OpKind::Sdpa || options_.context_parallel == ContextParallel::Gather) return std::nullopt;
+    constexpr int64_t kHeads = 1;
+    const int64_t n = mesh.size(a);
+    const TensorView* seq_sharded = nullptr;
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      const TensorView* in = tensorAt(e, i);
+      if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
+      const AxisState& st = states_.at(in).sharding.axes[a];
+      if (st.kind == Placement::Shard && rule.operand_maps[i][st.dim] < 0) seq_sharded = in;
+    }
+    if (seq_sharded == nullptr) return std::nullopt;
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      const TensorView* in = tensorAt(e, i);
+      if (in == nullptr || shardable(in, kHeads, n)) continue;
+      // The heads must divide the group; where they do not, Auto gathers the sequence instead.
+      MF_USER_CHECK(options_.context_parallel != ContextParallel::Ulysses, ErrorKind::Unsupported,
+                    "context parallelism \"ulysses\" for {}: {} has {} heads, which mesh axis {} ({} devices) does "
+                    "not divide (its sequence dim arrives sharded in {}); use \"auto\" or \"gather\"",
+                    f_.displayName(e->output()), f_.displayName(in), in->dims()[kHeads]->extent().toString(), a,
+                    n, f_.displayName(seq_sharded));
+      return std::nullopt;
+    }
+    OutputChoice c;
+    c.state = Placement::shard(dimIndexOfLogical(e->output(), kHeads));
+    c.out_logical = kHeads;
+    c.why = Provenance::literal(fmt::format(
+        "{}: Ulysses: {} runs on whole sequences for {} of the heads, as its sequence dim arrives sharded",
+        c.state.toString(), e->name(), fmt::format("1/{}", n)));
+    return c;
   }
 
   std::optional<int64_t> hintFor(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, int64_t a,

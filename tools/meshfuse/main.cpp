@@ -240,6 +240,13 @@ int main(int argc, char** argv) {
     sub->add_flag("--fsdp", pipeline.propagation.gather_parameters,
                   "fully sharded data parallelism: all-gather sharded parameters where they are used (prefetched one "
                   "ahead on a communication stream) instead of moving the activations");
+    sub->add_option_function<std::string>(
+           "--cp", [&pipeline](const std::string& v) { pipeline.propagation.context_parallel = mf::parseContextParallel(v); },
+           "context parallelism for attention whose sequence dim arrives sharded: auto (Ulysses where the heads "
+           "divide the mesh axis, else gather), ulysses (all-to-all to a split of the heads; an error where they "
+           "do not divide) or gather (all-gather q, k and v)")
+        ->check(CLI::IsMember({"auto", "ulysses", "gather"}))
+        ->default_str("auto");
   }
   run->add_option("--device", run_opts.device,
                   "where to run: cpu, cuda, auto (cuda when a GPU is present) or "
