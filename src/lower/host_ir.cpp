@@ -200,6 +200,9 @@ int64_t iterationsInFlight(const HostNode& loop) {
 
 void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, int64_t& live, int64_t& peak) {
   for (const HostNode& n : nodes) {
+    // An output that updates an input in place lives in the input's buffer: it costs nothing.
+    bool buffer_node = n.kind == HostNodeKind::Allocate || n.kind == HostNodeKind::Deallocate;
+    if (buffer_node && n.slot == 0 && n.tv->fusion()->aliasedInput(n.tv) != nullptr) continue;
     if (n.kind == HostNodeKind::Allocate) peak = std::max(peak, live += localBytes(n.tv, b, n.chunk_blocks));
     if (n.kind == HostNodeKind::Deallocate) live -= localBytes(n.tv, b, n.chunk_blocks);
     // An iteration's buffers are freed by its body but live until its tasks ran (see

@@ -282,6 +282,12 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
                         program_.fusion->displayName(n.tv), shape[0], n.chunk_blocks);
           shape[0] /= n.chunk_blocks;
         }
+        // An output that updates an input in place (Fusion::aliasOutputToInput) is that input's
+        // buffer: lower/check_aliases.h guarantees the program may write it there.
+        if (const TensorView* in = program_.fusion->aliasedInput(n.tv); in != nullptr && n.slot == 0) {
+          values_[{n.tv, 0}] = value(in);
+          break;
+        }
         try {
           values_[{n.tv, n.slot}] = backend_.allocate(n.tv->dtype(), shape);
         } catch (const UserError& e) {  // e.g. out of memory: say which tensor
