@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C, torch_interop
-from ._locals import is_torch_tensor, to_cpp
+from ._locals import is_torch_tensor
 from .dtensor import DTensor
 
 __all__ = ["SGD", "AdamW"]
@@ -69,8 +69,7 @@ def _f32_like(p, copy: bool):
 
 def _scalar_like(p, value: float):
     """A replicated scalar on p's mesh, of p's kind."""
-    local = _local(p)
-    if is_torch_tensor(local):
+    if not isinstance(p, DTensor):
         import torch
         from torch.distributed.tensor import DTensor as TorchDTensor, Replicate as TorchReplicate
         mesh = p.device_mesh

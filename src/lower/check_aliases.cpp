@@ -3,6 +3,7 @@
 #include "lower/check_aliases.h"
 
 #include <algorithm>
+#include <set>
 
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
@@ -41,6 +42,23 @@ void checkAlias(const Fusion& f, const std::vector<Segment>& segments, const Ten
     why(fmt::format("it is computed by a {} segment, not an elementwise kernel", segmentKindName(writer->kind)));
   for (const Expr* e : writer->exprs)
     if (!elementwise(e, in)) why(fmt::format("its kernel computes {}, which is not elementwise", e->output()->describe()));
+  // The kernel computes its stored values one after another (kernel_lower.cpp), re-reading inputs
+  // in each: a value computed from the input's old contents must be needed for the output
+  // itself (computed before it is stored), not by a value the kernel may compute after it.
+  // Values computed from the new contents read them through the output (stored): fine.
+  std::set<const Val*> needed = {out};
+  for (auto it = writer->exprs.rbegin(); it != writer->exprs.rend(); ++it)
+    if (needed.count((*it)->output()))
+      for (const Val* v : (*it)->inputs()) needed.insert(v);
+  std::set<const Val*> old_reader = {in};
+  for (const Expr* e : writer->exprs) {
+    bool reads_old = std::any_of(e->inputs().begin(), e->inputs().end(), [&](const Val* v) { return old_reader.count(v); });
+    if (!reads_old || e->output() == out) continue;
+    if (!needed.count(e->output()))
+      why(fmt::format("the kernel also computes {} from the input's old contents, after they may be overwritten",
+                      e->output()->describe()));
+    old_reader.insert(e->output());
+  }
   for (const Segment& s : segments)
     if (&s != writer && std::find(s.inputs.begin(), s.inputs.end(), in) != s.inputs.end())
       why(fmt::format("another {} segment ({}) reads the input", segmentKindName(s.kind),

@@ -1,6 +1,9 @@
 // Sharded training (TrainingExecutor) on every world size the suite runs: data parallelism
 // (batch Shard(0), weights replicated) and Megatron tensor parallelism (w1 Shard(0), w2 Shard(1))
 // give the same losses and weights, step by step, as training the definition on one device.
+#include <algorithm>
+#include <cmath>
+
 #include "meshfuse/ops.h"
 #include "meshfuse/training_executor.h"
 #include "mpi_test_main.h"
@@ -49,7 +52,7 @@ std::vector<PhaseCollective> trainBoth(const std::vector<Ps>& placements, const 
   return trainer.lastCollectives();
 }
 
-int64_t count(const std::vector<PhaseCollective>& cs, const std::string& phase, CommKind kind) {
+int64_t countOf(const std::vector<PhaseCollective>& cs, const std::string& phase, CommKind kind) {
   return std::count_if(cs.begin(), cs.end(),
                        [&](const PhaseCollective& c) { return c.phase == phase && c.info.kind == kind; });
 }
@@ -58,8 +61,8 @@ TEST(Training, DataParallelAdamWMatchesOneDevice) {
   std::vector<PhaseCollective> cs =
       trainBoth({{S(0)}, {S(0)}, {R}, {R}, {R}}, AdamWOptions{.lr = 0.01, .weight_decay = 0.1}, 4);
   if (worldSize() > 1) {  // one allreduce per weight gradient; the optimizer communicates nothing
-    EXPECT_EQ(count(cs, "backward", CommKind::Allreduce), 3);
-    EXPECT_EQ(count(cs, "optimizer", CommKind::Allreduce), 0);
+    EXPECT_EQ(countOf(cs, "backward", CommKind::Allreduce), 3);
+    EXPECT_EQ(countOf(cs, "optimizer", CommKind::Allreduce), 0);
   }
 }
 

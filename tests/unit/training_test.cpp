@@ -17,15 +17,16 @@ namespace {
 
 using testing_helpers::userErrorMessage;
 
-// m2 = m * 0.5 + g (updates m in place) and y = m + g (reads the old m in the same kernel).
-std::unique_ptr<Fusion> momentumLike() {
+// m2 = m * 0.5 + g (updates m in place) and y = m2 * g (reads the new m, through m2), or, with
+// `read_old`, y = m + g (reads the old m after m2 may have overwritten it).
+std::unique_ptr<Fusion> momentumLike(bool read_old = false) {
   auto f = std::make_unique<Fusion>();
   TensorView* m = f->defineTensor({4, 8}, DataType::Float, "m");
   TensorView* g = f->defineTensor({4, 8}, DataType::Float, "g");
   TensorView* m2 = ops::add(ops::mul(m, 0.5), g);
   f->rename(m2, "m2");
   f->addOutput(m2);
-  f->addOutput(ops::add(m, g));
+  f->addOutput(read_old ? ops::add(m, g) : ops::mul(m2, g));
   return f;
 }
 
@@ -43,7 +44,7 @@ TEST(InPlace, AliasedOutputIsWrittenIntoTheInputBuffer) {
   EXPECT_EQ(out[0].local.data(), m.data());  // the same buffer: no copy, no allocation
   for (int64_t i = 0; i < 32; ++i) {
     EXPECT_FLOAT_EQ(m.get(i), static_cast<float>(m0.get(i) * 0.5 + g.get(i)));
-    EXPECT_FLOAT_EQ(out[1].local.get(i), static_cast<float>(m0.get(i) + g.get(i)));  // read before written
+    EXPECT_FLOAT_EQ(out[1].local.get(i), static_cast<float>(m.get(i) * g.get(i)));
   }
   MultiDeviceExecutor plain(momentumLike(), *comm);
   int64_t plain_peak = peakMemoryBytes(plain.programFor(in), {});
@@ -73,6 +74,19 @@ TEST(InPlace, AliasErrors) {
             "alias: input %m is already updated by output %m2");
   EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { f->aliasOutputToInput(5, 0); }),
             "alias: output index 5 is out of range (the fusion has 2 outputs)");
+}
+
+TEST(InPlace, AValueReadingTheOldContentsAfterTheUpdateIsRefused) {
+  std::unique_ptr<Fusion> f = momentumLike(/*read_old=*/true);
+  f->aliasOutputToInput(0, 0);
+  std::unique_ptr<Communicator> comm = makeSelfCommunicator();
+  MultiDeviceExecutor exec(std::move(f), *comm);
+  std::string msg = userErrorMessage(ErrorKind::Unsupported, [&] {
+    exec.run({{Tensor::random(DataType::Float, {4, 8}, 0), DeviceMesh({0}), {Placement::replicate()}},
+              {Tensor::random(DataType::Float, {4, 8}, 1), DeviceMesh({0}), {Placement::replicate()}}});
+  });
+  EXPECT_EQ(msg, "output %m2 cannot update input %m in place: the kernel also computes %1 = add(%m, %g) from the "
+                 "input's old contents, after they may be overwritten");
 }
 
 TEST(InPlace, AReductionReadingTheUpdatedInputIsRefused) {

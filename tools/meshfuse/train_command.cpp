@@ -2,6 +2,7 @@
 #include "train_command.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 
