@@ -8,7 +8,6 @@
 #include <set>
 
 #include "meshfuse/error.h"
-#include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/placement.h"
 
 namespace meshfuse {
@@ -133,7 +132,14 @@ void TrainingExecutor::update(Programs& p, const std::vector<ShardedTensor>& inp
   std::vector<ShardedTensor> args;
   for (size_t k = 0; k < params_.size(); ++k) {
     const ParameterState& st = states_[k];
-    args.push_back(inputs[params_[k]]);
+    const ShardedTensor& param = inputs[params_[k]];
+    // The state was laid out at the first step: a parameter may not move afterwards.
+    MF_USER_CHECK(st.tensors.empty() || (st.tensors[0].mesh == param.mesh && st.tensors[0].placements == param.placements),
+                  ErrorKind::Unsupported,
+                  "TrainingExecutor: parameter {} is now {} on {} but its optimizer state is {} on {}: a parameter "
+                  "keeps the layout of the first step", params_[k], placementsToString(param.placements),
+                  param.mesh.toString(), placementsToString(st.tensors[0].placements), st.tensors[0].mesh.toString());
+    args.push_back(param);
     size_t next = 0;
     if (p.update.params[k].has_master) args.push_back(st.tensors[next++]);
     args.push_back(last_grads_[k]);
