@@ -18,7 +18,7 @@ namespace {
 using testing_helpers::userErrorMessage;
 
 // m2 = m * 0.5 + g (updates m in place) and y = m2 * g (reads the new m, through m2), or, with
-// `read_old`, y = m + g (reads the old m after m2 may have overwritten it).
+// `read_old`, y = m2 * m (also reads the old m, in the kernel that overwrites it).
 std::unique_ptr<Fusion> momentumLike(bool read_old = false) {
   auto f = std::make_unique<Fusion>();
   TensorView* m = f->defineTensor({4, 8}, DataType::Float, "m");
@@ -26,7 +26,7 @@ std::unique_ptr<Fusion> momentumLike(bool read_old = false) {
   TensorView* m2 = ops::add(ops::mul(m, 0.5), g);
   f->rename(m2, "m2");
   f->addOutput(m2);
-  f->addOutput(read_old ? ops::add(m, g) : ops::mul(m2, g));
+  f->addOutput(read_old ? ops::mul(m2, m) : ops::mul(m2, g));
   return f;
 }
 
@@ -85,7 +85,7 @@ TEST(InPlace, AValueReadingTheOldContentsAfterTheUpdateIsRefused) {
     exec.run({{Tensor::random(DataType::Float, {4, 8}, 0), DeviceMesh({0}), {Placement::replicate()}},
               {Tensor::random(DataType::Float, {4, 8}, 1), DeviceMesh({0}), {Placement::replicate()}}});
   });
-  EXPECT_EQ(msg, "output %m2 cannot update input %m in place: the kernel also computes %1 = add(%m, %g) from the "
+  EXPECT_EQ(msg, "output %m2 cannot update input %m in place: the kernel also computes %1 = mul(%m2, %m) from the "
                  "input's old contents, after they may be overwritten");
 }
 
@@ -243,7 +243,7 @@ TEST(TrainingExecutor, BadParametersAndLossAreTypedErrors) {
   EXPECT_EQ(userErrorMessage(ErrorKind::Dtype, [&] { TrainingExecutor(cloneFusion(*f), 0, {0}, SgdOptions{}, *comm); }),
             "TrainingExecutor: parameter 0 (%ids) is i64: only floating-point inputs can be trained");
   EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { TrainingExecutor(cloneFusion(*f), 1, {1}, SgdOptions{}, *comm); }),
-            "TrainingExecutor: the loss %1 has rank 1 but must be a scalar (reduce it with sum or mean)");
+            "TrainingExecutor: the loss %3 has rank 1 but must be a scalar (reduce it with sum or mean)");
 }
 
 }  // namespace
