@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C, torch_interop
-from ._locals import is_torch_tensor
+from ._locals import is_torch_tensor, to_cpp
 from .dtensor import DTensor
 
 __all__ = ["SGD", "AdamW"]
@@ -38,6 +38,17 @@ def _check_param(name: str, i: int, p):
     if dtype not in (_C.DataType.Float, _C.DataType.BFloat16, _C.DataType.Half):
         raise _C.DtypeError(f"{name}: params[{i}] is {dtype.short_name if dtype is not None else p.dtype}: only "
                             "floating-point tensors can be optimized")
+
+
+def _make_updatable(p):
+    """A meshfuse DTensor's local block must be the memory the programs read and write: a
+    read-only or non-contiguous numpy block (distribute_tensor gives read-only views) is replaced,
+    once, by a writable copy that the DTensor then owns, so in-place updates are visible through
+    to_local() and used by every later call."""
+    local = p._local
+    if isinstance(local, np.ndarray) and not (local.flags.writeable and local.flags.c_contiguous):
+        local = np.array(local, order="C", copy=True)
+        p._local, p._cpp = local, to_cpp(local)
 
 
 def torch_interop_dtype(p):
@@ -136,6 +147,8 @@ class _Optimizer:
             ps = list(g["params"])
             for p in ps:
                 _check_param(self._name, index, p)
+                if isinstance(p, DTensor):
+                    _make_updatable(p)
                 index += 1
             options = dict(defaults)
             options.update({k: v for k, v in g.items() if k != "params"})

@@ -30,9 +30,10 @@ def _run_optimizer(make_ours, make_torch, steps=4, dtype=np.float32):
     mesh = H.world_mesh()
     full = [H.randn(rng, 8, 3), H.randn(rng, 5)]
     params = [meshfuse.distribute_tensor(a, mesh, p) for a, p in zip(full, _layouts())]
-    addresses = [_address(p) for p in params]
     ref = [torch.tensor(a, requires_grad=True) for a in full]
+    # (distribute_tensor's blocks are read-only views: the optimizer gives them writable memory once.)
     ours, theirs = make_ours(params), make_torch(ref)
+    addresses = [_address(p) for p in params]
     for step in range(steps):
         grads = [H.randn(rng, *a.shape) for a in full]
         ours.step([meshfuse.distribute_tensor(g, mesh, p) for g, p in zip(grads, _layouts())])
