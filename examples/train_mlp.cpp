@@ -61,8 +61,9 @@ int main() {
     // Rank 0's single-device twin (a world of one: its own communicator), when sharded.
     std::unique_ptr<Communicator> self = makeSelfCommunicator();
     std::unique_ptr<TrainingExecutor> twin;
-    if (n > 1 && r == 0) twin = std::make_unique<TrainingExecutor>(mlpLoss(tokens, hidden, ffn), 0,
-                                                                   std::vector<int64_t>{2, 3}, adamw, *self);
+    if (n > 1 && r == 0)
+      twin =
+          std::make_unique<TrainingExecutor>(mlpLoss(tokens, hidden, ffn), 0, std::vector<int64_t>{2, 3}, adamw, *self);
     double first = 0, last = 0, worst = 0;
     for (int64_t s = 0; s < steps; ++s) {
       last = trainer.step(inputs);  // updates this rank's blocks of w1, w2 in place

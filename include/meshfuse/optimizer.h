@@ -34,8 +34,8 @@ struct SgdOptions {
 struct AdamWOptions {
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
-  double eps = 1e-8;            // may be 0
-  double weight_decay = 0.01;   // decoupled: p *= 1 - lr * weight_decay
+  double eps = 1e-8;           // may be 0
+  double weight_decay = 0.01;  // decoupled: p *= 1 - lr * weight_decay
 };
 
 using OptimizerConfig = std::variant<SgdOptions, AdamWOptions>;
@@ -47,9 +47,9 @@ std::string optimizerName(const OptimizerConfig& config);  // "sgd" | "adamw"
 // The fused update of a group of parameters: one fusion, so one program per step.
 struct OptimizerStep {
   struct Param {
-    bool has_master = false;  // input first_input + 1 is the f32 master copy of the parameter
-    int64_t first_input = 0;  // inputs: param, master (if any), grad, state... (OptimizerStep::state)
-    int64_t first_output = 0; // outputs: param, master (if any), state..., each aliased to its input
+    bool has_master = false;   // input first_input + 1 is the f32 master copy of the parameter
+    int64_t first_input = 0;   // inputs: param, master (if any), grad, state... (OptimizerStep::state)
+    int64_t first_output = 0;  // outputs: param, master (if any), state..., each aliased to its input
     int64_t gradInput() const { return first_input + (has_master ? 2 : 1); }
     int64_t stateInput(size_t k) const { return gradInput() + 1 + static_cast<int64_t>(k); }
   };

@@ -53,7 +53,8 @@ void bindTraining(py::module_& m) {
       [](const std::string& kind, const py::dict& options,
          const std::vector<std::pair<std::vector<int64_t>, DataType>>& params) {
         std::vector<ParamType> types;
-        for (const auto& [shape, dtype] : params) types.push_back({std::vector<Extent>(shape.begin(), shape.end()), dtype});
+        for (const auto& [shape, dtype] : params)
+          types.push_back({std::vector<Extent>(shape.begin(), shape.end()), dtype});
         OptimizerStep s = buildOptimizerStep(configOf(kind, options), types);
         py::list layout;
         for (const OptimizerStep::Param& p : s.params)

@@ -49,8 +49,7 @@ class GroupBuilder {
     for (const std::string& s : step_.scalars) scalars.push_back(step_.fusion->defineTensor({}, DataType::Float, s));
     for (size_t k = 0; k < vals.size(); ++k)
       for (TensorView* s : scalars)
-        vals[k].scalars.push_back(
-            ranks_[k] == 0 ? s : ops::broadcastInDim(s, std::vector<int64_t>(ranks_[k], 1), {}));
+        vals[k].scalars.push_back(ranks_[k] == 0 ? s : ops::broadcastInDim(s, std::vector<int64_t>(ranks_[k], 1), {}));
   }
 
   // Outputs of parameter k in input order (param, master, state), each updating its input.
@@ -121,8 +120,7 @@ void checkOptimizerConfig(const OptimizerConfig& config) {
   MF_USER_CHECK(a.eps >= 0, ErrorKind::Value, "AdamW: invalid eps {} (must be >= 0)", a.eps);
   MF_USER_CHECK(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1, ErrorKind::Value,
                 "AdamW: invalid betas ({}, {}) (each must be in [0, 1))", a.beta1, a.beta2);
-  MF_USER_CHECK(a.weight_decay >= 0, ErrorKind::Value, "AdamW: invalid weight_decay {} (must be >= 0)",
-                a.weight_decay);
+  MF_USER_CHECK(a.weight_decay >= 0, ErrorKind::Value, "AdamW: invalid weight_decay {} (must be >= 0)", a.weight_decay);
 }
 
 std::string optimizerName(const OptimizerConfig& config) {

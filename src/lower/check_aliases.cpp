@@ -41,7 +41,8 @@ void checkAlias(const Fusion& f, const std::vector<Segment>& segments, const Ten
   if (writer->kind != Segment::Kind::Kernel)
     why(fmt::format("it is computed by a {} segment, not an elementwise kernel", segmentKindName(writer->kind)));
   for (const Expr* e : writer->exprs)
-    if (!elementwise(e, in)) why(fmt::format("its kernel computes {}, which is not elementwise", e->output()->describe()));
+    if (!elementwise(e, in))
+      why(fmt::format("its kernel computes {}, which is not elementwise", e->output()->describe()));
   // The kernel computes its stored values one after another (kernel_lower.cpp), re-reading inputs
   // in each: a value computed from the input's old contents must be needed for the output
   // itself (computed before it is stored), not by a value the kernel may compute after it.
@@ -52,7 +53,8 @@ void checkAlias(const Fusion& f, const std::vector<Segment>& segments, const Ten
       for (const Val* v : (*it)->inputs()) needed.insert(v);
   std::set<const Val*> old_reader = {in};
   for (const Expr* e : writer->exprs) {
-    bool reads_old = std::any_of(e->inputs().begin(), e->inputs().end(), [&](const Val* v) { return old_reader.count(v); });
+    bool reads_old =
+        std::any_of(e->inputs().begin(), e->inputs().end(), [&](const Val* v) { return old_reader.count(v); });
     if (!reads_old || e->output() == out) continue;
     if (!needed.count(e->output()))
       why(fmt::format("the kernel also computes {} from the input's old contents, after they may be overwritten",

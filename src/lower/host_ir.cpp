@@ -109,6 +109,9 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
       case HostNodeKind::Allocate:
         line += fmt::format(" {} : {}", BlockRef::of(n.tv, n.slot).toString(f), localType(n.tv, n.chunk_blocks));
         if (n.chunk_blocks > 1) line += fmt::format(" (one block of {})", n.chunk_blocks);
+        // An in-place output takes its input's buffer (HostIrEvaluator): nothing is allocated.
+        if (const TensorView* in = f.aliasedInput(n.tv); in != nullptr && n.slot == 0)
+          line += fmt::format(" (in place: the buffer of {})", f.displayName(in));
         break;
       case HostNodeKind::Deallocate: line += " " + BlockRef::of(n.tv, n.slot).toString(f); break;
       case HostNodeKind::LaunchKernel:

@@ -26,8 +26,8 @@ void checkTrainable(const Fusion& f, int64_t loss, const std::vector<int64_t>& p
                 "TrainingExecutor: loss output {} is out of range (the definition has {} outputs)", loss,
                 f.outputs().size());
   const TensorView* l = f.outputs()[loss];
-  MF_USER_CHECK(isFloatingPoint(l->dtype()), ErrorKind::Dtype, "TrainingExecutor: the loss {} is {}, not floating-point",
-                f.displayName(l), dtypeName(l->dtype()));
+  MF_USER_CHECK(isFloatingPoint(l->dtype()), ErrorKind::Dtype,
+                "TrainingExecutor: the loss {} is {}, not floating-point", f.displayName(l), dtypeName(l->dtype()));
   MF_USER_CHECK(l->rank() == 0, ErrorKind::Shape,
                 "TrainingExecutor: the loss {} has rank {} but must be a scalar (reduce it with sum or mean)",
                 f.displayName(l), l->rank());
@@ -56,7 +56,9 @@ ShardedTensor withLayout(const ShardedTensor& t) {
   return s;
 }
 
-ShardedTensor like(const ShardedTensor& p, Tensor local) { return {std::move(local), p.mesh, p.placements, p.global_shape}; }
+ShardedTensor like(const ShardedTensor& p, Tensor local) {
+  return {std::move(local), p.mesh, p.placements, p.global_shape};
+}
 
 // A hyper-parameter input: a scalar replicated on the parameter's mesh.
 ShardedTensor scalarInput(const ShardedTensor& p, double value) {
@@ -134,11 +136,13 @@ void TrainingExecutor::update(Programs& p, const std::vector<ShardedTensor>& inp
     const ParameterState& st = states_[k];
     const ShardedTensor& param = inputs[params_[k]];
     // The state was laid out at the first step: a parameter may not move afterwards.
-    MF_USER_CHECK(st.tensors.empty() || (st.tensors[0].mesh == param.mesh && st.tensors[0].placements == param.placements),
-                  ErrorKind::Unsupported,
-                  "TrainingExecutor: parameter {} is now {} on {} but its optimizer state is {} on {}: a parameter "
-                  "keeps the layout of the first step", params_[k], placementsToString(param.placements),
-                  param.mesh.toString(), placementsToString(st.tensors[0].placements), st.tensors[0].mesh.toString());
+    MF_USER_CHECK(
+        st.tensors.empty() || (st.tensors[0].mesh == param.mesh && st.tensors[0].placements == param.placements),
+        ErrorKind::Unsupported,
+        "TrainingExecutor: parameter {} is now {} on {} but its optimizer state is {} on {}: a parameter "
+        "keeps the layout of the first step",
+        params_[k], placementsToString(param.placements), param.mesh.toString(),
+        placementsToString(st.tensors[0].placements), st.tensors[0].mesh.toString());
     args.push_back(param);
     size_t next = 0;
     if (p.update.params[k].has_master) args.push_back(st.tensors[next++]);

@@ -85,8 +85,9 @@ TEST(InPlace, AValueReadingTheOldContentsAfterTheUpdateIsRefused) {
     exec.run({{Tensor::random(DataType::Float, {4, 8}, 0), DeviceMesh({0}), {Placement::replicate()}},
               {Tensor::random(DataType::Float, {4, 8}, 1), DeviceMesh({0}), {Placement::replicate()}}});
   });
-  EXPECT_EQ(msg, "output %m2 cannot update input %m in place: the kernel also computes %1 = mul(%m2, %m) from the "
-                 "input's old contents, after they may be overwritten");
+  EXPECT_EQ(msg,
+            "output %m2 cannot update input %m in place: the kernel also computes %1 = mul(%m2, %m) from the "
+            "input's old contents, after they may be overwritten");
 }
 
 TEST(InPlace, AReductionReadingTheUpdatedInputIsRefused) {
@@ -160,7 +161,9 @@ TEST(Optimizers, AdamWMatchesTorchFormulas) {
 
 TEST(Optimizers, IntegerParameterIsRefused) {
   EXPECT_EQ(userErrorMessage(ErrorKind::Dtype,
-                             [] { buildOptimizerStep(SgdOptions{}, {{{4}, DataType::Float}, {{4}, DataType::Int64}}); }),
+                             [] {
+                               buildOptimizerStep(SgdOptions{}, {{{4}, DataType::Float}, {{4}, DataType::Int64}});
+                             }),
             "sgd: parameter 1 is i64: only floating-point tensors can be optimized");
   EXPECT_EQ(userErrorMessage(ErrorKind::Value, [] { checkOptimizerConfig(SgdOptions{.nesterov = true}); }),
             "SGD: nesterov momentum needs momentum > 0");
@@ -233,8 +236,9 @@ TEST(TrainingExecutor, Bf16ParameterKeepsAnF32Master) {
 
 TEST(TrainingExecutor, BadParametersAndLossAreTypedErrors) {
   std::unique_ptr<Communicator> comm = makeSelfCommunicator();
-  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { TrainingExecutor(regression(2, 2, 2), 0, {3}, SgdOptions{}, *comm); }),
-            "TrainingExecutor: parameter 3 is not an input of the definition (it has 3 inputs)");
+  EXPECT_EQ(
+      userErrorMessage(ErrorKind::Value, [&] { TrainingExecutor(regression(2, 2, 2), 0, {3}, SgdOptions{}, *comm); }),
+      "TrainingExecutor: parameter 3 is not an input of the definition (it has 3 inputs)");
   auto f = std::make_unique<Fusion>();
   TensorView* i = f->defineTensor({4}, DataType::Int64, "ids");
   TensorView* w = f->defineTensor({4}, DataType::Float, "w");

@@ -51,16 +51,15 @@ int runTrain(const Fusion& fusion, const TrainCliOptions& o, const SymbolBinding
     for (int64_t i = 0; i < full[p].numel(); ++i) full[p].set(i, full[p].get(i) * o.init_scale);
   std::vector<ShardedTensor> inputs = inputLayouts(fusion);
   for (size_t i = 0; i < inputs.size(); ++i)
-    inputs[i] = inputs[i].placements.empty() ? ShardedTensor{full[i], {}, {}}
-                                             : distributeTensor(full[i], inputs[i].mesh, inputs[i].placements,
-                                                                comm->rank());
+    inputs[i] = inputs[i].placements.empty()
+                    ? ShardedTensor{full[i], {}, {}}
+                    : distributeTensor(full[i], inputs[i].mesh, inputs[i].placements, comm->rank());
   TrainingExecutor trainer(cloneFusion(fusion), loss, params, config(o), *comm);
   std::vector<std::string> names;
   for (int64_t p : params) names.push_back(fusion.displayName(fusion.inputs()[p]));
   if (comm->rank() == 0)
-    std::cout << fmt::format("training {} ({}) with {} (lr {:g}) for {} steps on {} rank(s)\n",
-                             fmt::join(names, ", "), fusion.displayName(fusion.outputs()[loss]), o.optimizer, o.lr,
-                             o.steps, comm->size());
+    std::cout << fmt::format("training {} ({}) with {} (lr {:g}) for {} steps on {} rank(s)\n", fmt::join(names, ", "),
+                             fusion.displayName(fusion.outputs()[loss]), o.optimizer, o.lr, o.steps, comm->size());
   for (int64_t s = 1; s <= o.steps; ++s) {
     double l = trainer.step(inputs);
     if (comm->rank() == 0) std::cout << fmt::format("step {}/{}  loss {:.6g}\n", s, o.steps, l) << std::flush;
