@@ -34,7 +34,7 @@ def _check_param(name: str, i: int, p):
     if not isinstance(p, DTensor) and not torch_interop.is_torch_dtensor(p):
         raise _C.ValueError(f"{name}: params[{i}] is a {_describe(p)}, not a parameter: pass meshfuse or torch "
                             "DTensors (meshfuse.distribute_tensor / DTensor.from_local)")
-    dtype = p.dtype if isinstance(p, DTensor) else torch_interop_dtype(p)
+    dtype = p.dtype if isinstance(p, DTensor) else _torch_dtype(p)
     if dtype not in (_C.DataType.Float, _C.DataType.BFloat16, _C.DataType.Half):
         raise _C.DtypeError(f"{name}: params[{i}] is {dtype.short_name if dtype is not None else p.dtype}: only "
                             "floating-point tensors can be optimized")
@@ -51,7 +51,7 @@ def _make_updatable(p):
         p._local, p._cpp = local, to_cpp(local)
 
 
-def torch_interop_dtype(p):
+def _torch_dtype(p):
     from ._locals import torch_dtypes
     return torch_dtypes().get(p.dtype)
 
@@ -97,7 +97,7 @@ class _Group:
     def __init__(self, kind: str, params: list, options: dict):
         from .wrapper import _wrapper_of
         self.kind, self.params, self.options = kind, params, options
-        types = [(list(p.shape), p.dtype if isinstance(p, DTensor) else torch_interop_dtype(p)) for p in params]
+        types = [(list(p.shape), p.dtype if isinstance(p, DTensor) else _torch_dtype(p)) for p in params]
         fusion, self.layout, self.state_names, self.scalar_names = _C.optimizer_step(kind, options, types)
         self.program = _wrapper_of(fusion, None)
         self.state = []  # per parameter: {"master": ..., "exp_avg": ...}, made at the first step
