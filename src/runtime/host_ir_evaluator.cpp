@@ -264,6 +264,13 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
     throw;
   }
   if (tracing_) trace_ = streams_.takeTrace();
+  // An in-place update of an input the evaluator uploaded (a host tensor, a device backend) went
+  // to the device copy: the caller's buffer gets the new values back (one copy per run).
+  for (const auto& [o, i] : f.outputAliases()) {
+    if (!local_inputs[i].defined() || local_inputs[i].device() == backend_.device()) continue;
+    Tensor updated = backend_.download(value(f.outputs()[o])), caller = local_inputs[i];
+    std::memcpy(caller.data(), updated.data(), updated.nbytes());
+  }
   std::vector<Tensor> outs;
   for (const TensorView* o : f.outputs())
     outs.push_back(o->mesh() && !o->mesh()->contains(comm_.rank()) ? Tensor() : value(o));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
@@ -49,6 +50,45 @@ TEST(InPlace, AliasedOutputIsWrittenIntoTheInputBuffer) {
   MultiDeviceExecutor plain(momentumLike(), *comm);
   int64_t plain_peak = peakMemoryBytes(plain.programFor(in), {});
   EXPECT_EQ(plain_peak - aliased_peak, 4 * 8 * 4);  // the aliased output costs nothing
+}
+
+// A CPU backend whose memory counts as a device's: inputs are uploaded (copied) and outputs
+// downloaded, as on a GPU.
+class CopyingDeviceBackend final : public Backend {
+ public:
+  std::string name() const override { return "copying device"; }
+  Device device() const override { return Device::Cuda; }
+  Tensor allocate(DataType dtype, const std::vector<int64_t>& shape) override { return asDevice(Tensor(dtype, shape)); }
+  void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
+                  const ShapeFn& shape_of) override {
+    inner_->runSegment(seg, inputs, outputs, shape_of);
+  }
+  void copy(Tensor& dst, const Tensor& src) override { inner_->copy(dst, src); }
+  void accumulate(Tensor& dst, const Tensor& src) override { inner_->accumulate(dst, src); }
+  Tensor upload(const Tensor& t) override { return t.device() == Device::Cuda ? t : asDevice(t.clone()); }
+  Tensor download(const Tensor& t) override {
+    Tensor host = Tensor::empty(t.dtype(), t.shape());
+    std::memcpy(host.data(), t.data(), t.nbytes());
+    return host;
+  }
+  Streams& streams() override { return inner_->streams(); }
+
+ private:
+  static Tensor asDevice(Tensor host) {
+    return Tensor::wrap(host.data(), host.dtype(), host.shape(), std::make_shared<Tensor>(host), Device::Cuda);
+  }
+  std::unique_ptr<Backend> inner_ = makeCpuBackend();
+};
+
+TEST(InPlace, AnUploadedInputGetsItsNewValuesBack) {
+  std::unique_ptr<Fusion> f = momentumLike();
+  f->aliasOutputToInput(0, 0);
+  std::unique_ptr<Communicator> comm = makeSelfCommunicator();
+  Tensor m = Tensor::random(DataType::Float, {4, 8}, 1), g = Tensor::random(DataType::Float, {4, 8}, 2);
+  Tensor m0 = m.clone();
+  MultiDeviceExecutor exec(std::move(f), *comm, std::make_unique<CopyingDeviceBackend>());
+  exec.run({{m, DeviceMesh({0}), {Placement::replicate()}}, {g, DeviceMesh({0}), {Placement::replicate()}}});
+  for (int64_t i = 0; i < 32; ++i) EXPECT_FLOAT_EQ(m.get(i), static_cast<float>(m0.get(i) * 0.5 + g.get(i)));
 }
 
 TEST(InPlace, AliasRoundTripsThroughText) {
