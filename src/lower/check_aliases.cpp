@@ -7,6 +7,7 @@
 
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/placement.h"
 
 namespace meshfuse {
 
@@ -38,6 +39,8 @@ void checkAlias(const Fusion& f, const std::vector<Segment>& segments, const Ten
   for (const Segment& s : segments)
     if (std::find(s.outputs.begin(), s.outputs.end(), out) != s.outputs.end()) writer = &s;
   MF_CHECK(writer != nullptr, "no segment writes fusion output {}", f.displayName(out));
+  // A Stream-split (chunked, microbatched) output is allocated per chunk inside a loop.
+  if (streamSplitOf(out).has_value()) why("it is computed in stream chunks");
   if (writer->kind != Segment::Kind::Kernel)
     why(fmt::format("it is computed by a {} segment, not an elementwise kernel", segmentKindName(writer->kind)));
   for (const Expr* e : writer->exprs)

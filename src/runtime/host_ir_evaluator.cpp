@@ -291,7 +291,7 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         }
         // An output that updates an input in place (Fusion::aliasOutputToInput) is that input's
         // buffer: lower/check_aliases.h guarantees the program may write it there.
-        if (const TensorView* in = program_.fusion->aliasedInput(n.tv); in != nullptr && n.slot == 0) {
+        if (const TensorView* in = program_.fusion->aliasedInput(n.tv); in && n.slot == 0 && n.chunk_blocks == 1) {
           values_[{n.tv, 0}] = value(in);
           break;
         }
