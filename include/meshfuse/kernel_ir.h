@@ -120,6 +120,9 @@ struct Buffer {
   DataType dtype;
   std::vector<int64_t> shape{};
   std::string name{};  // the TensorView's display name ("" for a temporary)
+  // An output written into an input's buffer (Fusion::aliasOutputToInput), and that input: the
+  // emitters do not promise the compiler restrict/noalias for these two.
+  bool may_alias = false;
   int64_t numel() const;
 };
 

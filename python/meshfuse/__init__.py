@@ -25,6 +25,7 @@ from .dtensor import DTensor, distribute_tensor
 from .fusion_definition import DataType, FusionDefinition, ParallelType, TensorView
 from .mesh import DeviceMesh, Partial, Placement, Replicate, Shard
 from .wrapper import FusionDefinitionWrapper, Plan
+from . import optim, torch_interop  # noqa: E402  (meshfuse.optim.SGD/AdamW, torch_interop.autograd)
 
 _world.install_excepthook()  # an uncaught exception on one rank aborts the job, not just that rank
 

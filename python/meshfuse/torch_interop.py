@@ -17,7 +17,14 @@ from . import _C, _world
 from .mesh import DeviceMesh, Partial, Replicate, Shard
 
 __all__ = ["init_process_group", "is_torch_dtensor", "mesh_from_torch", "placements_from_torch",
-           "placements_to_torch", "torch_mesh_for", "TorchLayout", "make_dtensor"]
+           "placements_to_torch", "torch_mesh_for", "TorchLayout", "make_dtensor", "autograd"]
+
+
+def autograd(fdw):
+    """A callable running `fdw` inside torch's autograd (a torch.autograd.Function): forward runs
+    meshfuse's forward program, ``loss.backward()`` its backward program (see _torch_autograd)."""
+    from ._torch_autograd import autograd as make
+    return make(fdw)
 
 
 def _dtensor_module():

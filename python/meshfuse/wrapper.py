@@ -212,9 +212,24 @@ class FusionDefinitionWrapper:
         communication time hidden behind compute (None on other ranks)."""
         return _C.write_trace(path, self.last_trace())
 
-    def plan(self, inputs) -> Plan:
-        """Compiles for `inputs`' signature without running; the returned Plan shows the program."""
-        return self._call_for(inputs)[0].plan
+    def plan(self, inputs, wrt=None, *, optimizer=None, save_all: bool = False):
+        """Compiles for `inputs`' signature without running; the returned Plan shows the program.
+
+        With `wrt` (input indices), the plan of a whole training step (a TrainingPlan): the
+        forward, the backward of the single scalar output and, with `optimizer` (a meshfuse.optim
+        optimizer), its fused updates; ``collectives()`` entries then carry ``.phase``
+        ("forward", "backward", "optimizer") and ``host_ir()`` shows every program. Runs the
+        forward (the backward's inputs are its outputs)."""
+        if wrt is None:
+            if optimizer is not None:
+                raise _C.ValueError("plan: an optimizer needs wrt (the inputs it trains)")
+            return self._call_for(inputs)[0].plan
+        from .training_plan import TrainingPlan
+        fwd, bwd = self.grad_plans(inputs, wrt, save_all=save_all)
+        programs = [("forward", fwd), ("backward", bwd)]
+        if optimizer is not None:
+            programs += [("optimizer", g.plan()) for g in optimizer.param_groups]
+        return TrainingPlan(programs)
 
     @property
     def device(self) -> str:
@@ -348,9 +363,10 @@ def _check_wrt(wrt, n_inputs: int) -> tuple:
     return wrt
 
 
-def _wrapper_of(fusion, owner: FusionDefinitionWrapper) -> FusionDefinitionWrapper:
-    """A wrapper around an already built C++ fusion, with `owner`'s options."""
-    w = FusionDefinitionWrapper(lambda fd: None, check_inputs=owner._check_inputs, **owner._options)
+def _wrapper_of(fusion, owner: FusionDefinitionWrapper | None) -> FusionDefinitionWrapper:
+    """A wrapper around an already built C++ fusion, with `owner`'s options (or the defaults)."""
+    w = FusionDefinitionWrapper(lambda fd: None) if owner is None else \
+        FusionDefinitionWrapper(lambda fd: None, check_inputs=owner._check_inputs, **owner._options)
     fd = FusionDefinition.__new__(FusionDefinition)
     fd._fusion = fusion
     fd.ops = None  # built, not to be extended

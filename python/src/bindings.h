@@ -12,5 +12,6 @@ void bindErrors(py::module_& m);   // meshfuse.Error and one subclass per ErrorK
 void bindIr(py::module_& m);       // DataType, ParallelType, DeviceMesh, Placement, Fusion, TensorView, ops
 void bindTensor(py::module_& m);   // Tensor: zero-copy DLPack in and out
 void bindRuntime(py::module_& m);  // the communicator, executors, compiled programs
+void bindTraining(py::module_& m); // optimizer fusions
 
 }  // namespace meshfuse::python

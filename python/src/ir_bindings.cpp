@@ -240,6 +240,9 @@ void bindFusion(py::module_& m) {
       .def("add_output", &Fusion::addOutput, "tv"_a)
       .def_property_readonly("inputs", &Fusion::inputs, py::return_value_policy::reference_internal)
       .def_property_readonly("outputs", &Fusion::outputs, py::return_value_policy::reference_internal)
+      .def("alias_output_to_input", &Fusion::aliasOutputToInput, "output"_a, "input"_a,
+           "Output `output` updates input `input` in place (written into its buffer).")
+      .def_property_readonly("output_aliases", &Fusion::outputAliases)
       .def("clone", [](const Fusion& f) { return cloneFusion(f); })
       .def("verify", [](const Fusion& f) { verify(f); })
       .def("__str__", &printFusion)

@@ -7,4 +7,5 @@ PYBIND11_MODULE(_C, m) {
   meshfuse::python::bindIr(m);
   meshfuse::python::bindTensor(m);
   meshfuse::python::bindRuntime(m);
+  meshfuse::python::bindTraining(m);
 }

@@ -204,6 +204,40 @@ void Fusion::addOutput(TensorView* tv) {
   outputs_.push_back(tv);
 }
 
+void Fusion::aliasOutputToInput(int64_t output, int64_t input) {
+  MF_USER_CHECK(output >= 0 && output < static_cast<int64_t>(outputs_.size()), ErrorKind::Value,
+                "alias: output index {} is out of range (the fusion has {} outputs)", output, outputs_.size());
+  MF_USER_CHECK(input >= 0 && input < static_cast<int64_t>(inputs_.size()), ErrorKind::Value,
+                "alias: input index {} is out of range (the fusion has {} inputs)", input, inputs_.size());
+  const TensorView* out = outputs_[output];
+  const TensorView* in = inputs_[input];
+  MF_USER_CHECK(!isInput(out), ErrorKind::Value, "alias: output {} is an input itself: it has nothing to write",
+                displayName(out));
+  MF_USER_CHECK(!output_aliases_.count(output), ErrorKind::Value, "alias: output {} already updates input {}",
+                displayName(out), displayName(inputs_[output_aliases_.at(output)]));
+  for (const auto& [o, i] : output_aliases_)
+    MF_USER_CHECK(i != input, ErrorKind::Value, "alias: input {} is already updated by output {}", displayName(in),
+                  displayName(outputs_[o]));
+  MF_USER_CHECK(out->dtype() == in->dtype(), ErrorKind::Dtype,
+                "alias: output {} is {} but input {} is {}: an in-place update keeps the dtype", displayName(out),
+                dtypeName(out->dtype()), displayName(in), dtypeName(in->dtype()));
+  auto text = [](const TensorView* tv) {
+    std::vector<std::string> s;
+    for (const Extent& e : tv->shape()) s.push_back(e.toString());
+    return fmt::format("[{}]", fmt::join(s, ", "));
+  };
+  MF_USER_CHECK(text(out) == text(in), ErrorKind::Shape,
+                "alias: output {} has shape {} but input {} has shape {}: an in-place update keeps the shape",
+                displayName(out), text(out), displayName(in), text(in));
+  output_aliases_[output] = input;
+}
+
+const TensorView* Fusion::aliasedInput(const TensorView* out) const {
+  for (const auto& [o, i] : output_aliases_)
+    if (outputs_[o] == out) return inputs_[i];
+  return nullptr;
+}
+
 void Fusion::removeExpr(Expr* e) {
   for (TensorView* o : e->outputs())
     MF_CHECK(o->uses().empty() && !isOutput(o), "removing {} whose output is still used", e->name());

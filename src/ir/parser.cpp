@@ -112,6 +112,24 @@ class Parser {
   }
 
   // ---- statements -----------------------------------------------------------------------
+  // `alias %out into %in`: output %out updates input %in in place (Fusion::aliasOutputToInput).
+  void aliasDecl() {
+    next();
+    const Token& out = expectKind(Token::Value, "an output name like %3");
+    auto index = [&](const Token& t, const std::vector<TensorView*>& list, const char* what) {
+      auto it = std::find(list.begin(), list.end(), lookup(t));
+      MF_USER_CHECK(it != list.end(), ErrorKind::Value, "{}: alias: %{} is not {}", where(t), t.text, what);
+      return static_cast<int64_t>(it - list.begin());
+    };
+    int64_t o = index(out, fusion_->outputs(), "an output (list it in `output` first)");
+    MF_USER_CHECK(isIdent("into"), ErrorKind::Parse, "{}: expected 'into' but found {}", where(peek()),
+                  peek().describe());
+    next();
+    const Token& in = expectKind(Token::Value, "an input name like %p");
+    int64_t i = index(in, fusion_->inputs(), "an input");
+    at(out, [&] { fusion_->aliasOutputToInput(o, i); });
+  }
+
   void statement() {
     if (isIdent("mesh")) return meshDecl();
     if (isIdent("output")) {
@@ -125,7 +143,8 @@ class Parser {
       } while (isPunct(",") && (next(), true));
       return;
     }
-    const Token& name = expectKind(Token::Value, "'mesh', 'output' or a value name like %3");
+    if (isIdent("alias")) return aliasDecl();
+    const Token& name = expectKind(Token::Value, "'mesh', 'output', 'alias' or a value name like %3");
     MF_USER_CHECK(!names_.count(name.text), ErrorKind::Name, "{}: duplicate name %{}", where(name), name.text);
     expectPunct("=");
     if (isIdent("input")) {

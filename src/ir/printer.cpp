@@ -77,6 +77,8 @@ std::string printFusion(const Fusion& f) {
   std::vector<std::string> outs;
   for (const TensorView* o : f.outputs()) outs.push_back(f.displayName(o));
   if (!outs.empty()) out += fmt::format("  output {}\n", fmt::join(outs, ", "));
+  for (const auto& [o, i] : f.outputAliases())
+    out += fmt::format("  alias {} into {}\n", f.displayName(f.outputs()[o]), f.displayName(f.inputs()[i]));
   return out + "}\n";
 }
 

@@ -6,6 +6,7 @@
 
 #include "ir/shape_inference.h"
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/placement.h"
 
 namespace meshfuse {
 namespace {
@@ -67,6 +68,21 @@ void requireOutputs(const Fusion& f, std::string_view where) {
                 where);
 }
 
+// An output written into an input's buffer must be laid out as that input on every rank: same
+// dtype, same global shape, same mesh and placements (once the two have meshes).
+static void verifyAliases(const Fusion& f) {
+  for (const auto& [o, i] : f.outputAliases()) {
+    const TensorView* out = f.outputs().at(o);
+    const TensorView* in = f.inputs().at(i);
+    MF_CHECK(out->dtype() == in->dtype(), "alias {} into {}: the dtypes differ", f.displayName(out), f.displayName(in));
+    if (out->mesh() == nullptr || in->mesh() == nullptr) continue;
+    MF_USER_CHECK(*out->mesh() == *in->mesh() && placementsOf(out) == placementsOf(in), ErrorKind::Placement,
+                  "output {} updates input {} in place but is laid out as {} on {} where the input is {} on {}",
+                  f.displayName(out), f.displayName(in), placementsToString(placementsOf(out)),
+                  out->mesh()->toString(), placementsToString(placementsOf(in)), in->mesh()->toString());
+  }
+}
+
 void verify(const Fusion& f, const VerifyOptions& o) {
   std::set<const Val*> defined(f.inputs().begin(), f.inputs().end());
   for (const TensorView* in : f.inputs()) {
@@ -88,6 +104,7 @@ void verify(const Fusion& f, const VerifyOptions& o) {
   }
   for (const TensorView* out : f.outputs())
     MF_CHECK(defined.count(out), "output {} is never defined", f.displayName(out));
+  verifyAliases(f);
 }
 
 }  // namespace meshfuse

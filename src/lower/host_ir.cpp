@@ -111,6 +111,9 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
       case HostNodeKind::Allocate:
         line += fmt::format(" {} : {}", BlockRef::of(n.tv, n.slot).toString(f), localType(n.tv, n.chunk_blocks));
         if (n.chunk_blocks > 1) line += fmt::format(" (one block of {})", n.chunk_blocks);
+        // An in-place output takes its input's buffer (HostIrEvaluator): nothing is allocated.
+        if (const TensorView* in = f.aliasedInput(n.tv); in != nullptr && n.slot == 0)
+          line += fmt::format(" (in place: the buffer of {})", f.displayName(in));
         break;
       case HostNodeKind::Deallocate: line += " " + BlockRef::of(n.tv, n.slot).toString(f); break;
       case HostNodeKind::LaunchKernel:
@@ -202,6 +205,9 @@ int64_t iterationsInFlight(const HostNode& loop) {
 
 void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, int64_t& live, int64_t& peak) {
   for (const HostNode& n : nodes) {
+    // An output that updates an input in place lives in the input's buffer: it costs nothing.
+    bool buffer_node = n.kind == HostNodeKind::Allocate || n.kind == HostNodeKind::Deallocate;
+    if (buffer_node && n.slot == 0 && n.tv->fusion()->aliasedInput(n.tv) != nullptr) continue;
     if (n.kind == HostNodeKind::Allocate) peak = std::max(peak, live += localBytes(n.tv, b, n.chunk_blocks));
     if (n.kind == HostNodeKind::Deallocate) live -= localBytes(n.tv, b, n.chunk_blocks);
     // An iteration's buffers are freed by its body but live until its tasks ran (see

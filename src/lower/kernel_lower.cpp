@@ -321,8 +321,11 @@ Program lowerSegment(const Fusion& fusion, const Segment& seg, const LocalShapeF
   p.name = name;
   for (const TensorView* in : seg.inputs)
     p.addBuffer({Buffer::Input, in->dtype(), shape_of(in), fusion.displayName(in)});
-  for (const TensorView* out : seg.outputs)
+  for (const TensorView* out : seg.outputs) {
     p.addBuffer({Buffer::Output, out->dtype(), shape_of(out), fusion.displayName(out)});
+    auto in = std::find(seg.inputs.begin(), seg.inputs.end(), fusion.aliasedInput(out));
+    if (in != seg.inputs.end()) p.buffers[in - seg.inputs.begin()].may_alias = p.buffers.back().may_alias = true;
+  }
   if (seg.kind == Segment::Kind::Gemm) {
     lowerGemmSegment(seg, shape_of, p);
   } else {

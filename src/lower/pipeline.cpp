@@ -7,6 +7,7 @@
 #include "decompose/decompose_for_overlap.h"
 #include "decompose/decompose_reshardings.h"
 #include "decompose/layout_for_communication.h"
+#include "lower/check_aliases.h"
 #include "lower/dead_code_elimination.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
@@ -101,6 +102,8 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   out.fusion = std::shared_ptr<Fusion>(std::move(fusion));
   out.host.fusion = out.fusion;
   runHostPasses(out.host, {"lower-to-host-ir"}, options);
+  // In-place updates are decided on segments: which kernel writes the output, who reads the input.
+  checkAliases(*out.fusion, *out.host.segments);
   if (keep_stages) out.stages["segmented"] = printSegments(*out.fusion, *out.host.segments);
   if (keep_stages) out.stages["hostir"] = out.host.toString();
   return out;

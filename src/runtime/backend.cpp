@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "meshfuse/error.h"
+#include "meshfuse/ir/fusion.h"
 #include "runtime/tensor_blocks.h"
 
 namespace meshfuse {
@@ -47,6 +48,10 @@ void checkSegmentBuffersDisjoint(const Segment& seg, const std::vector<const Ten
     for (size_t i = 0; i < inputs.size() + o; ++i) {
       const Tensor& t = i < inputs.size() ? *inputs[i] : *outputs[i - inputs.size()];
       auto [b, e] = range(t);
+      // An in-place output (Fusion::aliasOutputToInput) is exactly its input's buffer.
+      const TensorView* out_tv = seg.outputs.at(o);
+      if (i < inputs.size() && b == ob && e == oe && out_tv->fusion()->aliasedInput(out_tv) == seg.inputs.at(i))
+        continue;
       MF_CHECK(b == e || e <= ob || oe <= b,
                "{} segment ({} exprs): output {} overlaps {} ([{}, {}) and [{}, {})): generated kernels take every "
                "buffer as restrict/noalias",

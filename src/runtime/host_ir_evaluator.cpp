@@ -264,6 +264,13 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
     throw;
   }
   if (tracing_) trace_ = streams_.takeTrace();
+  // An in-place update of an input the evaluator uploaded (a host tensor, a device backend) went
+  // to the device copy: the caller's buffer gets the new values back (one copy per run).
+  for (const auto& [o, i] : f.outputAliases()) {
+    if (!local_inputs[i].defined() || local_inputs[i].device() == backend_.device()) continue;
+    Tensor updated = backend_.download(value(f.outputs()[o])), caller = local_inputs[i];
+    std::memcpy(caller.data(), updated.data(), updated.nbytes());
+  }
   std::vector<Tensor> outs;
   for (const TensorView* o : f.outputs())
     outs.push_back(o->mesh() && !o->mesh()->contains(comm_.rank()) ? Tensor() : value(o));
@@ -281,6 +288,12 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
                         "uneven chunking not supported: {} has {} rows, which do not split into {} equal blocks",
                         program_.fusion->displayName(n.tv), shape[0], n.chunk_blocks);
           shape[0] /= n.chunk_blocks;
+        }
+        // An output that updates an input in place (Fusion::aliasOutputToInput) is that input's
+        // buffer: lower/check_aliases.h guarantees the program may write it there.
+        if (const TensorView* in = program_.fusion->aliasedInput(n.tv); in && n.slot == 0 && n.chunk_blocks == 1) {
+          values_[{n.tv, 0}] = value(in);
+          break;
         }
         try {
           values_[{n.tv, n.slot}] = backend_.allocate(n.tv->dtype(), shape);

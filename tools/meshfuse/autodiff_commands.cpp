@@ -10,10 +10,7 @@
 #include "meshfuse/pipeline.h"
 
 namespace meshfuse::cli {
-namespace {
 
-// Indices of `names` among `list` (a display name, with or without '%', or an index); every
-// floating-point entry when `names` is empty.
 std::vector<int64_t> resolve(const Fusion& f, const std::vector<TensorView*>& list, const std::vector<std::string>& names,
                              const char* what) {
   std::vector<int64_t> out;
@@ -37,6 +34,8 @@ std::vector<int64_t> resolve(const Fusion& f, const std::vector<TensorView*>& li
   }
   return out;
 }
+
+namespace {
 
 AutodiffOptions policy(const AutodiffCliOptions& o) {
   return {o.save_all ? SavePolicy::All : SavePolicy::GemmAndAttention};

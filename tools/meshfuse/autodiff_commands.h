@@ -15,6 +15,11 @@ struct AutodiffCliOptions {
   bool save_all = false;             // SavePolicy::All instead of the default
 };
 
+// Indices of `names` among `list` (a display name, with or without '%', or an index); every
+// floating-point entry when `names` is empty. `what` is "input" (option --wrt) or "output".
+std::vector<int64_t> resolve(const Fusion& f, const std::vector<TensorView*>& list, const std::vector<std::string>& names,
+                             const char* what);
+
 // The forward fusion with its saves and the backward fusion, as .mf text separated by a
 // '# -----' line (so `meshfuse print --split-input-file` reads them back), each headed by comments.
 // A definition with meshes is differentiated after propagate-shardings (with `pipeline`'s options).

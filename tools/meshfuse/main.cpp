@@ -10,6 +10,7 @@
 #include "autodiff_commands.h"
 #include "cli_common.h"
 #include "opt_host.h"
+#include "train_command.h"
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
@@ -182,6 +183,33 @@ int main(int argc, char** argv) {
   gradcheck->add_option("--low", gc_low, "floating-point inputs are uniform in [low, high]")->capture_default_str();
   gradcheck->add_option("--high", gc_high, "see --low")->capture_default_str();
 
+  mf::cli::TrainCliOptions train_opts;
+  auto* train = app.add_subcommand(
+      "train",
+      "Train FILE.mf: forward, backward (autodiff) and an in-place optimizer step per step, on one fixed batch of\n"
+      "seeded random data (parameters uniform in [-init-scale, init-scale), other inputs in [-1, 1)). Sharded\n"
+      "over the MPI ranks by the inputs' placements (launch with mpirun -np N), else on one device. Prints the\n"
+      "loss per step on rank 0 (docs/training.md)");
+  addFile(train);
+  addSizes(train);
+  train->add_option("--steps", train_opts.steps, "training steps")->capture_default_str();
+  train->add_option("--optimizer", train_opts.optimizer, "sgd (torch.optim.SGD) or adamw (torch.optim.AdamW)")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  train->add_option("--lr", train_opts.lr, "learning rate")->capture_default_str();
+  train->add_option("--momentum", train_opts.momentum, "sgd momentum")->capture_default_str();
+  train->add_option("--weight-decay", train_opts.weight_decay, "sgd: L2 added to the gradient; adamw: decoupled")
+      ->capture_default_str();
+  train->add_option("--wrt", train_opts.wrt,
+                    "the parameters: inputs by name or index (comma-separated; default: every floating-point input)")
+      ->delimiter(',');
+  train->add_option("--loss", train_opts.loss,
+                    "the loss output, by name or index (default: the only floating-point scalar output)");
+  train->add_option("--seed", train_opts.seed, "seed of the random data and initial parameters")
+      ->capture_default_str();
+  train->add_option("--init-scale", train_opts.init_scale, "parameters start uniform in [-scale, scale)")
+      ->capture_default_str();
+
   int64_t report_rank = -1;
   auto* coll = app.add_subcommand("collectives",
                                   "Print each rank's collectives (kind, mesh axis, team, bytes, why) "
@@ -299,6 +327,9 @@ int main(int argc, char** argv) {
       } else if (*gradcheck) {
         mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
         if (!mf::cli::runGradCheck(*fusion, ad_opts, sizes, gc_opts, gc_low, gc_high, gc_seed)) status = 1;
+      } else if (*train) {
+        mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
+        return mf::cli::runTrain(*fusion, train_opts, sizes);
       } else if (*dump && stage == "fusion") {  // the parsed fusion: nothing to compile
         std::cout << mf::printFusion(*fusion);
       } else if (*dump) {

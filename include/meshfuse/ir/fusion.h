@@ -2,6 +2,7 @@
 // Nodes are created only through a Fusion (no global "current fusion").
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,16 @@ class Fusion {
   // Throws a typed UserError that names the op and tensors on bad input.
   TensorView* apply(OpKind kind, std::vector<Val*> inputs, Attributes attrs = {}, std::string out_name = "");
   void addOutput(TensorView* tv);
+  // In-place update: fusion output `output` is written into the buffer of fusion input `input`
+  // (an optimizer step updating a parameter and its state), by index, so passes that replace an
+  // output keep it. Both must have the same dtype and shape (checked here: DtypeError,
+  // ShapeError) and, once propagated, the same mesh and placements (the verifier: PlacementError).
+  // compile() checks that the program may write it in place (lower/check_aliases.h); the runtime
+  // then allocates nothing for the output and returns the input's buffer, updated.
+  void aliasOutputToInput(int64_t output, int64_t input);
+  const std::map<int64_t, int64_t>& outputAliases() const { return output_aliases_; }  // output -> input
+  // The input whose buffer output tensor `out` is written into, or nullptr.
+  const TensorView* aliasedInput(const TensorView* out) const;
   // Unlinks `e` from the program (its output must be unused and not a fusion output).
   void removeExpr(Expr* e);
 
@@ -108,6 +119,7 @@ class Fusion {
   std::vector<Expr*> exprs_;
   Expr* insertion_point_ = nullptr;
   std::vector<ExtentConstraint> extent_constraints_;
+  std::map<int64_t, int64_t> output_aliases_;
 };
 
 }  // namespace meshfuse

@@ -39,7 +39,7 @@ class FunctionEmitter {
     body->addFnAttr(llvm::Attribute::AlwaysInline);
     body->addFnAttr(llvm::Attribute::NoUnwind);
     for (unsigned i = 0; i < params.size(); ++i) {
-      body->addParamAttr(i, llvm::Attribute::NoAlias);
+      if (!p_.buffers[i].may_alias) body->addParamAttr(i, llvm::Attribute::NoAlias);
       body->addParamAttr(i, llvm::Attribute::NoCapture);
       buffers_.push_back(body->getArg(i));
     }

@@ -96,7 +96,11 @@ SegmentKey segmentKey(const Segment& seg, const ShapeFn& shape_of) {
       h.addShape(shape_of(o));
     }
   }
-  for (const TensorView* o : seg.outputs) h.add(number(o));
+  for (const TensorView* o : seg.outputs) {
+    h.add(number(o));
+    // An in-place output's kernel drops restrict/noalias on it and its input (kir::Buffer::may_alias).
+    if (const TensorView* in = o->fusion()->aliasedInput(o)) h.add(uint64_t{0xa11a5} + number(in));
+  }
   return h.key();
 }
 

@@ -476,8 +476,9 @@ class KernelWriter {
       // Only what the kernel writes needs __restrict__'s promise to the compiler about others'
       // writes; the runtime checks that no output overlaps another buffer
       // (checkSegmentBuffersDisjoint), which is what makes the promise hold.
-      line(fmt::format("{}{}* __restrict__ b{} = static_cast<{}*>(mf_bufs.p[{}]);", u.stored.count(b) ? "" : "const ",
-                       storageType(dt), b, storageType(dt), b));
+      // (An in-place output and its input share a buffer: neither promises anything.)
+      line(fmt::format("{}{}* {}b{} = static_cast<{}*>(mf_bufs.p[{}]);", u.stored.count(b) ? "" : "const ",
+                       storageType(dt), p_.buffers.at(b).may_alias ? "" : "__restrict__ ", b, storageType(dt), b));
     }
     for (int64_t s : u.scalars)
       if (p_.scalars.at(s).kind == kir::Scalar::Accumulator) line(fmt::format("{} s{};", ctype(p_.scalars[s].type), s));
