@@ -4,7 +4,7 @@
 // torch.nn.functional.scaled_dot_product_attention (benchmarks/attention_torch.py, in a child
 // process of the same run), one thread each. Forward only, f32, batch 1.
 //   build/benchmarks/attention_cpu [HEADS HEAD_SIZE ITERS SEQ...]   (default 2 64 5 512 ... 8192)
-// Prints one markdown row per (sequence, causal): medians in ms and the ratios.
+// Prints one markdown row per (sequence, causal): min / median times in ms and their ratios.
 // Results: benchmarks/results/context-parallel.md.
 #include <cstdlib>
 #include <iostream>
@@ -29,14 +29,39 @@ std::string sdpaText(int64_t heads, int64_t s, int64_t d, bool causal) {
   return printFusion(f);
 }
 
-// PyTorch's median seconds (attention_torch.py prints "seconds <median>"), or -1 with `why`.
-double torchSeconds(int64_t heads, int64_t s, int64_t d, bool causal, int iters, std::string* why) {
+// The fastest and the median run: on a shared machine the minimum is the better estimate of what
+// the code costs, the median of what a user sees under that load; both are reported.
+struct Time {
+  double min = -1, median = -1;
+};
+using Times = std::vector<Time>;
+
+// Runs the functions in turn (a, b, a, b, ...) after one warm-up each, so load changes hit them alike.
+Times interleaved(const std::vector<std::function<void()>>& fns, int iters) {
+  for (const auto& fn : fns) fn();
+  std::vector<std::vector<double>> t(fns.size());
+  for (int i = 0; i < iters; ++i)
+    for (size_t f = 0; f < fns.size(); ++f) {
+      auto start = std::chrono::steady_clock::now();
+      fns[f]();
+      t[f].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  Times out;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    out.push_back({v.front(), v[v.size() / 2]});
+  }
+  return out;
+}
+
+// PyTorch's times (attention_torch.py prints "min <s>" and "seconds <median>"), or -1 with `why`.
+Time torchSeconds(int64_t heads, int64_t s, int64_t d, bool causal, int iters, std::string* why) {
   const std::string cmd = fmt::format("{} {}/attention_torch.py {} {} {} {} {} 2>&1", MESHFUSE_VENV_PYTHON,
                                       MESHFUSE_BENCH_DIR, heads, s, d, causal ? 1 : 0, iters);
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     *why = "could not start the Python baseline";
-    return -1;
+    return {};
   }
   std::string out;
   char buf[256];
@@ -44,11 +69,16 @@ double torchSeconds(int64_t heads, int64_t s, int64_t d, bool causal, int iters,
   const int rc = pclose(p);
   std::istringstream in(out);
   std::string word;
-  double seconds = -1;
-  while (in >> word)
-    if (word == "seconds") in >> seconds;
-  if (rc != 0 || seconds <= 0) *why = "PyTorch baseline unavailable: " + out.substr(0, 200);
-  return rc == 0 ? seconds : -1;
+  Time t;
+  while (in >> word) {
+    if (word == "seconds") in >> t.median;
+    if (word == "min") in >> t.min;
+  }
+  if (rc != 0 || t.min <= 0) {
+    *why = "PyTorch baseline unavailable: " + out.substr(0, 200);
+    return {};
+  }
+  return t;
 }
 
 void row(int64_t heads, int64_t s, int64_t d, bool causal, int iters) {
@@ -63,13 +93,16 @@ void row(int64_t heads, int64_t s, int64_t d, bool causal, int iters) {
   kir::setMaterializedAttentionForBenchmarks(true);
   c.run(*materialized, 0, buffers);
   kir::setMaterializedAttentionForBenchmarks(false);
-  std::vector<double> t = bench::interleavedMedians(
-      {[&] { c.run(*tiled, 0, buffers); }, [&] { c.run(*materialized, 0, buffers); }}, iters);
+  const Times t = interleaved({[&] { c.run(*tiled, 0, buffers); }, [&] { c.run(*materialized, 0, buffers); }}, iters);
   std::string why;
-  const double torch = torchSeconds(heads, s, d, causal, iters, &why);
-  std::cout << fmt::format("| {} | {} | {:.2f} | {:.2f} | {} | {:.2f}x | {} |\n", s, causal ? "causal" : "full",
-                           t[0] * 1e3, t[1] * 1e3, torch > 0 ? fmt::format("{:.2f}", torch * 1e3) : "-",
-                           t[1] / t[0], torch > 0 ? fmt::format("{:.2f}x", torch / t[0]) : why);
+  const Time torch = torchSeconds(heads, s, d, causal, iters, &why);
+  auto ms = [](const Time& x) { return fmt::format("{:.2f} / {:.2f}", x.min * 1e3, x.median * 1e3); };
+  std::cout << fmt::format("| {} | {} | {} | {} | {} | {:.2f}x / {:.2f}x | {} |\n", s, causal ? "causal" : "full",
+                           ms(t[0]), ms(t[1]), torch.min > 0 ? ms(torch) : "-", t[1].min / t[0].min,
+                           t[1].median / t[0].median,
+                           torch.min > 0 ? fmt::format("{:.2f}x / {:.2f}x", torch.min / t[0].min,
+                                                       torch.median / t[0].median)
+                                         : why);
   std::cout.flush();
 }
 
@@ -83,8 +116,9 @@ int main(int argc, char** argv) {
   for (int i = 4; i < argc; ++i) seqs.push_back(std::atoll(argv[i]));
   if (seqs.empty()) seqs = {512, 1024, 2048, 4096, 8192};
   std::cout << bench::machine() << "\n";
-  std::cout << fmt::format("batch 1, {} heads, head size {}, f32, forward; medians of {} interleaved runs\n\n", heads,
-                           d, iters);
+  std::cout << fmt::format(
+      "batch 1, {} heads, head size {}, f32, forward; min / median of {} runs (meshfuse's two interleaved)\n\n", heads,
+      d, iters);
   std::cout << "| seq | mask | tiled ms | materialized ms | torch ms | materialized / tiled | torch / tiled |\n";
   std::cout << "|---|---|---|---|---|---|---|\n";
   for (int64_t s : seqs)
