@@ -77,3 +77,25 @@ def test_long_sequence_like_torch(is_causal):
     _, (out, lse) = _run(define, [q, k, v])
     _close(out, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), 1e-5)
     _close(lse, _lse(q, k, is_causal), 1e-5)
+
+
+def test_heads_sharded_sdpa_and_lse_need_no_communication():
+    # sdpa_lse follows sdpa's sharding rule: batch and heads pass through, sequences stay whole.
+    shape = (1, 4, 70, 16)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(*shape, generator=g) for _ in range(3))
+
+    def define(fd):
+        tq, tk, tv = (fd.define_tensor(list(shape)) for _ in range(3))
+        fd.add_output(fd.ops.sdpa(tq, tk, tv, is_causal=True))
+        fd.add_output(fd.ops.sdpa_lse(tq, tk, is_causal=True))
+
+    mesh = meshfuse.DeviceMesh(list(range(meshfuse.world_size())))
+    fdw = meshfuse.FusionDefinitionWrapper(define, device="cpu")
+    inputs = [meshfuse.distribute_tensor(t, mesh, [meshfuse.Shard(1)]) for t in (q, k, v)]
+    assert [c.kind for c in fdw.plan(inputs).collectives()] == []
+    outs = fdw(inputs)
+    assert [o.placements for o in outs] == [(meshfuse.Shard(1),)] * 2
+    out, lse = (torch.as_tensor(np.asarray(o.full_tensor())) for o in outs)
+    _close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), 1e-5)
+    _close(lse, _lse(q, k, True), 1e-5)
