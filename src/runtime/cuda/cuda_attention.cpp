@@ -5,8 +5,9 @@
 // row are skipped whole):
 //   1. the K tile goes to shared memory; each thread computes R*C/128 scores scale * q.k (f32),
 //      masked (key past the end, or causal key j > row i) to -inf, into a shared score tile;
-//   2. one thread per row runs the online-softmax update: m' = max(m, rowmax), P = exp(s - m')
-//      in place, l = l exp(m - m') + rowsum P, and leaves alpha = exp(m - m') for the row;
+//   2. 128 / R threads per row (lanes of one warp, combined by shuffles) run the online-softmax
+//      update: m' = max(m, rowmax), P = exp(s - m') in place, l = l exp(m - m') + rowsum P, and
+//      leave alpha = exp(m - m') for the row;
 //   3. the V tile replaces K in shared memory; each thread owns R*dv/128 output elements in
 //      registers: acc = acc * alpha[row] + sum_j P[row, j] V[j, col].
 // The end: o = acc / l, lse = m + log l. Everything is f32 (bf16 operands arrive widened, as
@@ -69,25 +70,38 @@ const char* kBody = R"CUDA(
       mf_p[r * P_ROW + j] = masked ? -MF_INF_F : s * SCALE;
     }
     __syncthreads();
-    if (t < R) {
-      float* row = mf_p + t * P_ROW;
-      const float m = mf_m[t];
+    {
+      // 128 / R threads per row (consecutive lanes of one warp): strided partial max and sum,
+      // combined by shuffles; every thread of the block takes part (the shuffles need them all).
+      constexpr int TPR = 128 / R;
+      const int r = t / TPR, part = t % TPR;
+      float* row = mf_p + r * P_ROW;
+      const float m = mf_m[r];
       float m_new = m;
-      for (int j = 0; j < C; ++j) m_new = row[j] > m_new ? row[j] : m_new;
+      for (int j = part; j < C; j += TPR) m_new = row[j] > m_new ? row[j] : m_new;
+#pragma unroll
+      for (int lane = 1; lane < TPR; lane <<= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, m_new, lane);
+        m_new = other > m_new ? other : m_new;
+      }
       float alpha = 1.f, sum = 0.f;
       if (m_new == -MF_INF_F) {  // every key so far masked: nothing attended yet
-        for (int j = 0; j < C; ++j) row[j] = 0.f;
+        for (int j = part; j < C; j += TPR) row[j] = 0.f;
       } else {
         alpha = expf(m - m_new);  // 0 on the first attended tile (m = -inf)
-        for (int j = 0; j < C; ++j) {
+        for (int j = part; j < C; j += TPR) {
           const float e = expf(row[j] - m_new);
           row[j] = e;
           sum += e;
         }
       }
-      mf_l[t] = mf_l[t] * alpha + sum;
-      mf_m[t] = m_new;
-      mf_alpha[t] = alpha;
+#pragma unroll
+      for (int lane = 1; lane < TPR; lane <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, lane);
+      if (part == 0) {
+        mf_l[r] = mf_l[r] * alpha + sum;
+        mf_m[r] = m_new;
+        mf_alpha[r] = alpha;
+      }
     }
     __syncthreads();  // K is no longer read: V takes its place
     for (int e = t; e < C * DV; e += 128) {
