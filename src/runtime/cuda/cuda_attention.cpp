@@ -136,8 +136,10 @@ const char* kBody = R"CUDA(
 
 AttentionTiles attentionTiles(const kir::Attention& a) {
   for (int rows : {64, 32, 16, 8}) {
+    if (rows > 8 && rows / 2 >= a.s) continue;  // half the tile would hold every row: smaller blocks
     if (rows * a.dv > kAttentionThreads * kMaxAccumulators && rows > 8) continue;
     for (int keys : {64, 32, 16, 8}) {
+      if (keys > 8 && keys / 2 >= a.skv) continue;
       const int64_t floats = sharedFloats(a, rows, keys);
       if (floats <= kSharedFloats && rows * a.dv <= kAttentionThreads * kMaxAccumulators) return {rows, keys, floats};
     }
