@@ -10,6 +10,7 @@
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
+#include "meshfuse/ir/printer.h"
 #include "meshfuse/kernel_ir.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
@@ -148,6 +149,28 @@ TEST(TiledAttention, LogSumExpOpChecksItsOperands) {
     EXPECT_EQ(std::string(e.what()),
               "sdpa_lse: scale 0 would zero every attention score; leave it unset for 1/sqrt(head size)");
   }
+}
+
+// The text form: sdpa_lse prints and parses like any op, its f32 type is checked against an
+// annotation, and its operands are checked as sdpa's are.
+TEST(TiledAttention, LogSumExpOpInText) {
+  const std::string head =
+      "fusion {\n  %q = input bf16[1, 2, 5, 4]\n  %k = input bf16[1, 2, 7, 4]\n  %v = input bf16[1, 2, 7, 3]\n";
+  std::unique_ptr<Fusion> ok = parseFusion(head + "  %l = sdpa_lse(%q, %k, is_causal=true) : f32[1, 2, 5]\n  output %l\n}\n",
+                                           "ok.mf");
+  EXPECT_NE(printFusion(*ok).find("%l = sdpa_lse(%q, %k, is_causal=true) : f32[1, 2, 5]"), std::string::npos);
+  auto error = [&](const std::string& op) {
+    try {
+      parseFusion(head + op + "\n  output %l\n}\n", "bad.mf");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error("  %l = sdpa_lse(%q, %k) : bf16[1, 2, 5]"),
+            "bad.mf:5:27: the annotated type bf16[1, 2, 5] does not match the type f32[1, 2, 5] that sdpa_lse produces");
+  EXPECT_EQ(error("  %l = sdpa_lse(%q, %v) : f32[1, 2, 5]"),
+            "bad.mf:5:8: sdpa_lse: embedding dim (e) mismatch: %q has 4 but %v has 3");
 }
 
 }  // namespace
