@@ -15,6 +15,7 @@
 #include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
 #include "meshfuse/segment.h"
+#include "lower/kernel_lower.h"
 #include "runtime/cpu/attention_kernel.h"
 
 namespace meshfuse {
@@ -111,6 +112,27 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndMasks, TiledAttentionCpu,
                            return std::string(dtypeName(std::get<0>(info.param))) +
                                   (std::get<1>(info.param) ? "_causal" : "_full");
                          });
+
+// The lowering the benchmark compares against (a materialized score matrix) still computes sdpa.
+TEST(TiledAttention, TheMaterializedLoweringForBenchmarksStillMatches) {
+  Fusion f;
+  TensorView* q = f.defineTensor({1, 2, 70, 16}, DataType::Float, "q");
+  TensorView* k = f.defineTensor({1, 2, 90, 16}, DataType::Float, "k");
+  f.addOutput(ops::sdpa(q, k, k, true));
+  std::vector<Tensor> in = {Tensor::random(DataType::Float, {1, 2, 70, 16}, 1),
+                            Tensor::random(DataType::Float, {1, 2, 90, 16}, 2)};
+  struct Restore {  // the switch is process-wide: back to the tiled kernel even if this fails
+    ~Restore() { kir::setMaterializedAttentionForBenchmarks(false); }
+  } restore;
+  kir::setMaterializedAttentionForBenchmarks(true);
+  std::vector<Segment> segs = segmentFusion(f);
+  const std::string program = kir::printProgram(kir::lowerSegment(
+      f, segs.at(0), [](const TensorView* tv) { return tv->evaluateShape({}); }, "materialized"));
+  std::vector<Tensor> got = runOnCpu(f, in);
+  EXPECT_EQ(program.find("attention batch"), std::string::npos) << program;
+  EXPECT_NE(program.find("buffer b3 temp f32[2, 70, 90]"), std::string::npos) << program;  // the score matrix
+  EXPECT_TRUE(compareWithReference(got.at(0), evaluateReference(f, in).at(0)).pass);
+}
 
 // No buffer of the lowered program holds a score matrix: at sequence 8192 every temporary is a
 // widened operand or output (O(s d)), where the materialized lowering needed 2 x 8192^2 floats.
