@@ -152,10 +152,25 @@ struct Gemm {
   double alpha = 1, beta = 0;
 };
 
+// Attention of `batch` independent (batch * head) entries, computed tile by tile with an online
+// softmax, so no [s, skv] score matrix is ever stored (docs/kernels.md "Tiled attention"). F32
+// buffers, row-major: q [batch, s, d], k [batch, skv, d], v [batch, skv, dv]; results o
+// [batch, s, dv] = softmax(scale q k^T (+ mask)) v and lse [batch, s] = log of the row's sum of
+// exp(scale q k^T) over the keys it attends (natural log, in scaled-score units), each optional
+// (-1: not computed). `causal` masks key j > query i, as the reference executor does. Emitters
+// choose the tiles: a target's kernel, not loops of this IR.
+struct Attention {
+  int64_t q = -1, k = -1, v = -1, o = -1, lse = -1;
+  int64_t batch = 0, s = 0, skv = 0, d = 0, dv = 0;
+  double scale = 1;
+  bool causal = false;
+};
+
 struct Step {
-  enum Kind { Loops, GemmCall } kind;
+  enum Kind { Loops, GemmCall, AttentionCall } kind;
   LoopNest loops{};
   Gemm gemm{};
+  Attention attention{};
 };
 
 // What one segment launch runs: steps in order over the buffers (inputs aligned with

@@ -84,5 +84,7 @@ TensorView* rmsNorm(TensorView* x, TensorView* weight = nullptr, double eps = 1e
 // refused (it would zero every score), which also keeps the IR's "0 = default" encoding unambiguous.
 TensorView* sdpa(TensorView* q, TensorView* k, TensorView* v, bool is_causal = false,
                  std::optional<double> scale = std::nullopt);
+// The log-sum-exp of sdpa's scores per (batch, head, query row), f32; `scale` as for sdpa.
+TensorView* sdpaLse(TensorView* q, TensorView* k, bool is_causal = false, std::optional<double> scale = std::nullopt);
 
 }  // namespace meshfuse::ops

@@ -122,5 +122,11 @@ TensorView* sdpa(TensorView* q, TensorView* k, TensorView* v, bool is_causal, st
   return owner(q, OpKind::Sdpa)
       .apply(OpKind::Sdpa, {q, k, v}, {{"is_causal", is_causal}, {"scale", scale.value_or(0.0)}});
 }
+TensorView* sdpaLse(TensorView* q, TensorView* k, bool is_causal, std::optional<double> scale) {
+  MF_USER_CHECK(!scale || *scale != 0, ErrorKind::Value,
+                "sdpa_lse: scale 0 would zero every attention score; leave it unset for 1/sqrt(head size)");
+  return owner(q, OpKind::SdpaLse)
+      .apply(OpKind::SdpaLse, {q, k}, {{"is_causal", is_causal}, {"scale", scale.value_or(0.0)}});
+}
 
 }  // namespace meshfuse::ops

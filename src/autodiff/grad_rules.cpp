@@ -440,25 +440,32 @@ TensorView* causalMask(TensorView* q, int64_t L, int64_t S) {
   TensorView* shifted = o::reshape(o::slice(flat, {0, 0, 0}, {whole(0), whole(1), L * (W - 1)}), {b, h, L, W - 1});
   return o::gt(o::slice(shifted, {0, 0, 0, 0}, {whole(0), whole(1), L, S}), 0.5);
 }
-Grads sdpa(GradContext& c, const Expr* e, TensorView* g) {
-  TensorView* q = f32(c.primal(e->input(0)));
-  TensorView* k = f32(c.primal(e->input(1)));
-  TensorView* gf = f32(g);
-  double scale = e->attr<double>("scale");
+// The attention probabilities P = softmax(scale q k^T (+ causal mask)) of an sdpa or sdpa_lse, in
+// f32, recomputed from q and k (f32 casts of the primals); `scale` gets the scale used.
+TensorView* attentionProbs(const Expr* e, TensorView* q, TensorView* k, double& scale) {
+  scale = e->attr<double>("scale");
   if (scale == 0) {
     Extent head = q->shape()[3];
     MF_USER_CHECK(head.isStatic(), ErrorKind::Unsupported,
-                  "autodiff: sdpa with a symbolic head size ({}) needs an explicit scale", head.toString());
+                  "autodiff: {} with a symbolic head size ({}) needs an explicit scale", e->name(), head.toString());
     scale = 1.0 / std::sqrt(static_cast<double>(head.value()));
   }
   TensorView* scores = o::mul(o::matmul(q, transposeLast(k)), scale);
   if (e->attr<bool>("is_causal")) {
     Extent L = q->shape()[2], S = k->shape()[2];
     MF_USER_CHECK(L.isStatic() && S.isStatic(), ErrorKind::Unsupported,
-                  "autodiff: causal sdpa needs static sequence lengths, got {} and {}", L.toString(), S.toString());
+                  "autodiff: causal {} needs static sequence lengths, got {} and {}", e->name(), L.toString(),
+                  S.toString());
     scores = o::where(causalMask(q, L.value(), S.value()), -1e30, scores);
   }
-  TensorView* p = o::softmax(scores, 3);
+  return o::softmax(scores, 3);
+}
+Grads sdpa(GradContext& c, const Expr* e, TensorView* g) {
+  TensorView* q = f32(c.primal(e->input(0)));
+  TensorView* k = f32(c.primal(e->input(1)));
+  TensorView* gf = f32(g);
+  double scale = 0;
+  TensorView* p = attentionProbs(e, q, k, scale);
   DataType dt = e->input(0)->dtype();
   Grads out(3, nullptr);
   if (c.wants(2)) out[2] = castTo(o::matmul(transposeLast(p), gf), dt);
@@ -468,6 +475,20 @@ Grads sdpa(GradContext& c, const Expr* e, TensorView* g) {
     if (c.wants(0)) out[0] = castTo(o::matmul(gs, k), dt);
     if (c.wants(1)) out[1] = castTo(o::matmul(transposeLast(gs), q), dt);
   }
+  return out;
+}
+// lse_i = log sum_j exp(s_ij): d lse_i / d s_ij = P_ij, so dS = g_i P_ij (times scale for q, k).
+Grads sdpaLse(GradContext& c, const Expr* e, TensorView* g) {
+  TensorView* q = f32(c.primal(e->input(0)));
+  TensorView* k = f32(c.primal(e->input(1)));
+  double scale = 0;
+  TensorView* p = attentionProbs(e, q, k, scale);
+  // g [b, h, L] as [b, h, L, 1]: broadcast along P's rows.
+  TensorView* gs = o::mul(o::mul(p, unsqueezeReduced(f32(g), {3}, 4)), scale);
+  DataType dt = e->input(0)->dtype();
+  Grads out(2, nullptr);
+  if (c.wants(0)) out[0] = castTo(o::matmul(gs, k), dt);
+  if (c.wants(1)) out[1] = castTo(o::matmul(transposeLast(gs), q), dt);
   return out;
 }
 

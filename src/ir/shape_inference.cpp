@@ -428,10 +428,19 @@ InferredOutput normalization(const Ctx& c) {
 InferredOutput attention(const Ctx& c) {
   TensorView* q = c.tv(0);
   TensorView* k = c.tv(1);
-  TensorView* v = c.tv(2);
   c.requireFloat(q);
   c.requireRank(q, 4, "query [b, heads, s, e]");
   c.requireRank(k, 4, "key [b, heads, s_kv, e]");
+  if (c.kind == OpKind::SdpaLse) {  // [b, heads, s], f32 (the exact merge statistic)
+    MF_USER_CHECK(k->dtype() == q->dtype(), ErrorKind::Dtype, "{}: {} is {} but query {} is {}", c.op(), c.name(k),
+                  dtypeName(k->dtype()), c.name(q), dtypeName(q->dtype()));
+    auto qs = q->shape(), ks = k->shape();
+    c.requireSameExtent(qs[0], ks[0], "batch dim", q, k);
+    c.requireSameExtent(qs[1], ks[1], "heads dim", q, k);
+    c.requireSameExtent(qs[3], ks[3], "embedding dim (e)", q, k);
+    return {DataType::Float, {c.id(qs[0]), c.id(qs[1]), c.id(qs[2])}};
+  }
+  TensorView* v = c.tv(2);
   c.requireRank(v, 4, "value [b, heads, s_kv, e_v]");
   for (TensorView* t : {k, v})
     MF_USER_CHECK(t->dtype() == q->dtype(), ErrorKind::Dtype, "sdpa: {} is {} but query {} is {}", c.name(t),

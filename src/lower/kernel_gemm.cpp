@@ -10,12 +10,18 @@
 //   (BLAS has no 16-bit GEMM). A linear's bias is fused INTO the GEMM: C starts as the bias rows
 //   and the GEMM accumulates (beta = 1).
 //
-//   sdpa(q, k, v):  S = scale * Q K^T (one GEMM per batch*head)  ->  loops: masked softmax of
-//                   every row of S, in place  ->  O = S V
+//   sdpa(q, k, v):  one Attention step (the targets' tiled online-softmax kernels; no [s, skv]
+//                   score matrix). With MESHFUSE_SDPA_MATERIALIZED=1 in the environment (for
+//                   benchmarks only): S = scale * Q K^T (one GEMM per batch*head) -> loops: masked
+//                   softmax of every row of S, in place -> O = S V, the lowering before the tiled kernel.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <string>
 
 #include "lower/kernel_graph.h"
 #include "lower/kernel_lower.h"
@@ -29,12 +35,14 @@ class GemmLowering {
  public:
   explicit GemmLowering(Program& p) : p_(p) {}
 
-  // An f32 view of `buffer`: itself, or a widened copy.
+  // An f32 view of `buffer`: itself, or a widened copy (one per buffer: sdpa(x, x, x) widens once).
   int64_t f32(int64_t buffer) {
     const Buffer b = p_.buffers[buffer];
     if (b.dtype == DataType::Float) return buffer;
+    if (auto it = widened_.find(buffer); it != widened_.end()) return it->second;
     int64_t t = p_.addBuffer({Buffer::Temp, DataType::Float, b.shape, ""});
     copy(buffer, t, b.numel());
+    widened_[buffer] = t;
     return t;
   }
 
@@ -59,17 +67,42 @@ class GemmLowering {
     push(l, "copy");
   }
 
-  // c[i, j] = bias[j] for a [rows, cols] c (or 0 without a bias).
-  void fillRows(int64_t c, int64_t rows, int64_t cols, int64_t bias) {
+  // c[i, j] = bias[j] for a [rows, cols] c (or `value` without a bias).
+  void fillRows(int64_t c, int64_t rows, int64_t cols, int64_t bias, double value = 0) {
     Loops l(p_);
     Expr i = l.loop(rows), j = l.loop(cols);
-    l.store(c, add(mul(i, index(cols)), j), bias < 0 ? constant(0, Type::F32) : load(bias, Type::F32, j));
+    l.store(c, add(mul(i, index(cols)), j), bias < 0 ? constant(value, Type::F32) : load(bias, Type::F32, j));
     push(l, "fill");
   }
 
   void gemm(Gemm g) {
     Step s{Step::GemmCall, {}, std::move(g)};
     p_.steps.push_back(std::move(s));
+  }
+
+  // The attention the tiled kernel replaced, kept for benchmarks only (MESHFUSE_SDPA_MATERIALIZED):
+  // S = scale Q K^T as one [batch, s, skv] temporary, its masked softmax in place, O = S V.
+  void materializedAttention(const Attention& a) {
+    const int64_t sc = p_.addBuffer({Buffer::Temp, DataType::Float, {a.batch, a.s, a.skv}, ""});
+    if (a.d == 0) {
+      fillRows(sc, a.batch * a.s, a.skv, -1);
+    } else {
+      Gemm qk;
+      qk.m = a.s, qk.n = a.skv, qk.k = a.d, qk.alpha = a.scale;
+      qk.a = {a.q, 0, a.d, false};
+      qk.b = {a.k, 0, a.d, true};
+      qk.c = {sc, 0, a.skv, false};
+      qk.batch = {{a.batch, a.s * a.d, a.skv * a.d, a.s * a.skv}};
+      gemm(qk);
+    }
+    maskedSoftmax(sc, a.batch, a.s, a.skv, a.causal);
+    Gemm pv;
+    pv.m = a.s, pv.n = a.dv, pv.k = a.skv;
+    pv.a = {sc, 0, a.skv, false};
+    pv.b = {a.v, 0, a.dv, false};
+    pv.c = {a.o, 0, a.dv, false};
+    pv.batch = {{a.batch, a.s * a.skv, a.skv * a.dv, a.s * a.dv}};
+    gemm(pv);
   }
 
   // Softmax of every row of s [rows_outer, rows, cols] in place; with `causal`, entry (i, j)
@@ -141,11 +174,75 @@ class GemmLowering {
 
   Program& p_;
   std::vector<std::pair<int64_t, int64_t>> pending_;
+  std::map<int64_t, int64_t> widened_;  // input buffer -> its f32 copy
 };
+
+// -1: not decided yet (the environment decides on first use).
+std::atomic<int> materialized_attention{-1};
+
+bool materializedAttentionForBenchmarks() {
+  int on = materialized_attention.load();
+  if (on < 0) {
+    const char* v = std::getenv("MESHFUSE_SDPA_MATERIALIZED");
+    on = v != nullptr && std::string(v) == "1" ? 1 : 0;
+    materialized_attention.store(on);
+  }
+  return on == 1;
+}
+
+// An attention segment: an sdpa, an sdpa_lse, or one of each on the same query and key (segment.cpp)
+// -> one Attention step computing the output and/or the log-sum-exp.
+void lowerAttentionSegment(const Segment& seg, const LocalShapeFn& shape_of, Program& p) {
+  GemmLowering g(p);
+  auto bufferOf = [&](const Val* v) {
+    auto it = std::find(seg.inputs.begin(), seg.inputs.end(), v);
+    MF_CHECK(it != seg.inputs.end(), "an attention operand that is not a segment input");
+    return static_cast<int64_t>(it - seg.inputs.begin());
+  };
+  auto outputOf = [&](const meshfuse::Expr* e) {
+    auto it = std::find(seg.outputs.begin(), seg.outputs.end(), e->output());
+    MF_CHECK(it != seg.outputs.end(), "{} of an attention segment is not one of its outputs", e->name());
+    return static_cast<int64_t>(seg.inputs.size() + (it - seg.outputs.begin()));
+  };
+  const meshfuse::Expr* sdpa = nullptr;
+  const meshfuse::Expr* lse = nullptr;
+  for (const meshfuse::Expr* e : seg.exprs) (e->kind() == OpKind::Sdpa ? sdpa : lse) = e;
+  const meshfuse::Expr* e = sdpa ? sdpa : lse;
+  MF_CHECK(e != nullptr && seg.exprs.size() == size_t{sdpa != nullptr} + size_t{lse != nullptr},
+           "an attention segment of {} ops", seg.exprs.size());
+  auto tv = [&](size_t i) { return static_cast<const TensorView*>(e->input(i)); };
+  const std::vector<int64_t> qs = shape_of(tv(0)), ks = shape_of(tv(1));
+  Attention a;
+  a.batch = qs[0] * qs[1], a.s = qs[2], a.d = qs[3], a.skv = ks[2];
+  a.dv = sdpa ? shape_of(tv(2))[3] : 0;
+  a.causal = e->attr<bool>("is_causal");
+  a.scale = e->attr<double>("scale");
+  if (a.scale == 0) a.scale = 1 / std::sqrt(static_cast<double>(a.d));
+  if (a.batch * a.s == 0) return;
+  if (sdpa && a.dv > 0) a.o = g.f32Result(outputOf(sdpa));
+  if (lse) a.lse = outputOf(lse);  // f32 already
+  if (a.skv == 0) {  // no key: output 0 (as the reference), log-sum-exp -inf
+    if (a.o >= 0) g.fillRows(a.o, a.batch * a.s, a.dv, -1);
+    if (a.lse >= 0) g.fillRows(a.lse, a.batch, a.s, -1, -INFINITY);
+  } else {
+    a.q = g.f32(bufferOf(tv(0))), a.k = g.f32(bufferOf(tv(1)));
+    if (a.o >= 0) a.v = g.f32(bufferOf(tv(2)));
+    if (a.o < 0) a.dv = 0;
+    if (materializedAttentionForBenchmarks() && a.lse < 0 && a.o >= 0) {
+      g.materializedAttention(a);
+    } else if (a.o >= 0 || a.lse >= 0) {
+      p.steps.push_back({Step::AttentionCall, {}, {}, a});
+    }
+  }
+  g.finish();
+}
 
 }  // namespace
 
+void setMaterializedAttentionForBenchmarks(bool on) { materialized_attention.store(on ? 1 : 0); }
+
 void lowerGemmSegment(const Segment& seg, const LocalShapeFn& shape_of, Program& p) {
+  if (seg.exprs.back()->info().category == OpCategory::Attention) return lowerAttentionSegment(seg, shape_of, p);
   MF_CHECK(seg.outputs.size() == 1, "a Gemm segment has one output");
   const int64_t out = static_cast<int64_t>(seg.inputs.size());  // the output buffer
   GemmLowering g(p);
@@ -209,39 +306,6 @@ void lowerGemmSegment(const Segment& seg, const LocalShapeFn& shape_of, Program&
         gm.batch = {{batches, m * k, bs.size() == 2 ? 0 : k * n, m * n}};
       }
       g.gemm(gm);
-      break;
-    }
-    case OpKind::Sdpa: {
-      const std::vector<int64_t> qs = shape_of(tv(0)), ks = shape_of(tv(1)), vs = shape_of(tv(2));
-      const int64_t bh = qs[0] * qs[1], s = qs[2], d = qs[3], skv = ks[2], dv = vs[3];
-      if (bh * s * dv == 0) return;
-      double scale = e->attr<double>("scale");
-      if (scale == 0) scale = 1 / std::sqrt(static_cast<double>(d));
-      const int64_t o = g.f32Result(out);
-      if (skv == 0) {
-        g.fillRows(o, bh * s, dv, -1);
-        break;
-      }
-      const int64_t sc = p.addBuffer({Buffer::Temp, DataType::Float, {bh, s, skv}, ""});
-      if (d == 0) {
-        g.fillRows(sc, bh * s, skv, -1);
-      } else {
-        Gemm qk;
-        qk.m = s, qk.n = skv, qk.k = d, qk.alpha = scale;
-        qk.a = {g.f32(bufferOf(tv(0))), 0, d, false};
-        qk.b = {g.f32(bufferOf(tv(1))), 0, d, true};
-        qk.c = {sc, 0, skv, false};
-        qk.batch = {{bh, s * d, skv * d, s * skv}};
-        g.gemm(qk);
-      }
-      g.maskedSoftmax(sc, bh, s, skv, e->attr<bool>("is_causal"));
-      Gemm pv;
-      pv.m = s, pv.n = dv, pv.k = skv;
-      pv.a = {sc, 0, skv, false};
-      pv.b = {g.f32(bufferOf(tv(2))), 0, dv, false};
-      pv.c = {o, 0, dv, false};
-      pv.batch = {{bh, s * skv, skv * dv, s * dv}};
-      g.gemm(pv);
       break;
     }
     default: MF_CHECK(false, "{} in a Gemm segment", e->name());

@@ -236,6 +236,14 @@ std::string printProgram(const Program& p) {
       out += "  " + pr.gemm(s.gemm);
       continue;
     }
+    if (s.kind == Step::AttentionCall) {
+      const Attention& a = s.attention;
+      auto buf = [](int64_t b) { return b < 0 ? std::string("-") : fmt::format("b{}", b); };
+      out += fmt::format("  attention batch={} s={} skv={} d={} dv={} scale={}{}: o {}, lse {} = q {}, k {}, v {}\n",
+                         a.batch, a.s, a.skv, a.d, a.dv, formatFloat(a.scale), a.causal ? " causal" : "", buf(a.o),
+                         buf(a.lse), buf(a.q), buf(a.k), buf(a.v));
+      continue;
+    }
     out += fmt::format("  loops {} {{\n", s.loops.name);
     pr.stmts(s.loops.body, 4, out);
     out += "  }\n";

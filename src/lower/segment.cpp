@@ -4,9 +4,11 @@
 //   communication on one mesh axis and nothing else).
 // guarantees:
 //   - every resharding `set` is its own Communication segment;
-//   - every linear / matmul / sdpa is in a Gemm segment of its own (a linear's bias is fused
-//     into the GEMM; sdpa is GEMMs around a fused softmax kernel), with the transposes of its
-//     operands it can read in place (a lone permute of the last two dims that only it reads);
+//   - every linear / matmul / sdpa / sdpa_lse is in a Gemm segment of its own (a linear's bias is
+//     fused into the GEMM; sdpa is one tiled attention kernel), with the transposes of its
+//     operands it can read in place (a lone permute of the last two dims that only it reads),
+//     except that an sdpa and an sdpa_lse of the same query, key and attributes share one
+//     segment with two outputs (one kernel computes both);
 //     the pointwise chain after a GEMM (bias add, activation, residual add) becomes the GEMM's
 //     epilogue kernel, a Kernel segment;
 //   - every other op is in a Kernel segment, fused with its producers as long as all of the
@@ -61,6 +63,11 @@ class Segmenter {
 
   std::vector<Segment> run() {
     for (const Expr* e : f_.exprs()) {
+      if (const int64_t partner = attentionPartner(e); partner >= 0) {
+        groups_[partner].exprs.push_back(e);  // e comes later in program order
+        group_of_[e] = partner;
+        continue;
+      }
       const int64_t g = static_cast<int64_t>(groups_.size());
       groups_.push_back({kindOf(e), {e}});
       group_of_[e] = g;
@@ -82,6 +89,26 @@ class Segmenter {
     std::vector<const Expr*> exprs;  // program order
     bool alive = true;
   };
+
+  // The group of an sdpa (sdpa_lse) visited before `e`, an sdpa_lse (sdpa) of the same query, key
+  // and attributes, alone in its group: the log-sum-exp is a by-product of the output's online
+  // softmax, so one kernel returns both. -1 when there is none.
+  int64_t attentionPartner(const Expr* e) const {
+    if (e->info().category != OpCategory::Attention) return -1;
+    const auto* q = static_cast<const TensorView*>(e->input(size_t{0}));
+    for (const Expr* u : q->uses()) {
+      auto it = group_of_.find(u);
+      if (it == group_of_.end() || u->kind() == e->kind() || u->info().category != OpCategory::Attention) continue;
+      const Group& g = groups_[it->second];
+      if (!g.alive || g.exprs.size() != 1 || u->input(size_t{0}) != q || u->input(size_t{1}) != e->input(size_t{1}) ||
+          u->attr<bool>("is_causal") != e->attr<bool>("is_causal") ||
+          u->attr<double>("scale") != e->attr<double>("scale") || !sameMesh(u->output(), e->output()) ||
+          streamSplitOf(u->output()).has_value() != streamSplitOf(e->output()).has_value())
+        continue;
+      return it->second;
+    }
+    return -1;
+  }
 
   // A permute that swaps the last two dims of a GEMM operand, alone in its kernel and read by
   // nothing else, joins the GEMM's segment: the GEMM reads its operand transposed, no copy.

@@ -298,10 +298,12 @@ class Evaluator {
     });
   }
 
+  // sdpa, or sdpa_lse (no value operand: the row's log-sum-exp instead of its output).
   void attention(const Expr* e, Array& out) {
     const Array& q = in(e, 0);
     const Array& k = in(e, 1);
-    const Array& v = in(e, 2);
+    const bool lse = e->kind() == OpKind::SdpaLse;
+    const Array& v = lse ? k : in(e, 2);
     int64_t bh = q.shape[0] * q.shape[1], s = q.shape[2], d = q.shape[3], skv = k.shape[2], dv = v.shape[3];
     double scale = e->attr<double>("scale");
     if (scale == 0) scale = 1 / std::sqrt(static_cast<double>(d));
@@ -318,6 +320,10 @@ class Evaluator {
         }
         double sum = 0;
         for (int64_t j = 0; j < skv; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
+        if (lse) {
+          out.data[g * s + i] = mx + std::log(sum);  // no key (skv = 0): -inf
+          continue;
+        }
         for (int64_t c = 0; c < dv; ++c) {
           double acc = 0;
           for (int64_t j = 0; j < skv; ++j) acc += scores[j] / sum * v.data[(g * skv + j) * dv + c];

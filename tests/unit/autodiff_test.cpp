@@ -142,6 +142,10 @@ std::vector<Case> cases() {
   cs.push_back({"sdpa_causal_uneven_scaled", [](Fusion& f) {
                   f.addOutput(sdpa(in(f, {1, 1, 3, 4}, "q"), in(f, {1, 1, 5, 4}, "k"), in(f, {1, 1, 5, 2}, "v"), true, 0.3));
                 }});
+  cs.push_back({"sdpa_lse", [](Fusion& f) { f.addOutput(sdpaLse(in(f, {1, 2, 3, 4}, "q"), in(f, {1, 2, 5, 4}, "k"))); }});
+  cs.push_back({"sdpa_lse_causal_uneven_scaled", [](Fusion& f) {
+                  f.addOutput(sdpaLse(in(f, {1, 1, 3, 4}, "q"), in(f, {1, 1, 5, 4}, "k"), true, 0.3));
+                }});
   // A value used twice (accumulation) and an integer input that is not differentiated.
   cs.push_back({"mlp", [](Fusion& f) {
                   TensorView* x = in(f, {3, 4}, "x");

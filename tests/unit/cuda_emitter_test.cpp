@@ -17,6 +17,7 @@
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/kernel_ir.h"
+#include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
 #include "meshfuse/segment.h"
 #include "models.h"
@@ -137,7 +138,46 @@ std::vector<FusionCase> chainCases(DataType dt, uint64_t first, uint64_t count) 
   return out;
 }
 
+// The tiled attention kernel (cuda_attention.cpp) with its log-sum-exp output beside the attention
+// output, causal and not, f32 and bf16, at sequence lengths around and across its tiles (64 x 64
+// at head size 32; 32 x 32 at head size 128, the decoder layer's), more keys than queries and
+// fewer.
+std::vector<FusionCase> attentionCases() {
+  std::vector<FusionCase> out;
+  struct Size {
+    int64_t s, skv, d, dv;
+  };
+  for (DataType dt : {DataType::Float, DataType::BFloat16})
+    for (bool causal : {false, true})
+      for (Size z : {Size{1, 1, 32, 24}, Size{31, 31, 32, 24}, Size{64, 64, 32, 24}, Size{130, 130, 32, 24},
+                     Size{45, 130, 32, 24}, Size{130, 45, 32, 24}, Size{70, 70, 128, 128}}) {
+        FusionCase k{fmt::format("sdpa {} {} s {} skv {} d {} dv {}", dtypeName(dt), causal ? "causal" : "full", z.s,
+                                 z.skv, z.d, z.dv),
+                     std::make_unique<Fusion>(), {}, {}};
+        TensorView* q = k.def->defineTensor({1, 2, z.s, z.d}, dt, "q");
+        TensorView* kk = k.def->defineTensor({1, 2, z.skv, z.d}, dt, "k");
+        TensorView* v = k.def->defineTensor({1, 2, z.skv, z.dv}, dt, "v");
+        k.def->addOutput(ops::sdpa(q, kk, v, causal));
+        k.def->addOutput(ops::sdpaLse(q, kk, causal));
+        for (size_t i = 0; i < k.def->inputs().size(); ++i)
+          k.inputs.push_back(Tensor::random(dt, k.def->inputs()[i]->evaluateShape({}), 41 + i));
+        out.push_back(std::move(k));
+      }
+  return out;
+}
+
 class CudaEmitterFusions : public ::testing::TestWithParam<Geometry> {};
+
+TEST_P(CudaEmitterFusions, TiledAttentionMatchesTheReferenceOnTheHost) {
+  std::vector<FusionCase> cases = attentionCases();
+  expectEmulationMatchesReference(cases, GetParam());
+  // One kernel per case computes both outputs.
+  for (const FusionCase& c : cases) {
+    std::vector<Segment> segs = segmentFusion(*c.def);
+    ASSERT_EQ(segs.size(), 1u) << c.name;
+    EXPECT_EQ(segs[0].outputs.size(), 2u) << c.name;
+  }
+}
 
 TEST_P(CudaEmitterFusions, ExamplesMatchTheReferenceOnTheHost) {
   expectEmulationMatchesReference(exampleCases(), GetParam());

@@ -281,7 +281,7 @@ class EmulatedFusion {
     if (ptrs.empty()) ptrs.push_back(nullptr);
     for (size_t i = 0; i < l.program.steps.size(); ++i) {
       for (const cuda::KernelLaunch& k : l.emitted.steps[i])
-        lib.launch(k.name, ptrs, k.blocks, std::min(k.threads, max_threads));
+        lib.launch(k.name, ptrs, k.blocks, k.exact_threads ? k.threads : std::min(k.threads, max_threads));
       if (l.program.steps[i].kind != kir::Step::GemmCall) continue;
       for (const cuda::KirGemmCall& g : cuda::planKirGemm(l.program.steps[i].gemm)) {
         auto at = [&](int64_t b, int64_t off) { return static_cast<float*>(ptrs[b]) + off; };

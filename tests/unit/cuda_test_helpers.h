@@ -118,6 +118,11 @@ inline std::vector<OpCase> opCases() {
       {"sdpa", {{2, 4, 40, 32}, {2, 4, 40, 32}, {2, 4, 40, 32}}, [](T t) { return ops::sdpa(t[0], t[1], t[2]); }},
       {"sdpa_causal", {{2, 4, 40, 32}, {2, 4, 40, 32}, {2, 4, 40, 32}},
        [](T t) { return ops::sdpa(t[0], t[1], t[2], true); }},
+      // Sequences that are no multiple of the attention kernel's tiles, more keys than queries,
+      // a value head size unlike the query's; and the log-sum-exp alone.
+      {"sdpa_uneven_causal", {{1, 2, 37, 24}, {1, 2, 70, 24}, {1, 2, 70, 16}},
+       [](T t) { return ops::sdpa(t[0], t[1], t[2], true); }},
+      {"sdpa_lse_causal", {{1, 2, 37, 24}, {1, 2, 70, 24}}, [](T t) { return ops::sdpaLse(t[0], t[1], true); }},
       {"mlp_block", {{64, 128}, {256, 128}, {128, 256}},
        [](T t) { return ops::add(ops::linear(ops::gelu(ops::linear(t[0], t[1]), "tanh"), t[2]), t[0]); }},
   };

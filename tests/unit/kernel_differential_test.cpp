@@ -310,6 +310,17 @@ std::vector<OpCase> opCases(OpKind k) {
                  f.addOutput(ops::sdpa(q, kk, v, true, 0.3));
                  return in.values;
                }}};
+    case OpKind::SdpaLse:  // alone (its own kernel) and beside an sdpa (one kernel for both)
+      return {{n, [](Fusion& f, DataType dt) {
+                 Inputs in{f, dt, {}};
+                 TensorView* q = in.add({2, 2, 5, 4});
+                 TensorView* kk = in.add({2, 2, 6, 4});
+                 TensorView* v = in.add({2, 2, 6, 3});
+                 f.addOutput(ops::sdpaLse(q, kk, true));
+                 f.addOutput(ops::sdpa(q, kk, v, false, 0.3));
+                 f.addOutput(ops::sdpaLse(q, kk, false, 0.3));
+                 return in.values;
+               }}};
   }
   return {};
 }

@@ -97,7 +97,7 @@ TEST(KernelLower, TransposedOperandsAreReadInPlace) {
       << p[0];
 }
 
-TEST(KernelLower, SdpaIsTwoBatchedGemmsAroundAMaskedSoftmax) {
+TEST(KernelLower, SdpaIsOneTiledAttentionStep) {
   Fusion f;
   TensorView* q = f.defineTensor({1, 2, 5, 4}, DataType::Float, "q");
   TensorView* k = f.defineTensor({1, 2, 5, 4}, DataType::Float, "k");
@@ -105,10 +105,29 @@ TEST(KernelLower, SdpaIsTwoBatchedGemmsAroundAMaskedSoftmax) {
   f.addOutput(ops::sdpa(q, k, v, true));
   std::vector<std::string> p = lowered(f);
   ASSERT_EQ(p.size(), 1u);
-  EXPECT_EQ(count(p[0], "gemm m=5"), 2) << p[0];
-  EXPECT_NE(p[0].find("b1^T"), std::string::npos) << p[0];  // K read transposed in place
-  EXPECT_NE(p[0].find("loops k1_softmax"), std::string::npos) << p[0];
-  EXPECT_NE(p[0].find("gt("), std::string::npos) << p[0];  // the causal mask
+  EXPECT_EQ(count(p[0], "gemm"), 0) << p[0];  // no score matrix: no GEMM writes one
+  EXPECT_NE(p[0].find("attention batch=2 s=5 skv=5 d=4 dv=3 scale=0.5 causal: o b3, lse - = q b0, k b1, v b2"),
+            std::string::npos)
+      << p[0];
+}
+
+TEST(KernelLower, SdpaAndItsLogSumExpShareOneStep) {
+  Fusion f;
+  TensorView* q = f.defineTensor({1, 2, 5, 4}, DataType::BFloat16, "q");
+  TensorView* k = f.defineTensor({1, 2, 7, 4}, DataType::BFloat16, "k");
+  TensorView* v = f.defineTensor({1, 2, 7, 3}, DataType::BFloat16, "v");
+  f.addOutput(ops::sdpa(q, k, v, false, 0.25));
+  f.addOutput(ops::sdpaLse(q, k, false, 0.25));
+  f.addOutput(ops::sdpaLse(q, k, true, 0.25));  // other attributes: a kernel of its own
+  std::vector<std::string> p = lowered(f);
+  ASSERT_EQ(p.size(), 2u);
+  // bf16: the output computed in f32 b5 (rounded into b3), q, k, v widened into b6..b8.
+  EXPECT_NE(p[0].find("attention batch=2 s=5 skv=7 d=4 dv=3 scale=0.25: o b5, lse b4 = q b6, k b7, v b8"),
+            std::string::npos)
+      << p[0];
+  EXPECT_NE(p[1].find("attention batch=2 s=5 skv=7 d=4 dv=0 scale=0.25 causal: o -, lse b2 = q b3, k b4, v -"),
+            std::string::npos)
+      << p[1];
 }
 
 TEST(KernelLower, CpuLoopsVectorize) {

@@ -82,6 +82,7 @@ TEST(TextRoundTrip, EveryOpKind) {
   f.apply(OpKind::LayerNorm, {x});
   f.apply(OpKind::RmsNorm, {x, ln_w});
   f.apply(OpKind::Sdpa, {q, kv, kv}, {{"is_causal", true}, {"scale", 0.125}});
+  f.apply(OpKind::SdpaLse, {q, kv}, {{"is_causal", true}});
   TensorView* last = f.apply(OpKind::Sdpa, {q, kv, kv});
   f.addOutput(last);
   f.addOutput(lin);
@@ -98,6 +99,7 @@ TEST(TextRoundTrip, EveryOpKind) {
   EXPECT_NE(text.find("layer_norm(%x, bias=%0) : f32[?t, 64]\n"), std::string::npos) << text;
   EXPECT_NE(text.find("layer_norm(%x, weight=%0, eps=0.001)"), std::string::npos) << "non-default attrs printed";
   EXPECT_NE(text.find("rms_norm(%x, weight=%0) : f32[?t, 64]\n"), std::string::npos) << "default eps omitted";
+  EXPECT_NE(text.find("sdpa_lse(%q, %kv, is_causal=true) : f32[2, 4, 16]\n"), std::string::npos) << "f32 whatever q is";
   EXPECT_NE(text.find("sdpa(%q, %kv, %kv, is_causal=true, scale=0.125)"), std::string::npos);
   EXPECT_NE(text.find("gelu(%x, approximate=\"tanh\")"), std::string::npos);
   EXPECT_NE(text.find("cast(%x, dtype=bf16) : bf16[?t, 64]"), std::string::npos);

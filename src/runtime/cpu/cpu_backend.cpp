@@ -4,7 +4,7 @@
 // A launch: key = segmentKey(seg, shapes) -> cache hit, or lower the segment to kernel IR
 // (kir::lowerSegment), emit LLVM IR, optimize and JIT it (counted in stats()) -> run the
 // program's steps in order: loop nests through their compiled functions, GEMM calls through
-// cblas_sgemm. Temporaries come from a per-thread scratch area that grows to the largest
+// cblas_sgemm, attention steps through the tiled kernel (attention_kernel.h). Temporaries come from a per-thread scratch area that grows to the largest
 // program's need and is reused, so a cached launch allocates nothing; tensors the evaluator
 // allocates are recycled by size (host_allocator.h).
 #include <cblas.h>
@@ -18,6 +18,7 @@
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/kernel_ir.h"
 #include "meshfuse/runtime/backend.h"
+#include "runtime/cpu/attention_kernel.h"
 #include "runtime/cpu/host_allocator.h"
 #include "runtime/cpu/jit.h"
 #include "runtime/cpu/segment_key.h"
@@ -93,10 +94,13 @@ class CpuBackend final : public Backend {
                c.program.name, i, dtypeName(t.dtype()), t.shapeString(), dtypeName(b.dtype), fmt::join(b.shape, ","));
     }
     for (size_t i = 0; i < c.program.steps.size(); ++i) {
+      const kir::Step& step = c.program.steps[i];
       if (c.functions[i] != nullptr) {
         c.functions[i](ptrs.data());
+      } else if (step.kind == kir::Step::AttentionCall) {
+        cpu::runAttention(step.attention, ptrs.data());
       } else {
-        runGemm(c.program.steps[i].gemm, ptrs.data());
+        runGemm(step.gemm, ptrs.data());
       }
     }
   }
@@ -109,7 +113,7 @@ class CpuBackend final : public Backend {
  private:
   struct Compiled {
     kir::Program program;
-    std::vector<cpu::KernelFn> functions;  // per step; nullptr for a GEMM call
+    std::vector<cpu::KernelFn> functions;  // per step; nullptr for a GEMM or attention call
     std::vector<size_t> temp_offsets;      // per buffer: its offset in the scratch area
     size_t scratch_bytes = 0;
   };

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "meshfuse/error.h"
+#include "runtime/cuda/cuda_attention.h"
 #include "runtime/cuda/runtime_kernels.h"
 
 namespace meshfuse::cuda {
@@ -1118,12 +1119,25 @@ EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm
       for (int64_t b : {step.gemm.a.buffer, step.gemm.b.buffer, step.gemm.c.buffer}) kernels_using[b] += 1;
       continue;
     }
+    if (step.kind == kir::Step::AttentionCall) {
+      const kir::Attention& a = step.attention;
+      for (int64_t b : {a.q, a.k, a.v, a.o, a.lse})
+        if (b >= 0) kernels_using[b] += 1;
+      continue;
+    }
     roots[i] = kernelRoots(step.loops.body);
     for (const std::vector<Stmt>& r : roots[i])
       for (int64_t b : usesOf(r).buffers) kernels_using[b] += 1;
   }
   for (size_t i = 0; i < p.steps.size(); ++i) {
     out.steps.emplace_back();
+    if (p.steps[i].kind == kir::Step::AttentionCall) {  // its own kernel (cuda_attention.h)
+      KernelLaunch l;
+      l.name = fmt::format("{}_s{}_attention", prefix, i);
+      kernels += emitAttentionKernel(p.steps[i].attention, bufs_type, l);
+      out.steps.back().push_back(l);
+      continue;
+    }
     for (size_t k = 0; k < roots[i].size(); ++k) {
       const std::vector<Stmt>& root = roots[i][k];
       std::vector<int64_t> loop_vars;

@@ -42,11 +42,15 @@ struct KernelLaunch {
   std::string name;  // extern "C" symbol in EmittedProgram::source
   int64_t blocks = 1;
   int threads = 256;
+  // The kernel is written for exactly `threads` threads (its registers hold a share of a tile
+  // sized for them: the attention kernel); others are correct for any multiple of 32.
+  bool exact_threads = false;
 };
 
 struct EmittedProgram {
   std::string source;                            // the prelude and every kernel
-  std::vector<std::vector<KernelLaunch>> steps;  // per program step, in order (empty for a GEMM)
+  std::vector<std::vector<KernelLaunch>> steps;  // per program step, in order (empty for a GEMM; an
+                                                 // attention step: its tiled kernel, cuda_attention.h)
   // Per buffer: how many copies of it the runtime must provide (1 except for private
   // temporaries, which kernels index by worker).
   std::vector<int64_t> copies;
