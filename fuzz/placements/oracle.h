@@ -1,0 +1,45 @@
+// The optimal-plan oracle of the placement fuzzer: for a case on a 1-D mesh, the fewest bytes
+// any plan can move, found by exhaustive search, independently of src/propagation.
+//
+// Model (DTensor's, written down here from first principles, not taken from meshfuse):
+//   - every tensor has one placement: Replicate, Partial (pending sum) or Shard(d) with d's
+//     extent divisible by the mesh size n;
+//   - each op computes locally under a small table of rules "operand placements -> result
+//     placement" (e.g. sum over a sharded dim: Shard(a) -> Partial; linear: Shard(k), Shard(k)
+//     -> Partial; exp: Shard(d) -> Shard(d), but not Partial -> Partial);
+//   - an operand whose placement differs from what its consumer's rule needs is converted; a
+//     tensor converted to several placements pays for each conversion once, each from its own
+//     placement or from one it was already converted to (Partial -> Shard -> Replicate);
+//   - an output is converted to its pin; an unpinned output may be anything but Partial.
+// Conversions and their bytes, counted as meshfuse's report counts them (each rank's bytes in,
+// summed over the ranks; B = the tensor's global bytes):
+//   Shard -> Replicate allgather B; Shard(a) -> Shard(b) all-to-all B; Partial -> Replicate
+//   allreduce n*B; Partial -> Shard reduce-scatter n*B; Replicate -> Shard or Partial: 0
+//   (local); Shard -> Partial: not allowed.
+// The search enumerates one rule per op (which fixes every intermediate's placement), so it is
+// exhaustive over the intermediates' placements the rules can produce.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "case_spec.h"
+
+namespace meshfuse::placement_fuzz {
+
+struct OraclePlan {
+  bool applicable = false;
+  std::string why_not;              // when not applicable
+  int64_t min_bytes = 0;            // summed over the ranks
+  std::vector<std::string> lines;   // the argmin: each tensor's placement and its conversions
+};
+
+// The minimum over all plans (applicable: 1-D mesh, at most `max_plans` rule combinations).
+OraclePlan minimumBytes(const CaseSpec& c, int64_t max_plans = 2'000'000);
+
+// Whether a plan moving `plan_bytes` is acceptable against the oracle's minimum: it must not
+// move more. Returns the verdict's explanation ("" when acceptable).
+std::string compareWithOracle(const OraclePlan& oracle, int64_t plan_bytes);
+
+}  // namespace meshfuse::placement_fuzz
