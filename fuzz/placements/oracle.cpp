@@ -14,6 +14,8 @@ namespace {
 
 constexpr int kRep = -2, kPar = -1;
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max() / 4;
+// A plan's cost: moves of parameters first, bytes second (bytes stay far below this).
+constexpr int64_t kWeightMove = int64_t{1} << 40;
 
 std::string name(int p) { return p == kRep ? "Replicate()" : p == kPar ? "Partial()" : fmt::format("Shard({})", p); }
 
@@ -28,6 +30,7 @@ struct Problem {
   int64_t n;
   std::vector<std::vector<int64_t>> ext;  // per tensor
   std::vector<int64_t> bytes;             // per tensor, global f32 bytes
+  std::vector<bool> weight;               // per tensor: an input that is a GEMM's weight operand
 
   bool shardable(int t, int d) const { return d >= 0 && d < static_cast<int>(ext[t].size()) && ext[t][d] % n == 0; }
   // Bytes (all ranks) to turn placement `from` of tensor t into `to`.
@@ -197,7 +200,11 @@ struct Search {
     }
     for (int t = 0; t < c.numTensors(); ++t) {
       if (how) how->push_back(fmt::format("  %t{}: {}", t, name(placement[t])));
-      total = std::min(kNever, total + p.conversions(t, placement[t], need[t], how));
+      const int64_t bytes = p.conversions(t, placement[t], need[t], how);
+      if (bytes >= kNever) return kNever;
+      // A parameter's move weighs more than any number of bytes (meshfuse's documented priority).
+      if (bytes > 0 && p.weight[t]) total += kWeightMove;
+      total += bytes;
     }
     return total;
   }
@@ -223,13 +230,17 @@ OraclePlan minimumBytes(const CaseSpec& c, int64_t max_plans) {
     plan.why_not = "the oracle models 1-D meshes only";
     return plan;
   }
-  Problem p{c, c.mesh_shape[0], {}, {}};
+  Problem p{c, c.mesh_shape[0], {}, {}, {}};
   for (const Shape& s : shapesOf(c)) {
     p.ext.push_back(extents(c, s));
     int64_t numel = 1;
     for (int64_t e : p.ext.back()) numel *= e;
     p.bytes.push_back(4 * numel);
   }
+  p.weight.assign(c.numTensors(), false);
+  for (const OpSpec& op : c.ops)
+    if ((op.kind == FuzzOp::Linear || op.kind == FuzzOp::Matmul) && op.operands[1] < static_cast<int>(c.input_shapes.size()))
+      p.weight[op.operands[1]] = true;
   Search search{p, {}, std::vector<size_t>(c.ops.size()), {}, kNever};
   int64_t plans = 1;
   for (size_t i = 0; i < c.ops.size(); ++i) {
@@ -246,7 +257,8 @@ OraclePlan minimumBytes(const CaseSpec& c, int64_t max_plans) {
     return plan;
   }
   plan.applicable = true;
-  plan.min_bytes = p.n == 1 ? 0 : search.best;
+  plan.min_bytes = p.n == 1 ? 0 : search.best % kWeightMove;
+  plan.weight_moves = search.best / kWeightMove;
   search.cost(search.best_choice, &plan.lines);
   return plan;
 }

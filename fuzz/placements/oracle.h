@@ -10,7 +10,10 @@
 //   - an operand whose placement differs from what its consumer's rule needs is converted; a
 //     tensor converted to several placements pays for each conversion once, each from its own
 //     placement or from one it was already converted to (Partial -> Shard -> Replicate);
-//   - an output is converted to its pin; an unpinned output may be anything but Partial.
+//   - an output is converted to its pin; an unpinned output may be anything but Partial;
+//   - meshfuse's documented priority "parameters never move" is kept: plans are ranked by how
+//     many times a parameter (an input that is a linear's or matmul's weight operand) is
+//     converted first, by bytes second. The minimum is the bytes of the best-ranked plan.
 // Conversions and their bytes, counted as meshfuse's report counts them (each rank's bytes in,
 // summed over the ranks; B = the tensor's global bytes):
 //   Shard -> Replicate allgather B; Shard(a) -> Shard(b) all-to-all B; Partial -> Replicate
@@ -32,6 +35,7 @@ struct OraclePlan {
   bool applicable = false;
   std::string why_not;              // when not applicable
   int64_t min_bytes = 0;            // summed over the ranks
+  int64_t weight_moves = 0;         // conversions of parameters the best plan cannot avoid
   std::vector<std::string> lines;   // the argmin: each tensor's placement and its conversions
 };
 

@@ -75,6 +75,13 @@ std::string compareOutputs(Communicator& world, const Fusion& compiled, const st
   return bad;
 }
 
+CaseResult verdict(CaseResult::Status status, std::string detail) {
+  CaseResult r;
+  r.status = status;
+  r.detail = std::move(detail);
+  return r;
+}
+
 }  // namespace
 
 std::unique_ptr<Fusion> placedDefinition(const CaseSpec& c) { return placeInputs(*buildDefinition(c), layoutsOf(c)); }
@@ -93,7 +100,7 @@ CaseResult runCase(const CaseSpec& c, Communicator& world) {
   try {
     def = buildDefinition(c);
   } catch (const UserError& e) {
-    return {CaseResult::Invalid, e.message()};  // (the shrinker made an ill-formed case)
+    return verdict(CaseResult::Invalid, e.message());  // (the shrinker made an ill-formed case)
   }
   std::vector<ShardedTensor> inputs = layoutsOf(c);
   std::vector<Tensor> full;
@@ -109,8 +116,8 @@ CaseResult runCase(const CaseSpec& c, Communicator& world) {
     for (size_t i = 0; i < inputs.size(); ++i) inputs[i].local = shardForRank(plan.fusion->inputs()[i], full[i], world.rank());
   } catch (const UserError& e) {
     const bool refused = e.kind() == ErrorKind::Unsupported;
-    return {refused ? CaseResult::Refused : CaseResult::Fail,
-            fmt::format("{}{}: {}", refused ? "" : "a valid case was rejected: ", errorKindName(e.kind()), e.message())};
+    return verdict(refused ? CaseResult::Refused : CaseResult::Fail,
+                   fmt::format("{}{}: {}", refused ? "" : "a valid case was rejected: ", errorKindName(e.kind()), e.message()));
   }
   const std::vector<ShardedTensor> outs = exec.run(inputs);
   const std::vector<CollectiveInfo>& ran = exec.lastCollectives();
