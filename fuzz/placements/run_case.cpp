@@ -118,6 +118,8 @@ CaseResult runCase(const CaseSpec& c, Communicator& world) {
     const bool refused = e.kind() == ErrorKind::Unsupported;
     return verdict(refused ? CaseResult::Refused : CaseResult::Fail,
                    fmt::format("{}{}: {}", refused ? "" : "a valid case was rejected: ", errorKindName(e.kind()), e.message()));
+  } catch (const std::exception& e) {  // an internal error (a bug): the same on every rank
+    return verdict(CaseResult::Fail, fmt::format("compiling threw: {}", e.what()));
   }
   const std::vector<ShardedTensor> outs = exec.run(inputs);
   const std::vector<CollectiveInfo>& ran = exec.lastCollectives();
