@@ -33,13 +33,17 @@ struct Problem {
   std::vector<bool> weight;               // per tensor: an input that is a GEMM's weight operand
 
   bool shardable(int t, int d) const { return d >= 0 && d < static_cast<int>(ext[t].size()) && ext[t][d] % n == 0; }
-  // Bytes (all ranks) to turn placement `from` of tensor t into `to`.
+  // Wire bytes (all ranks, times n: see oracle.h) to turn placement `from` of tensor t into `to`.
   int64_t conversion(int t, int from, int to) const {
     if (from == to) return 0;
     if (to != kRep && to != kPar && !shardable(t, to)) return kNever;
     if (from == kRep) return 0;  // slice locally; Partial: the value on one rank, zeros elsewhere
-    if (from == kPar) return to == kPar ? 0 : n * bytes[t];
-    return to == kPar ? kNever : bytes[t];  // allgather or all-to-all
+    if (from == kPar) {
+      if (to == kPar) return 0;
+      return wireBytesTimesN(to == kRep ? CommKind::Allreduce : CommKind::ReduceScatter, bytes[t], n) * n;
+    }
+    if (to == kPar) return kNever;
+    return wireBytesTimesN(to == kRep ? CommKind::Allgather : CommKind::AllToAll, bytes[t] / n, n) * n;
   }
   // The cheapest way to give tensor t every placement in `need`, starting from `own`: each one
   // converted from the best placement available so far (all orders tried; `need` is tiny).
@@ -66,7 +70,8 @@ struct Problem {
         int from = have[0];
         for (int a : have)
           if (conversion(t, a, q) < conversion(t, from, q)) from = a;
-        how->push_back(fmt::format("    %t{} {} -> {}: {} bytes", t, name(from), name(q), conversion(t, from, q)));
+        how->push_back(fmt::format("    %t{} {} -> {}: sends {:.1f} bytes", t, name(from), name(q),
+                                   static_cast<double>(conversion(t, from, q)) / static_cast<double>(n)));
         have.push_back(q);
       }
     }
@@ -257,15 +262,28 @@ OraclePlan minimumBytes(const CaseSpec& c, int64_t max_plans) {
     return plan;
   }
   plan.applicable = true;
-  plan.min_bytes = p.n == 1 ? 0 : search.best % kWeightMove;
+  plan.n = p.n;
+  plan.min_wire_times_n = p.n == 1 ? 0 : search.best % kWeightMove;
   plan.weight_moves = search.best / kWeightMove;
   search.cost(search.best_choice, &plan.lines);
   return plan;
 }
 
-std::string compareWithOracle(const OraclePlan& oracle, int64_t plan_bytes) {
-  if (!oracle.applicable || plan_bytes <= oracle.min_bytes) return "";
-  return fmt::format("meshfuse's plan moves {} bytes; the oracle's moves {}", plan_bytes, oracle.min_bytes);
+int64_t wireBytesTimesN(CommKind kind, int64_t in_bytes, int64_t n) {
+  switch (kind) {
+    case CommKind::Allgather: return n * (n - 1) * in_bytes;  // its block to each of n-1 others
+    case CommKind::Allreduce: return 2 * (n - 1) * in_bytes;  // reduce-scatter, then allgather
+    case CommKind::ReduceScatter:
+    case CommKind::AllToAll: return (n - 1) * in_bytes;  // all but its own n-th
+    default: return n * (n - 1) * in_bytes;  // (not drawn on 1-D meshes: counted as an allgather)
+  }
+}
+
+std::string compareWithOracle(const OraclePlan& oracle, int64_t plan_wire_times_n) {
+  if (!oracle.applicable || plan_wire_times_n <= oracle.min_wire_times_n) return "";
+  const auto n = static_cast<double>(oracle.n);
+  return fmt::format("meshfuse's plan sends {:.1f} bytes; the oracle's sends {:.1f}", plan_wire_times_n / n,
+                     oracle.min_wire_times_n / n);
 }
 
 }  // namespace meshfuse::placement_fuzz

@@ -45,17 +45,20 @@ TEST(PlacementOracle, SumOverTheShardedDimPinnedShardIsOneReduceScatter) {
   CaseSpec c = chain({S(0)}, {op(FuzzOp::Sum, 0)}, {S(0)});
   OraclePlan o = minimumBytes(c);
   ASSERT_TRUE(o.applicable) << o.why_not;
-  EXPECT_EQ(o.min_bytes, 2 * 16 * 4);  // each rank's [16] f32 partial sums
-  EXPECT_EQ(plannedBytes(placedDefinition(c), 2), o.min_bytes);
+  // A reduce-scatter of [16] f32 partial sums on two ranks: each sends the half it does not keep
+  // (32 bytes), 64 in all; values are kept times n.
+  EXPECT_EQ(o.min_wire_times_n, 2 * 64);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 2), o.min_wire_times_n);
 }
 
 TEST(PlacementOracle, PointwiseOnShardsMovesNothing) {
   CaseSpec c = chain({S(1)}, {op(FuzzOp::Exp), op(FuzzOp::Tanh)});
-  EXPECT_EQ(minimumBytes(c).min_bytes, 0);
-  EXPECT_EQ(plannedBytes(placedDefinition(c), 2), 0);
+  EXPECT_EQ(minimumBytes(c).min_wire_times_n, 0);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 2), 0);
 }
 
-// Megatron's MLP: column- then row-parallel, one allreduce of the [8, 16] output (2 ranks x 512 B).
+// Megatron's MLP: column- then row-parallel, one allreduce of the [8, 16] output (512 B): each of
+// two ranks sends 256 B in its reduce-scatter half and 256 B in its allgather half.
 TEST(PlacementOracle, TensorParallelMlpIsOneAllreduce) {
   CaseSpec c;
   c.name = "mlp";
@@ -71,24 +74,27 @@ TEST(PlacementOracle, TensorParallelMlpIsOneAllreduce) {
   c.outputs = {5};
   c.output_pins = {{R}};
   OraclePlan o = minimumBytes(c);
-  EXPECT_EQ(o.min_bytes, 2 * 8 * 16 * 4);
-  EXPECT_EQ(plannedBytes(placedDefinition(c), 2), o.min_bytes);
+  EXPECT_EQ(o.min_wire_times_n, 2 * 1024);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 2), o.min_wire_times_n);
 }
 
-// max has no pending-max placement: over a sharded dim it needs the data gathered.
+// max has no pending-max placement: over a sharded dim the data must move.
 TEST(PlacementOracle, MaxOverTheShardedDimNeedsAGather) {
   CaseSpec c = chain({S(0)}, {op(FuzzOp::Max, 0)});
-  EXPECT_EQ(minimumBytes(c).min_bytes, 8 * 16 * 4);  // allgather of x (an allreduce of partials is not allowed)
+  // Cheapest: an all-to-all of x to Shard(1), each rank sending the half of its 256 B block the
+  // other needs (an allgather would send 256 B each; partial maxima cannot be all-reduced).
+  EXPECT_EQ(minimumBytes(c).min_wire_times_n, 2 * 256);
 }
 
 TEST(PlacementOracle, FlagsAPlanWithAnInjectedCollective) {
   CaseSpec c = chain({S(0)}, {op(FuzzOp::Sum, 0)}, {S(0)});
   OraclePlan o = minimumBytes(c);
-  const int64_t planned = plannedBytes(placedDefinition(c), 2);
+  const int64_t planned = plannedWireTimesN(placedDefinition(c), 2);
   EXPECT_EQ(compareWithOracle(o, planned), "");
-  const int64_t extra_allreduce = 2 * 16 * 4;  // of the [16] result, on each of two ranks
+  // One more allreduce of the [16] result (64 bytes in on each of two ranks).
+  const int64_t extra_allreduce = 2 * wireBytesTimesN(CommKind::Allreduce, 64, 2);
   EXPECT_EQ(compareWithOracle(o, planned + extra_allreduce),
-            "meshfuse's plan moves 256 bytes; the oracle's moves 128");
+            "meshfuse's plan sends 192.0 bytes; the oracle's sends 64.0");
 }
 
 // A real plan made worse: exp(exp(x)) with x Shard(0) needs nothing, but pinning the first exp to
@@ -96,13 +102,13 @@ TEST(PlacementOracle, FlagsAPlanWithAnInjectedCollective) {
 TEST(PlacementOracle, FlagsARealPlanMadeWorseByAPin) {
   CaseSpec c = chain({S(0)}, {op(FuzzOp::Exp), op(FuzzOp::Exp)});
   OraclePlan o = minimumBytes(c);
-  ASSERT_EQ(o.min_bytes, 0);
+  ASSERT_EQ(o.min_wire_times_n, 0);
   std::unique_ptr<Fusion> worse = placedDefinition(c);
   auto* first_exp = static_cast<TensorView*>(worse->outputs()[0]->definition()->input(0));
   applyPlacements(first_exp, DeviceMesh({0, 1}), {R});
-  const int64_t bytes = plannedBytes(std::move(worse), 2);
-  EXPECT_EQ(bytes, 8 * 16 * 4);  // the allgather of the first exp
-  EXPECT_EQ(compareWithOracle(o, bytes), "meshfuse's plan moves 512 bytes; the oracle's moves 0");
+  const int64_t wire = plannedWireTimesN(std::move(worse), 2);
+  EXPECT_EQ(wire, 2 * 512);  // the allgather of the first exp: each rank sends its 256 B half
+  EXPECT_EQ(compareWithOracle(o, wire), "meshfuse's plan sends 512.0 bytes; the oracle's sends 0.0");
 }
 
 TEST(PlacementOracle, TwoDimensionalMeshesAreOutsideTheOracle) {

@@ -103,6 +103,7 @@ void fuzzOne(const Args& a, const CaseSpec& c, Communicator& world, const std::m
   if (r.status == CaseResult::Refused) {
     ++t.refused;
     ++t.refusals[r.detail.substr(0, std::min<size_t>(r.detail.find('\n'), 120))];
+    if (rank0) std::cout << fmt::format("REFUSED {}: {}\n", c.name, r.detail);
   }
   if (r.status != CaseResult::Fail) {
     ++t.passed;

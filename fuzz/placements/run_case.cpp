@@ -86,11 +86,12 @@ CaseResult verdict(CaseResult::Status status, std::string detail) {
 
 std::unique_ptr<Fusion> placedDefinition(const CaseSpec& c) { return placeInputs(*buildDefinition(c), layoutsOf(c)); }
 
-int64_t plannedBytes(std::unique_ptr<Fusion> placed, int64_t ranks) {
+int64_t plannedWireTimesN(std::unique_ptr<Fusion> placed, int64_t ranks) {
   CompiledProgram program = compile(std::move(placed));
   int64_t total = 0;
   for (int64_t r = 0; r < ranks; ++r)
-    for (const CollectiveInfo& ci : collectives(programForRank(program, r), {})) total += ci.bytes;
+    for (const CollectiveInfo& ci : collectives(programForRank(program, r), {}))
+      total += wireBytesTimesN(ci.kind, ci.bytes, static_cast<int64_t>(ci.team.size()));
   return total;
 }
 
@@ -127,14 +128,14 @@ CaseResult runCase(const CaseSpec& c, Communicator& world) {
   const std::string mine = compareCollectives(ran, collectives(exec.programFor(inputs), {}));
   if (!mine.empty()) std::fprintf(stderr, "[rank %d] %s: %s\n", static_cast<int>(world.rank()), c.name.c_str(), mine.c_str());
   const bool report_differs = anyRank(!mine.empty());
-  int64_t bytes = 0;
+  int64_t wire = 0;
   for (const CollectiveInfo& ci : ran) {
-    bytes += ci.bytes;
+    wire += wireBytesTimesN(ci.kind, ci.bytes, static_cast<int64_t>(ci.team.size()));
     res.plan += "    " + describeCollective(ci) + "\n";
   }
-  res.plan_bytes = sumOverRanks(bytes);
+  res.plan_wire_times_n = sumOverRanks(wire);
   res.oracle = minimumBytes(c);
-  const std::string waste = compareWithOracle(res.oracle, res.plan_bytes);
+  const std::string waste = compareWithOracle(res.oracle, res.plan_wire_times_n);
   if (!numerics.empty()) res.detail += "(a) " + numerics;
   if (report_differs) res.detail += "(b) executed collectives differ from the static report" + (mine.empty() ? "" : ": " + mine) + "; ";
   if (!waste.empty()) res.detail += "(c) " + waste;
@@ -145,10 +146,11 @@ CaseResult runCase(const CaseSpec& c, Communicator& world) {
 std::string report(const CaseSpec& c, const CaseResult& r) {
   std::string s = describeCase(c);
   s += fmt::format("  failure: {}\n", r.detail);
-  s += fmt::format("  meshfuse's plan ({} bytes over all ranks; rank 0's collectives):\n{}", r.plan_bytes,
-                   r.plan.empty() ? "    (none)\n" : r.plan);
+  const auto n = static_cast<double>(c.meshSize());
+  s += fmt::format("  meshfuse's plan (sends {:.1f} bytes over all ranks; rank 0's collectives, bytes in):\n{}",
+                   r.plan_wire_times_n / n, r.plan.empty() ? "    (none)\n" : r.plan);
   if (r.oracle.applicable) {
-    s += fmt::format("  the oracle's plan ({} bytes over all ranks):\n", r.oracle.min_bytes);
+    s += fmt::format("  the oracle's plan (sends {:.1f} bytes over all ranks):\n", r.oracle.min_wire_times_n / n);
     for (const std::string& line : r.oracle.lines) s += line + "\n";
   } else {
     s += fmt::format("  the oracle: not applicable ({})\n", r.oracle.why_not);
