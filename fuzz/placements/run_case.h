@@ -1,7 +1,9 @@
 // Running one placement-fuzzer case on every rank of the world (under mpirun) and checking it:
 //   (a) every output, gathered, matches the single-device reference (compareWithReference);
 //   (b) the collectives each rank executed equal its program's static report (collectives());
-//   (c) on a 1-D mesh, the bytes all ranks' collectives send are at most the oracle's minimum.
+//   (c) on a 1-D mesh, the bytes all ranks' collectives send are at most the oracle's minimum
+//       for the same input placements, reaching the same output placements (pins, and for an
+//       unpinned output the placement meshfuse gave it).
 // Every rank calls runCase with the same case; the verdict is agreed between the ranks.
 #pragma once
 
@@ -19,6 +21,7 @@ struct CaseResult {
   std::string plan;       // meshfuse's collectives (rank 0's, with the total over ranks)
   int64_t plan_wire_times_n = 0;  // bytes sent, summed over the ranks, times n (oracle.h)
   OraclePlan oracle;
+  std::vector<std::vector<Placement>> output_placements;  // what meshfuse gave each output
 };
 
 CaseResult runCase(const CaseSpec& c, Communicator& world);
