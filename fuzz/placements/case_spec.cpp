@@ -209,6 +209,32 @@ DeviceMesh meshOf(const CaseSpec& c) {
   return DeviceMesh(devices, c.mesh_shape);
 }
 
+namespace {
+bool dividesEvenly(const CaseSpec& c, const Shape& shape, const std::vector<Placement>& ps) {
+  if (ps.empty()) return true;
+  if (ps.size() != c.mesh_shape.size()) return false;
+  const std::vector<int64_t> ext = extents(c, shape);
+  std::vector<int64_t> split(ext.size(), 1);
+  for (size_t a = 0; a < ps.size(); ++a) {
+    if (ps[a].kind != Placement::Shard) continue;
+    if (ps[a].dim < 0 || ps[a].dim >= static_cast<int64_t>(ext.size())) return false;
+    split[ps[a].dim] *= c.mesh_shape[a];
+  }
+  for (size_t d = 0; d < ext.size(); ++d)
+    if (ext[d] % split[d] != 0) return false;
+  return true;
+}
+}  // namespace
+
+bool evenlyPlaced(const CaseSpec& c) {
+  const std::vector<Shape> shapes = shapesOf(c);
+  for (size_t i = 0; i < c.input_shapes.size(); ++i)
+    if (!dividesEvenly(c, shapes[i], c.input_placements[i])) return false;
+  for (size_t k = 0; k < c.outputs.size(); ++k)
+    if (!dividesEvenly(c, shapes.at(c.outputs[k]), c.output_pins[k])) return false;
+  return true;
+}
+
 std::unique_ptr<Fusion> buildDefinition(const CaseSpec& c) {
   auto f = std::make_unique<Fusion>();
   std::vector<TensorView*> tvs;

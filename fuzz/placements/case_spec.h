@@ -81,6 +81,9 @@ CaseSpec generateCase(uint64_t seed, int64_t index, int64_t world, int max_ops);
 // the builder's UserError when the case is not well formed (the shrinker relies on that).
 std::unique_ptr<Fusion> buildDefinition(const CaseSpec& c);
 DeviceMesh meshOf(const CaseSpec& c);
+// Whether every input placement and output pin shards only dims it divides evenly (uneven
+// sharding is refused by design: a shrunk case that breaks this is not a case).
+bool evenlyPlaced(const CaseSpec& c);
 
 // One-line text form of the case (written into reproducers, read back by --replay).
 std::string serializeCase(const CaseSpec& c);

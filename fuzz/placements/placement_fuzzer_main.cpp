@@ -3,7 +3,7 @@
 // on four ranks), runs them and agrees on each verdict; rank 0 prints. A failure is printed
 // (program, placements, both plans), shrunk and written as a .mf reproducer.
 //
-//   mpirun -np N meshfuse_placement_fuzzer --cases 200 --seed 1 [--max-ops 5] [--out DIR]
+//   mpirun -np N meshfuse_placement_fuzzer --cases 200 --seed 1 [--first I] [--max-ops 5] [--out DIR]
 //                                          [--known FILE] [--no-shrink]
 //   mpirun -np N meshfuse_placement_fuzzer --replay DIR/<case>.mf
 #define OMPI_SKIP_MPICXX 1
@@ -28,6 +28,7 @@ namespace {
 
 struct Args {
   int64_t cases = 100;
+  int64_t first = 0;  // index of the first case (to rerun one: --first I --cases 1)
   uint64_t seed = 1;
   int max_ops = 5;
   std::string out = "placement-fuzz-failures";
@@ -46,6 +47,7 @@ Args parseArgs(int argc, char** argv) {
     };
     if (k == "--cases") a.cases = std::stoll(value());
     else if (k == "--seed") a.seed = std::stoull(value());
+    else if (k == "--first") a.first = std::stoll(value());
     else if (k == "--max-ops") a.max_ops = std::stoi(value());
     else if (k == "--out") a.out = value();
     else if (k == "--known") a.known = value();
@@ -135,7 +137,12 @@ void fuzzOne(const Args& a, const CaseSpec& c, Communicator& world, const std::m
         /*budget=*/300);
     if (rank0) std::cout << "shrunk to\n" << report(small, small_r);
   }
-  if (rank0) std::cout << "reproducer: " << writeReproducer(a, small, small_r, world.size()) << "\n" << std::flush;
+  if (!rank0) return;
+  try {
+    std::cout << "reproducer: " << writeReproducer(a, small, small_r, world.size()) << "\n" << std::flush;
+  } catch (const std::exception& e) {
+    std::cout << "no reproducer written: " << e.what() << "\n" << std::flush;
+  }
 }
 
 int replay(const Args& a, Communicator& world) {
@@ -158,7 +165,7 @@ int fuzz(const Args& a, Communicator& world) {
   const auto start = std::chrono::steady_clock::now();
   Tally t;
   for (int64_t i = 0; i < a.cases; ++i) {
-    fuzzOne(a, generateCase(a.seed, i, world.size(), a.max_ops), world, known, t);
+    fuzzOne(a, generateCase(a.seed, a.first + i, world.size(), a.max_ops), world, known, t);
     if (rank0 && ((i + 1) % 50 == 0 || i + 1 == a.cases))
       std::cout << fmt::format("[{} ranks] {}/{} cases, {} failed, {} known, {} refused, {} oracle-checked, {:.0f} s\n",
                                world.size(), i + 1, a.cases, t.failed, t.expected, t.refused, t.oracle_checked,
