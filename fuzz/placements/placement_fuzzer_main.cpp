@@ -82,8 +82,8 @@ std::string writeReproducer(const Args& a, const CaseSpec& c, const CaseResult& 
   f << fmt::format("# placement-fuzz reproducer {} ({} ranks)\n", c.name, world);
   std::istringstream failure(r.detail);
   for (std::string line; std::getline(failure, line);) f << "# failure: " << line << "\n";
-  f << fmt::format("# all checks:    mpirun -np {} meshfuse_placement_fuzzer --replay {}\n", world, path);
-  f << fmt::format("# numerics only: mpirun -np {} meshfuse run {} --check\n", world, path);
+  f << fmt::format("# all checks:    mpirun -np {} build/fuzz/placements/meshfuse_placement_fuzzer --replay {}\n", world, path);
+  f << fmt::format("# numerics only: mpirun -np {} build/meshfuse run {} --check\n", world, path);
   f << "# case: " << serializeCase(c) << "\n";
   f << printFusion(*placedDefinition(c));
   return path;

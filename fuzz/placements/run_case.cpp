@@ -37,7 +37,7 @@ std::vector<ShardedTensor> layoutsOf(const CaseSpec& c) {
 }
 
 std::string describeCollective(const CollectiveInfo& ci) {
-  return fmt::format("{} %{} -> %{} team [{}] {} bytes ({})", commKindName(ci.kind), ci.source, ci.tensor,
+  return fmt::format("{} {} -> {} team [{}] {} bytes ({})", commKindName(ci.kind), ci.source, ci.tensor,
                      fmt::join(ci.team, ","), ci.bytes, ci.provenance);
 }
 
