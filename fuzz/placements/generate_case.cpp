@@ -138,6 +138,8 @@ std::optional<Shape> randomReshape(Rng& rng, const Shape& s) {
 
 // One op on `x` (a tensor id), or nullopt when the drawn kind does not apply to it.
 std::optional<OpSpec> drawOp(Builder& b, int x) {
+  // linear, sum and add are listed twice: they make and consume the Partial values that most
+  // resharding decisions are about.
   static const FuzzOp kinds[] = {FuzzOp::Exp,    FuzzOp::Tanh,    FuzzOp::Relu,      FuzzOp::Neg,     FuzzOp::Add,
                                  FuzzOp::Mul,    FuzzOp::Sum,     FuzzOp::Mean,      FuzzOp::Max,     FuzzOp::Linear,
                                  FuzzOp::Matmul, FuzzOp::Permute, FuzzOp::Reshape,   FuzzOp::Softmax, FuzzOp::LayerNorm,
