@@ -188,7 +188,7 @@ class Propagator {
     std::vector<int64_t> moved;  // the mesh axes computed otherwise than pinned
     for (int64_t a = 0; a < mesh.rank(); ++a) {
       const AxisState& pin_state = pinned.sharding.axes[a];
-      std::vector<OutputChoice> cands = candidates(e, rule, mesh, a);
+      std::vector<OutputChoice> cands = evenWithOtherAxes(out, s, mesh, a, candidates(e, rule, mesh, a));
       OutputChoice as_pinned = outputChoice(e, a);
       bool listed = false;
       for (const OutputChoice& c : cands)
@@ -397,7 +397,8 @@ class Propagator {
     TvState s = fresh(meshFor(e, rule));
     const DeviceMesh& mesh = f_.mesh(s.sharding.mesh);
     for (int64_t a = 0; a < mesh.rank(); ++a) {
-      std::optional<OutputChoice> best = choose(e, rule, mesh, a, candidates(e, rule, mesh, a), nullptr);
+      std::optional<OutputChoice> best =
+          choose(e, rule, mesh, a, evenWithOtherAxes(out, s, mesh, a, candidates(e, rule, mesh, a)), nullptr);
       MF_CHECK(best.has_value(), "no feasible sharding for {} on mesh axis {}", e->name(), a);
       take(e, rule, mesh, a, *best, s);
     }
@@ -456,6 +457,30 @@ class Propagator {
     s.partial_dims[a] = c.contraction_dim;
     s.why[a] = c.why;
     s.hints[a] = hintFor(e, rule, mesh, a, c.state);
+  }
+
+  // The candidates that, with what the other mesh axes of `state` already give `tv`, still
+  // split each dim evenly: on a 2x2 mesh, [Shard(0), ?] leaves Shard(0) for axis 1 only where
+  // dim 0 divides by 4, and a pending sum over a contracted dim split on axis 0 leaves another
+  // pending sum over it for axis 1 only where it divides by 4. (Found by the placement fuzzer: a
+  // 2-row tensor pinned [Shard(0), Replicate()] whose operand was [Replicate(), Shard(0)] got
+  // [Shard(0), Shard(0)], and compiling it failed with "uneven sharding not supported".)
+  std::vector<OutputChoice> evenWithOtherAxes(const TensorView* tv, const TvState& state, const DeviceMesh& mesh,
+                                              int64_t a, std::vector<OutputChoice> cands) const {
+    std::erase_if(cands, [&](const OutputChoice& c) {
+      const bool shard = c.state.kind == Placement::Shard;
+      if (!shard && (c.state.kind != Placement::Partial || c.contraction_dim < 0)) return false;
+      int64_t devices = mesh.size(a);
+      for (int64_t b = 0; b < mesh.rank(); ++b) {
+        const AxisState& other = state.sharding.axes[b];
+        const bool same = shard ? other.kind == Placement::Shard && other.dim == c.state.dim
+                                : other.kind == Placement::Partial && state.partial_dims[b] == c.contraction_dim;
+        if (b != a && same) devices *= mesh.size(b);
+      }
+      return shard ? !shardable(tv, c.state.dim, devices)
+                   : !tv->logical().at(c.contraction_dim)->extent().divisible(devices);
+    });
+    return cands;
   }
 
   // Whether dim `dim` (a dims() index) of `tv` splits evenly over `n` devices (a size-1 dim,

@@ -1,0 +1,57 @@
+// The optimal-plan oracle of the placement fuzzer: for a case on a 1-D mesh, the fewest bytes
+// any plan can move, found by exhaustive search, independently of src/propagation.
+//
+// Model (DTensor's, written down here from first principles, not taken from meshfuse):
+//   - every tensor has one placement: Replicate, Partial (pending sum) or Shard(d) with d's
+//     extent divisible by the mesh size n;
+//   - each op computes locally under a small table of rules "operand placements -> result
+//     placement" (e.g. sum over a sharded dim: Shard(a) -> Partial; linear: Shard(k), Shard(k)
+//     -> Partial; exp: Shard(d) -> Shard(d), but not Partial -> Partial);
+//   - an operand whose placement differs from what its consumer's rule needs is converted; a
+//     tensor converted to several placements pays for each conversion once, each from its own
+//     placement or from one it was already converted to (Partial -> Shard -> Replicate);
+//   - an output is converted to its pin; an unpinned output may be anything but Partial;
+//   - meshfuse's documented priority "parameters never move" is kept: plans are ranked by how
+//     many times a parameter (an input that is a linear's or matmul's weight operand) is
+//     converted first, by bytes second. The minimum is the bytes of the best-ranked plan.
+// Conversions and what they send over the wire, summed over the ranks, as ring algorithms do
+// (B = the tensor's global bytes): Shard -> Replicate allgather (n-1)B; Partial -> Shard
+// reduce-scatter (n-1)B; Partial -> Replicate allreduce 2(n-1)B; Shard(a) -> Shard(b)
+// all-to-all (n-1)B/n; Replicate -> Shard or Partial: 0 (local); Shard -> Partial: not allowed.
+// meshfuse's plan is measured the same way from its collectives report (each collective's
+// bytes in on each rank, its kind and team: wireBytesTimesN). The report's bytes themselves are
+// not a measure of traffic: a reduce-scatter's input is n times an allgather's of the same
+// result, for the same traffic. Values are kept times n, so that they are integers.
+// The search enumerates one rule per op (which fixes every intermediate's placement), so it is
+// exhaustive over the intermediates' placements the rules can produce.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "case_spec.h"
+#include "meshfuse/host_ir.h"
+
+namespace meshfuse::placement_fuzz {
+
+struct OraclePlan {
+  bool applicable = false;
+  std::string why_not;              // when not applicable
+  int64_t n = 1;                    // the mesh size
+  int64_t min_wire_times_n = 0;     // the best plan's wire bytes over all ranks, times n
+  int64_t weight_moves = 0;         // conversions of parameters the best plan cannot avoid
+  std::vector<std::string> lines;   // the argmin: each tensor's placement and its conversions
+};
+
+// The minimum over all plans (applicable: 1-D mesh, at most `max_plans` rule combinations).
+OraclePlan minimumBytes(const CaseSpec& c, int64_t max_plans = 2'000'000);
+
+// What one rank's collective of `kind` with `in_bytes` in, on a team of n ranks, sends, times n.
+int64_t wireBytesTimesN(CommKind kind, int64_t in_bytes, int64_t n);
+
+// Whether a plan sending `plan_wire_times_n` (over all ranks, times n) is acceptable against the
+// oracle's minimum: it must not send more. Returns the verdict's explanation ("" when it is).
+std::string compareWithOracle(const OraclePlan& oracle, int64_t plan_wire_times_n);
+
+}  // namespace meshfuse::placement_fuzz
