@@ -454,17 +454,16 @@ void requireIndices(const Ctx& c, const TensorView* t, const char* role) {
                 c.name(t), dtypeName(t->dtype()));
 }
 
-// The table's leading group dim (grouped form: weight [G, V, H], indices [G, ...]): 0 or 1.
-int64_t groupDims(const Ctx& c, const TensorView* table, const TensorView* indices, const char* role) {
+// A table [V, H], or a grouped one [G, V, H] whose indices lead with the group dim [G, ...].
+void checkTable(const Ctx& c, const TensorView* table, const TensorView* indices, const char* role) {
   MF_USER_CHECK(table->rank() == 2 || table->rank() == 3, ErrorKind::Shape,
                 "{}: {} {} must have rank 2 ([V, H]) or 3 ([G, V, H]) but has shape {}", c.op(), role, c.name(table),
                 Ctx::shapeStr(table));
-  if (table->rank() == 2) return 0;
+  if (table->rank() == 2) return;
   MF_USER_CHECK(indices->rank() >= 1, ErrorKind::Shape,
                 "{}: grouped {} {} of shape {} needs indices with a leading group dim, but {} has shape {}", c.op(),
                 role, c.name(table), Ctx::shapeStr(table), c.name(indices), Ctx::shapeStr(indices));
   c.requireSameExtent(table->shape()[0], indices->shape()[0], "group dim", table, indices);
-  return 1;
 }
 
 InferredOutput indexing(const Ctx& c) {
@@ -482,7 +481,7 @@ InferredOutput indexing(const Ctx& c) {
     TensorView* idx = c.tv(1);
     c.requireFloat(w);
     requireIndices(c, idx, "indices");
-    groupDims(c, w, idx, "weight");
+    checkTable(c, w, idx, "weight");
     std::vector<InferredDim> out = c.copyDims(idx);
     out.push_back(c.id(w->shape().back()));
     return {w->dtype(), out};

@@ -91,7 +91,6 @@ void indexingRule(const Expr* e, ShardingRule& r) {
     r.weight_operand = 0;
     return;
   }
-  const TensorView* g = tensorOperand(e, 0);
   const TensorView* idx = tensorOperand(e, 1);
   const bool grouped = e->attr<bool>("grouped");
   const int64_t lead = grouped ? 1 : 0;  // output dims before the rows
@@ -103,7 +102,6 @@ void indexingRule(const Expr* e, ShardingRule& r) {
   r.operand_maps[0] = m;
   r.partial_mode = ShardingRule::PartialMode::AnyOne;
   r.linear_in[0] = true;
-  (void)g;
 }
 
 // cross_entropy(logits [N, C, d...], target [N, d...]): the batch dims pass through (to the

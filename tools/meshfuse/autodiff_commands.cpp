@@ -48,9 +48,8 @@ std::string dumpBackward(const Fusion& definition, const AutodiffCliOptions& o, 
   // Backward shardings start from the forward's: a sharded definition is differentiated after
   // propagate-shardings, so that saved tensors and seeds carry the placements the forward gives
   // them (as value_and_grad's DTensors do), not whatever propagation would pick for open inputs.
-  // (expand-for-sharding first, as compile() runs it.)
   std::unique_ptr<Fusion> propagated = cloneFusion(definition);
-  if (definition.numMeshes() > 0) runPasses(*propagated, {"expand-for-sharding", "propagate-shardings"}, pipeline);
+  if (definition.numMeshes() > 0) runPasses(*propagated, {"propagate-shardings"}, pipeline);
   const Fusion& fusion = *propagated;
   std::vector<int64_t> outs = resolve(fusion, fusion.outputs(), o.outputs, "output");
   std::vector<int64_t> wrt = resolve(fusion, fusion.inputs(), o.wrt, "input");
