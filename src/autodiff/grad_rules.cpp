@@ -507,7 +507,8 @@ Grads crossEntropy(GradContext& c, const Expr* e, TensorView* g) {
   const std::string& reduction = e->attr<std::string>("reduction");
   TensorView* p = o::softmax(f32(x), cd);
   TensorView* onehot = o::cast(o::oneHot(t, classes.value()), DataType::Float);  // [t..., C]
-  if (r >= 3) {  // the class dim back to 1
+  if (r >= 3) {
+    // the class dim back to 1
     std::vector<int64_t> perm{0, r - 1};
     for (int64_t d = 1; d < r - 1; ++d) perm.push_back(d);
     onehot = o::permute(onehot, perm);

@@ -403,7 +403,10 @@ class GraphBuilder {
       return addNode(std::move(n));
     }
     // embedding_backward: the scatter-add in f32, rounded once to the output dtype
-    ENode n{ENode::Scatter, shape, Type::F32, DataType::Float,
+    ENode n{ENode::Scatter,
+            shape,
+            Type::F32,
+            DataType::Float,
             {asF32(operand(e->input(size_t{0}))), operand(e->input(size_t{1}))}};
     n.grouped = e->attr<bool>("grouped");
     n.rows = shape.at(n.grouped ? 1 : 0);
@@ -426,13 +429,14 @@ class GraphBuilder {
     ENode* ex = map(xs, Type::F32, DataType::Float, {x, unreduce(m, xs, {cd})},
                     [](const auto& a) { return unary(Op::Exp, binary(Op::Sub, a[0], a[1])); });
     ENode* s = reduce(ex, {cd}, false);
-    ENode* at_target = indexedMap(xs, Type::F32, DataType::Float, {x, unreduce(t, xs, {cd})},
-                                  [cd](const auto& a, const auto& i) {
-                                    return select(binary(Op::Eq, cast(a[1], Type::F64), cast(i[cd], Type::F64)), a[0],
-                                                  constant(0, Type::F32));
-                                  });
+    ENode* at_target =
+        indexedMap(xs, Type::F32, DataType::Float, {x, unreduce(t, xs, {cd})}, [cd](const auto& a, const auto& i) {
+          return select(binary(Op::Eq, cast(a[1], Type::F64), cast(i[cd], Type::F64)), a[0], constant(0, Type::F32));
+        });
     ENode* picked = reduce(at_target, {cd}, false);
-    auto counted = [ignore](const Expr& target) { return binary(Op::Ne, cast(target, Type::F64), constant(ignore, Type::F64)); };
+    auto counted = [ignore](const Expr& target) {
+      return binary(Op::Ne, cast(target, Type::F64), constant(ignore, Type::F64));
+    };
     ENode* loss = map(ts, Type::F32, DataType::Float, {s, m, picked, t}, [counted](const auto& a) {
       return select(counted(a[3]), binary(Op::Sub, add(unary(Op::Log, a[0]), a[1]), a[2]), constant(0, Type::F32));
     });
@@ -440,8 +444,7 @@ class GraphBuilder {
     std::vector<int64_t> all;
     for (int64_t d = 0; d < static_cast<int64_t>(ts.size()); ++d) all.push_back(d);
     ENode* total = all.empty() ? loss : reduce(loss, all, false);
-    if (reduction == "sum")
-      return map(shape, Type::F32, DataType::Float, {total}, [](const auto& a) { return a[0]; });
+    if (reduction == "sum") return map(shape, Type::F32, DataType::Float, {total}, [](const auto& a) { return a[0]; });
     ENode* valid = map(ts, Type::F32, DataType::Float, {t}, [counted](const auto& a) {
       return select(counted(a[0]), constant(1, Type::F32), constant(0, Type::F32));
     });

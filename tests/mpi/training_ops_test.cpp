@@ -56,8 +56,8 @@ TEST(TrainingOps, DataParallelCrossEntropy) {
     f.addOutput(ops::crossEntropy(x, indices(f, {8}, "t"), 0, reduction));
     ShardedRun run = runSharded(f, layouts({{S(0)}, {S(0)}}));
     expectMatchesReference(run);
-    EXPECT_EQ(kinds(run.collectives), expect(std::string(reduction) == "mean" ? Strs{"allreduce", "allreduce"}
-                                                                               : Strs{"allreduce"}));
+    EXPECT_EQ(kinds(run.collectives),
+              expect(std::string(reduction) == "mean" ? Strs{"allreduce", "allreduce"} : Strs{"allreduce"}));
   }
 }
 

@@ -81,21 +81,36 @@ TEST(TrainingOpErrors, Embedding) {
   TensorView* i = in(f, {3}, "i", DataType::Int64);
   EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { ops::embedding(in(f, {11}, "v"), i); }),
             "embedding: weight %v must have rank 2 ([V, H]) or 3 ([G, V, H]) but has shape [11]");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Dtype, [&] { ops::embedding(in(f, {4, 2}, "wi", DataType::Int64), i); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Dtype,
+                             [&] {
+                               ops::embedding(in(f, {4, 2}, "wi", DataType::Int64), i);
+                             }),
             "embedding: expected a floating-point tensor (f32, bf16, f16) but %wi is i64");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { ops::embedding(in(f, {2, 4, 6}, "w3"), in(f, {3, 5}, "i3", DataType::Int64)); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               ops::embedding(in(f, {2, 4, 6}, "w3"), in(f, {3, 5}, "i3", DataType::Int64));
+                             }),
             "embedding: group dim mismatch: %w3 has 2 but %i3 has 3");
 }
 
 TEST(TrainingOpErrors, EmbeddingBackwardAndOneHot) {
   Fusion f;
   TensorView* i = in(f, {3, 4}, "i", DataType::Int64);
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { ops::embeddingBackward(in(f, {3, 6}, "g"), i, 8); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               ops::embeddingBackward(in(f, {3, 6}, "g"), i, 8);
+                             }),
             "embedding_backward: grad %g must have the shape of indices %i plus a last (hidden) dim, but has shape "
             "[3, 6] for indices of shape [3, 4]");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { ops::embeddingBackward(in(f, {3, 5, 6}, "g2"), i, 8); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               ops::embeddingBackward(in(f, {3, 5, 6}, "g2"), i, 8);
+                             }),
             "embedding_backward: dim 1 mismatch: %g2 has 5 but %i has 4");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { ops::embeddingBackward(in(f, {3, 4, 6}, "g3"), i, -1); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value,
+                             [&] {
+                               ops::embeddingBackward(in(f, {3, 4, 6}, "g3"), i, -1);
+                             }),
             "embedding_backward: num_weights must not be negative but is -1");
   EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { ops::oneHot(i, 0); }),
             "one_hot: num_classes must be at least 1 but is 0");
@@ -109,33 +124,43 @@ TEST(TrainingOpErrors, CrossEntropy) {
   TensorView* t = in(f, {6}, "t", DataType::Int64);
   EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { ops::crossEntropy(x, in(f, {5}, "t5", DataType::Int64)); }),
             "cross_entropy: batch dim 0 (logits without the class dim) mismatch: %x has 6 but %t5 has 5");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { ops::crossEntropy(x, in(f, {6, 9}, "t2", DataType::Int64)); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape,
+                             [&] {
+                               ops::crossEntropy(x, in(f, {6, 9}, "t2", DataType::Int64));
+                             }),
             "cross_entropy: target %t2 must have the shape of logits %x without its class dim 1 (1 dims) but has "
             "shape [6, 9] for logits of shape [6, 9]");
   EXPECT_EQ(userErrorMessage(ErrorKind::Dtype, [&] { ops::crossEntropy(x, in(f, {6}, "tf")); }),
             "cross_entropy: target %tf must be i64 but is f32");
   EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { ops::crossEntropy(x, t, -100, "avg"); }),
             "cross_entropy: reduction must be \"mean\", \"sum\" or \"none\" but is \"avg\"");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Dtype, [&] { ops::crossEntropy(in(f, {6, 9}, "xi", DataType::Int64), t); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Dtype,
+                             [&] {
+                               ops::crossEntropy(in(f, {6, 9}, "xi", DataType::Int64), t);
+                             }),
             "cross_entropy: expected a floating-point tensor (f32, bf16, f16) but %xi is i64");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { ops::logSoftmax(x, 2); }), "log_softmax: dim: dim 2 is out of range for rank 2");
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { ops::logSoftmax(x, 2); }),
+            "log_softmax: dim: dim 2 is out of range for rank 2");
 }
 
 TEST(TrainingOpErrors, InTextTheyHaveTheLocation) {
-  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [] {
-              parseFusion(R"(fusion {
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value,
+                             [] {
+                               parseFusion(R"(fusion {
   %x = input f32[6, 9]
   %t = input i64[6]
   %l = cross_entropy(%x, %t, reduction="avg")
 }
 )",
-                          "bad.mf");
-            }),
+                                           "bad.mf");
+                             }),
             "bad.mf:4:8: cross_entropy: reduction must be \"mean\", \"sum\" or \"none\" but is \"avg\"");
-  EXPECT_THAT(userErrorMessage(ErrorKind::Dtype, [] {
-                parseFusion("fusion {\n  %w = input f32[8, 4]\n  %i = input f32[3]\n  %y = embedding(%w, %i)\n}\n",
-                            "bad.mf");
-              }),
+  EXPECT_THAT(userErrorMessage(
+                  ErrorKind::Dtype,
+                  [] {
+                    parseFusion("fusion {\n  %w = input f32[8, 4]\n  %i = input f32[3]\n  %y = embedding(%w, %i)\n}\n",
+                                "bad.mf");
+                  }),
               HasSubstr("bad.mf:4:8: embedding: indices %i must be i64 but is f32"));
 }
 
