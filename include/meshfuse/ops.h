@@ -78,6 +78,7 @@ TensorView* slice(TensorView* x, std::vector<int64_t> starts, std::vector<int64_
 TensorView* cat(const std::vector<TensorView*>& xs, int64_t dim);
 
 TensorView* softmax(TensorView* x, int64_t dim);
+TensorView* logSoftmax(TensorView* x, int64_t dim);
 TensorView* layerNorm(TensorView* x, TensorView* weight = nullptr, TensorView* bias = nullptr, double eps = 1e-5);
 TensorView* rmsNorm(TensorView* x, TensorView* weight = nullptr, double eps = 1e-6);
 // `scale` multiplies the scores; none means 1/sqrt(head size), as in PyTorch. An explicit 0 is
@@ -86,5 +87,18 @@ TensorView* sdpa(TensorView* q, TensorView* k, TensorView* v, bool is_causal = f
                  std::optional<double> scale = std::nullopt);
 // The log-sum-exp of sdpa's scores per (batch, head, query row), f32; `scale` as for sdpa.
 TensorView* sdpaLse(TensorView* q, TensorView* k, bool is_causal = false, std::optional<double> scale = std::nullopt);
+
+// Training ops (docs/training.md). `indices` and `target` are i64.
+// weight [V, H] (or grouped [G, V, H] with indices [G, ...]) -> [indices..., H]; an index outside
+// [0, V) gives a zero row.
+TensorView* embedding(TensorView* weight, TensorView* indices);
+// The scatter-add gradient of embedding: [num_weights, H] (grouped: [G, num_weights, H]).
+TensorView* embeddingBackward(TensorView* grad, TensorView* indices, int64_t num_weights, bool grouped = false);
+// i64 [indices..., num_classes]: 1 where the class is the index.
+TensorView* oneHot(TensorView* indices, int64_t num_classes);
+// logits [N, C, d...] (or [C]), target [N, d...] (or a scalar); reduction "mean", "sum" or "none".
+// The loss is f32 (computed in f32 whatever the logits' dtype).
+TensorView* crossEntropy(TensorView* logits, TensorView* target, int64_t ignore_index = -100,
+                         const std::string& reduction = "mean");
 
 }  // namespace meshfuse::ops

@@ -110,6 +110,9 @@ TensorView* cat(const std::vector<TensorView*>& xs, int64_t dim) {
 }
 
 TensorView* softmax(TensorView* x, int64_t dim) { return owner(x, OpKind::Softmax).apply(OpKind::Softmax, {x}, {{"dim", dim}}); }
+TensorView* logSoftmax(TensorView* x, int64_t dim) {
+  return owner(x, OpKind::LogSoftmax).apply(OpKind::LogSoftmax, {x}, {{"dim", dim}});
+}
 TensorView* layerNorm(TensorView* x, TensorView* weight, TensorView* bias, double eps) {
   return owner(x, OpKind::LayerNorm).apply(OpKind::LayerNorm, {x, weight, bias}, {{"eps", eps}});
 }
@@ -127,6 +130,21 @@ TensorView* sdpaLse(TensorView* q, TensorView* k, bool is_causal, std::optional<
                 "sdpa_lse: scale 0 would zero every attention score; leave it unset for 1/sqrt(head size)");
   return owner(q, OpKind::SdpaLse)
       .apply(OpKind::SdpaLse, {q, k}, {{"is_causal", is_causal}, {"scale", scale.value_or(0.0)}});
+}
+
+TensorView* embedding(TensorView* weight, TensorView* indices) {
+  return owner(weight, OpKind::Embedding).apply(OpKind::Embedding, {weight, indices});
+}
+TensorView* embeddingBackward(TensorView* grad, TensorView* indices, int64_t num_weights, bool grouped) {
+  return owner(grad, OpKind::EmbeddingBackward)
+      .apply(OpKind::EmbeddingBackward, {grad, indices}, {{"num_weights", num_weights}, {"grouped", grouped}});
+}
+TensorView* oneHot(TensorView* indices, int64_t num_classes) {
+  return owner(indices, OpKind::OneHot).apply(OpKind::OneHot, {indices}, {{"num_classes", num_classes}});
+}
+TensorView* crossEntropy(TensorView* logits, TensorView* target, int64_t ignore_index, const std::string& reduction) {
+  return owner(logits, OpKind::CrossEntropy)
+      .apply(OpKind::CrossEntropy, {logits, target}, {{"ignore_index", ignore_index}, {"reduction", reduction}});
 }
 
 }  // namespace meshfuse::ops

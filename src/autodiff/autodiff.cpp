@@ -110,9 +110,11 @@ class Builder : public GradContext {
       // An output is a computed tensor of its own (not an input or another output). A contraction
       // (GEMM, reduction) is not pinned itself but through a `set`: pinning a linear's output to
       // Replicate makes decomposition all-gather its contracted operands instead of reducing its
-      // Partial result (docs/training.md, "Known issues"), e.g. DDP's weight gradients.
+      // Partial result (docs/training.md, "Known issues"), e.g. DDP's weight gradients (an embedding
+      // table's scatter-add contracts the batch likewise).
       bool contraction = gx->definition() != nullptr && (gx->definition()->info().category == OpCategory::Gemm ||
-                                                         gx->definition()->info().category == OpCategory::Reduction);
+                                                         gx->definition()->info().category == OpCategory::Reduction ||
+                                                         gx->definition()->kind() == OpKind::EmbeddingBackward);
       if (bwd_->isInput(gx) || bwd_->isOutput(gx) || (contraction && x->mesh() != nullptr)) gx = ops::set(gx);
       bwd_->rename(gx, gradName(x, "in", static_cast<int64_t>(i)));
       copyPlacements(x, gx);

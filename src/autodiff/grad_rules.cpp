@@ -382,6 +382,14 @@ Grads softmax(GradContext& c, const Expr* e, TensorView* g) {
   return {castTo(softmaxBackward(y, g, normalize(e->attr<int64_t>("dim"), y->rank())), g->dtype())};
 }
 
+// y = x - logsumexp(x): dx = g - exp(y) sum(g) along dim, in f32.
+Grads logSoftmax(GradContext& c, const Expr* e, TensorView* g) {
+  PRIMAL_Y;
+  const int64_t dim = normalize(e->attr<int64_t>("dim"), y->rank());
+  TensorView* gf = f32(g);
+  return {castTo(o::sub(gf, o::mul(o::exp(f32(y)), sumKeep(gf, dim))), g->dtype())};
+}
+
 // A [D] parameter as a rank-r tensor [1, ..., 1, D] that broadcasts against x.
 TensorView* lastDimParam(TensorView* p, int64_t r) {
   std::vector<int64_t> shape(r, 1);
@@ -490,6 +498,57 @@ Grads sdpaLse(GradContext& c, const Expr* e, TensorView* g) {
   if (c.wants(0)) out[0] = castTo(o::matmul(gs, k), dt);
   if (c.wants(1)) out[1] = castTo(o::matmul(transposeLast(gs), q), dt);
   return out;
+}
+
+// y[i..., h] = W[idx[i...], h]: dW = the scatter-add of g into W's rows (accumulated in f32).
+Grads embedding(GradContext& c, const Expr* e, TensorView* g) {
+  const TensorView* w = tvOf(e->input(0));
+  if (!c.wants(0)) return {nullptr, nullptr};
+  const Extent rows = w->shape()[w->rank() - 2];
+  MF_USER_CHECK(rows.isStatic(), ErrorKind::Unsupported,
+                "autodiff: the gradient of embedding table {} needs its number of rows static, not {}",
+                w->fusion()->displayName(w), rows.toString());
+  return {o::embeddingBackward(g, c.primal(e->input(1)), rows.value(), w->rank() == 3), nullptr};
+}
+// Linear in grad: its gradient reads the rows back (an embedding of the table's gradient).
+Grads embeddingBackward(GradContext& c, const Expr* e, TensorView* g) {
+  if (!c.wants(0)) return {nullptr, nullptr};
+  return {o::embedding(g, c.primal(e->input(1))), nullptr};
+}
+// loss_i = logsumexp(x_i) - x_i[t_i] (0 where t_i is ignored): dx_i = (softmax(x_i) - onehot(t_i))
+// times g_i ("none"), g ("sum") or g / count ("mean"), 0 where ignored; in f32.
+Grads crossEntropy(GradContext& c, const Expr* e, TensorView* g) {
+  if (!c.wants(0)) return {nullptr, nullptr};
+  TensorView* x = c.primal(e->input(0));
+  TensorView* t = c.primal(e->input(1));
+  const int64_t r = x->rank(), cd = r >= 2 ? 1 : 0, rt = t->rank();
+  const Extent classes = x->shape()[cd];
+  MF_USER_CHECK(classes.isStatic(), ErrorKind::Unsupported,
+                "autodiff: cross_entropy over a symbolic number of classes ({}) is not supported", classes.toString());
+  const std::string& reduction = e->attr<std::string>("reduction");
+  TensorView* p = o::softmax(f32(x), cd);
+  TensorView* onehot = o::cast(o::oneHot(t, classes.value()), DataType::Float);  // [t..., C]
+  if (r >= 3) {
+    // the class dim back to 1
+    std::vector<int64_t> perm{0, r - 1};
+    for (int64_t d = 1; d < r - 1; ++d) perm.push_back(d);
+    onehot = o::permute(onehot, perm);
+  }
+  TensorView* w = o::cast(o::ne(t, e->attr<int64_t>("ignore_index")), DataType::Float);  // [t...]: 1 if counted
+  TensorView* gf = f32(g);
+  if (reduction == "none") {
+    w = o::mul(w, gf);
+  } else {
+    if (reduction == "mean") gf = o::div(gf, rt == 0 ? w : o::sum(w, iota(0, rt)));
+    w = o::mul(w, rt == 0 ? gf : o::broadcastInDim(gf, std::vector<int64_t>(rt, 1), {}));
+  }
+  std::vector<int64_t> shape, keep;  // w with a size-1 class dim
+  for (int64_t d = 0; d < r; ++d) {
+    shape.push_back(d == cd ? 1 : -1);
+    if (d != cd) keep.push_back(d);
+  }
+  TensorView* gx = o::mul(o::sub(p, onehot), o::broadcastInDim(w, shape, keep));
+  return {castTo(gx, x->dtype()), nullptr};
 }
 
 #undef PRIMAL_X

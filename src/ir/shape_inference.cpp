@@ -174,7 +174,9 @@ InferredOutput pointwise(const Ctx& c) {
     case OpCategory::Cat:
     case OpCategory::Softmax:
     case OpCategory::Norm:
-    case OpCategory::Attention: MF_CHECK(false, "{} is not a pointwise op", c.op());
+    case OpCategory::Attention:
+    case OpCategory::Indexing:
+    case OpCategory::Loss: MF_CHECK(false, "{} is not a pointwise op", c.op());
   }
   return {dt, dims};
 }
@@ -408,8 +410,8 @@ InferredOutput concatenate(const Ctx& c) {
 InferredOutput normalization(const Ctx& c) {
   TensorView* x = c.tv(0);
   c.requireFloat(x);
-  if (c.kind == OpKind::Softmax) {
-    normalizeDim(c.attr<int64_t>("dim"), x->rank(), "softmax: dim");
+  if (opInfo(c.kind).category == OpCategory::Softmax) {
+    normalizeDim(c.attr<int64_t>("dim"), x->rank(), fmt::format("{}: dim", c.op()));
   } else {
     MF_USER_CHECK(x->rank() >= 1, ErrorKind::Shape, "{}: {} must have rank >= 1", c.op(), c.name(x));
     for (size_t i = 1; i < c.in.size(); ++i) {
@@ -455,6 +457,96 @@ InferredOutput attention(const Ctx& c) {
   return {q->dtype(), {c.id(qs[0]), c.id(qs[1]), c.id(qs[2]), c.id(vs[3])}};
 }
 
+// i64 indices (embedding, embedding_backward, one_hot, cross_entropy's target).
+void requireIndices(const Ctx& c, const TensorView* t, const char* role) {
+  MF_USER_CHECK(t->dtype() == DataType::Int64, ErrorKind::Dtype, "{}: {} {} must be i64 but is {}", c.op(), role,
+                c.name(t), dtypeName(t->dtype()));
+}
+
+// A table [V, H], or a grouped one [G, V, H] whose indices lead with the group dim [G, ...].
+void checkTable(const Ctx& c, const TensorView* table, const TensorView* indices, const char* role) {
+  MF_USER_CHECK(table->rank() == 2 || table->rank() == 3, ErrorKind::Shape,
+                "{}: {} {} must have rank 2 ([V, H]) or 3 ([G, V, H]) but has shape {}", c.op(), role, c.name(table),
+                Ctx::shapeStr(table));
+  if (table->rank() == 2) return;
+  MF_USER_CHECK(indices->rank() >= 1, ErrorKind::Shape,
+                "{}: grouped {} {} of shape {} needs indices with a leading group dim, but {} has shape {}", c.op(),
+                role, c.name(table), Ctx::shapeStr(table), c.name(indices), Ctx::shapeStr(indices));
+  c.requireSameExtent(table->shape()[0], indices->shape()[0], "group dim", table, indices);
+}
+
+InferredOutput indexing(const Ctx& c) {
+  if (c.kind == OpKind::OneHot) {
+    TensorView* idx = c.tv(0);
+    requireIndices(c, idx, "indices");
+    const int64_t n = c.attr<int64_t>("num_classes");
+    MF_USER_CHECK(n >= 1, ErrorKind::Value, "one_hot: num_classes must be at least 1 but is {}", n);
+    std::vector<InferredDim> out = c.copyDims(idx);
+    out.push_back(c.id(Extent(n)));
+    return {DataType::Int64, out};
+  }
+  if (c.kind == OpKind::Embedding) {
+    TensorView* w = c.tv(0);
+    TensorView* idx = c.tv(1);
+    c.requireFloat(w);
+    requireIndices(c, idx, "indices");
+    checkTable(c, w, idx, "weight");
+    std::vector<InferredDim> out = c.copyDims(idx);
+    out.push_back(c.id(w->shape().back()));
+    return {w->dtype(), out};
+  }
+  // embedding_backward(grad [idx..., H], indices) -> [(G,) num_weights, H, r{idx dims}]
+  TensorView* g = c.tv(0);
+  TensorView* idx = c.tv(1);
+  c.requireFloat(g);
+  requireIndices(c, idx, "indices");
+  const int64_t v = c.attr<int64_t>("num_weights");
+  const bool grouped = c.attr<bool>("grouped");
+  MF_USER_CHECK(v >= 0, ErrorKind::Value, "embedding_backward: num_weights must not be negative but is {}", v);
+  MF_USER_CHECK(g->rank() == idx->rank() + 1, ErrorKind::Shape,
+                "embedding_backward: grad {} must have the shape of indices {} plus a last (hidden) dim, but has "
+                "shape {} for indices of shape {}",
+                c.name(g), c.name(idx), Ctx::shapeStr(g), Ctx::shapeStr(idx));
+  MF_USER_CHECK(!grouped || idx->rank() >= 1, ErrorKind::Shape,
+                "embedding_backward: grouped indices {} need a leading group dim but have shape {}", c.name(idx),
+                Ctx::shapeStr(idx));
+  for (int64_t d = 0; d < idx->rank(); ++d)
+    c.requireSameExtent(g->shape()[d], idx->shape()[d], fmt::format("dim {}", d), g, idx);
+  std::vector<InferredDim> out;
+  if (grouped) out.push_back(c.id(idx->shape()[0]));
+  out.push_back(c.id(Extent(v)));
+  out.push_back(c.id(g->shape().back()));
+  for (int64_t d = grouped ? 1 : 0; d < idx->rank(); ++d) out.push_back({idx->shape()[d], IterType::Reduction});
+  return {g->dtype(), out};
+}
+
+InferredOutput loss(const Ctx& c) {
+  TensorView* x = c.tv(0);
+  TensorView* t = c.tv(1);
+  c.requireFloat(x);
+  requireIndices(c, t, "target");
+  const auto& reduction = c.attr<std::string>("reduction");
+  MF_USER_CHECK(reduction == "mean" || reduction == "sum" || reduction == "none", ErrorKind::Value,
+                "cross_entropy: reduction must be \"mean\", \"sum\" or \"none\" but is {}", quoteString(reduction));
+  MF_USER_CHECK(x->rank() >= 1, ErrorKind::Shape, "cross_entropy: logits {} must have rank >= 1 (a class dim)",
+                c.name(x));
+  const int64_t class_dim = x->rank() >= 2 ? 1 : 0;
+  std::vector<Extent> want;
+  for (int64_t d = 0; d < x->rank(); ++d)
+    if (d != class_dim) want.push_back(x->shape()[d]);
+  MF_USER_CHECK(t->rank() == static_cast<int64_t>(want.size()), ErrorKind::Shape,
+                "cross_entropy: target {} must have the shape of logits {} without its class dim {} ({} dims) but "
+                "has shape {} for logits of shape {}",
+                c.name(t), c.name(x), class_dim, want.size(), Ctx::shapeStr(t), Ctx::shapeStr(x));
+  for (int64_t d = 0; d < t->rank(); ++d)
+    c.requireSameExtent(want[d], t->shape()[d], fmt::format("batch dim {} (logits without the class dim)", d), x, t);
+  std::vector<InferredDim> out;
+  for (int64_t d = 0; d < t->rank(); ++d)
+    out.push_back(reduction == "none" ? c.id(t->shape()[d], t->dims()[d]->iterType())
+                                      : InferredDim{t->shape()[d], IterType::Reduction});
+  return {DataType::Float, out};
+}
+
 }  // namespace
 
 int64_t normalizeDim(int64_t dim, int64_t rank, const std::string& what) {
@@ -496,6 +588,8 @@ InferredOutput inferByCategory(const Ctx& c) {
     case OpCategory::Softmax:
     case OpCategory::Norm: return normalization(c);
     case OpCategory::Attention: return attention(c);
+    case OpCategory::Indexing: return indexing(c);
+    case OpCategory::Loss: return loss(c);
   }
   MF_CHECK(false, "no shape inference for {}", opInfo(kind).name);
 }

@@ -261,6 +261,8 @@ class GraphBuilder {
       }
       case OpCategory::Softmax: result = softmax(e, shape); break;
       case OpCategory::Norm: result = norm(e, shape); break;
+      case OpCategory::Indexing: result = indexing(e, shape); break;
+      case OpCategory::Loss: result = crossEntropy(e, shape); break;
       case OpCategory::Gemm:
       case OpCategory::Attention: MF_CHECK(false, "{} in a kernel segment: it is a library call", e->name());
     }
@@ -364,8 +366,91 @@ class GraphBuilder {
                     [](const auto& a) { return unary(Op::Exp, binary(Op::Sub, a[0], a[1])); });
     ENode* sum = unreduce(reduce(ex, {dim}, false), shape, {dim});
     const DataType odt = e->output()->dtype();
+    if (e->kind() == OpKind::LogSoftmax)
+      return map(shape, Type::F32, odt, {x, mx, sum}, [odt](const auto& a) {
+        return roundTo(binary(Op::Sub, binary(Op::Sub, a[0], a[1]), unary(Op::Log, a[2])), odt);
+      });
     return map(shape, Type::F32, odt, {ex, sum},
                [odt](const auto& a) { return roundTo(binary(Op::Div, a[0], a[1]), odt); });
+  }
+
+  // A Map of `operands` (all of `shape`, or rank 0) whose formula also reads the element's index.
+  ENode* indexedMap(std::vector<int64_t> shape, Type t, DataType dt, std::vector<ENode*> ops,
+                    std::function<Expr(const std::vector<Expr>&, const std::vector<Expr>&)> f) {
+    ENode n{ENode::Map, std::move(shape), t, dt, std::move(ops)};
+    n.indexed_formula = std::move(f);
+    return addNode(std::move(n));
+  }
+
+  ENode* indexing(const meshfuse::Expr* e, const std::vector<int64_t>& shape) {
+    const DataType odt = e->output()->dtype();
+    if (e->kind() == OpKind::OneHot) {  // y[i..., c] = (indices[i...] == c)
+      ENode* idx = operand(e->input(size_t{0}));
+      const size_t r = idx->shape.size();
+      ENode* wide = indexNode(idx, shape, [r](const std::vector<Expr>& i) {
+        return std::vector<Expr>(i.begin(), i.begin() + static_cast<int64_t>(r));
+      });
+      return indexedMap(shape, Type::F64, odt, {wide}, [](const auto& a, const auto& i) {
+        return select(binary(Op::Eq, cast(a[0], Type::F64), cast(i.back(), Type::F64)), constant(1, Type::F64),
+                      constant(0, Type::F64));
+      });
+    }
+    if (e->kind() == OpKind::Embedding) {  // a table element, exactly: no rounding
+      ENode* table = operand(e->input(size_t{0}));
+      ENode n{ENode::Gather, shape, computeType(odt), odt, {table, operand(e->input(size_t{1}))}};
+      n.grouped = table->shape.size() == 3;
+      n.rows = table->shape[table->shape.size() - 2];
+      return addNode(std::move(n));
+    }
+    // embedding_backward: the scatter-add in f32, rounded once to the output dtype
+    ENode n{ENode::Scatter,
+            shape,
+            Type::F32,
+            DataType::Float,
+            {asF32(operand(e->input(size_t{0}))), operand(e->input(size_t{1}))}};
+    n.grouped = e->attr<bool>("grouped");
+    n.rows = shape.at(n.grouped ? 1 : 0);
+    ENode* sc = addNode(std::move(n));
+    if (odt == DataType::Float) return sc;
+    return map(shape, Type::F32, odt, {sc}, [odt](const auto& a) { return roundTo(a[0], odt); });
+  }
+
+  // Per element: log(sum(exp(x - max))) + max - x[target] (0 where target == ignore_index), the
+  // target's logit as a sum over the classes of x where the class is the target (0 for a target
+  // outside [0, C)); then "none", "sum" or "mean" (over the counted elements). In f32.
+  ENode* crossEntropy(const meshfuse::Expr* e, const std::vector<int64_t>& shape) {
+    ENode* x = asF32(operand(e->input(size_t{0})));
+    ENode* t = operand(e->input(size_t{1}));
+    const std::vector<int64_t> xs = x->shape, ts = t->shape;
+    const int64_t cd = xs.size() >= 2 ? 1 : 0;
+    const double ignore = static_cast<double>(e->attr<int64_t>("ignore_index"));
+    const std::string reduction = e->attr<std::string>("reduction");
+    ENode* m = reduce(x, {cd}, true);
+    ENode* ex = map(xs, Type::F32, DataType::Float, {x, unreduce(m, xs, {cd})},
+                    [](const auto& a) { return unary(Op::Exp, binary(Op::Sub, a[0], a[1])); });
+    ENode* s = reduce(ex, {cd}, false);
+    ENode* at_target =
+        indexedMap(xs, Type::F32, DataType::Float, {x, unreduce(t, xs, {cd})}, [cd](const auto& a, const auto& i) {
+          return select(binary(Op::Eq, cast(a[1], Type::F64), cast(i[cd], Type::F64)), a[0], constant(0, Type::F32));
+        });
+    ENode* picked = reduce(at_target, {cd}, false);
+    auto counted = [ignore](const Expr& target) {
+      return binary(Op::Ne, cast(target, Type::F64), constant(ignore, Type::F64));
+    };
+    ENode* loss = map(ts, Type::F32, DataType::Float, {s, m, picked, t}, [counted](const auto& a) {
+      return select(counted(a[3]), binary(Op::Sub, add(unary(Op::Log, a[0]), a[1]), a[2]), constant(0, Type::F32));
+    });
+    if (reduction == "none") return loss;
+    std::vector<int64_t> all;
+    for (int64_t d = 0; d < static_cast<int64_t>(ts.size()); ++d) all.push_back(d);
+    ENode* total = all.empty() ? loss : reduce(loss, all, false);
+    if (reduction == "sum") return map(shape, Type::F32, DataType::Float, {total}, [](const auto& a) { return a[0]; });
+    ENode* valid = map(ts, Type::F32, DataType::Float, {t}, [counted](const auto& a) {
+      return select(counted(a[0]), constant(1, Type::F32), constant(0, Type::F32));
+    });
+    ENode* count = all.empty() ? valid : reduce(valid, all, false);
+    return map(shape, Type::F32, DataType::Float, {total, count},
+               [](const auto& a) { return binary(Op::Div, a[0], a[1]); });
   }
 
   // layer_norm: (x - mean) / sqrt(var + eps) * w + b; rms_norm: x / sqrt(mean(x^2) + eps) * w.

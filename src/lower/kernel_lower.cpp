@@ -65,6 +65,8 @@ class LoopBuilder {
     for (ENode* s : stages) {
       if (s->kind == ENode::Reduce) {
         emitReduce(s);
+      } else if (s->kind == ENode::Scatter) {
+        emitScatter(s);
       } else if (s->kind == ENode::Cat) {
         emitCat(s);
       } else {
@@ -199,11 +201,21 @@ class LoopBuilder {
       case ENode::Map: {
         std::vector<Expr> args;
         for (const ENode* o : n->operands) args.push_back(value(o, broadcastIndex(idx, o)));
-        return cast(n->formula(args), n->type);
+        return cast(n->indexed_formula ? n->indexed_formula(args, idx) : n->formula(args), n->type);
       }
       case ENode::Index: return value(n->operands[0], n->index_map(idx));
+      case ENode::Gather: {
+        const ENode* indices = n->operands[1];
+        const TableRow row = tableRow(n, indices, idx);
+        std::vector<Expr> ti;
+        if (n->grouped) ti.push_back(idx[0]);
+        ti.push_back(row.safe);
+        ti.push_back(idx.back());
+        return select(row.ok, cast(value(n->operands[0], ti), n->type), constant(0, n->type));
+      }
       case ENode::Input:
       case ENode::Reduce:
+      case ENode::Scatter:
       case ENode::Cat: break;
     }
     MF_CHECK(false, "a stored value is read before its stage");
@@ -254,6 +266,40 @@ class LoopBuilder {
     stored_.pop_back();
   }
 
+  // The table row indices[idx...] names (idx: an index of a Gather's result or a Scatter's
+  // values, whose leading dims are the indices' dims), whether it is inside the table, and the row
+  // to read or write (0 when it is not).
+  struct TableRow {
+    Expr ok, safe;
+  };
+  TableRow tableRow(const ENode* n, const ENode* indices, const std::vector<Expr>& idx) {
+    std::vector<Expr> ii(idx.begin(), idx.begin() + static_cast<int64_t>(indices->shape.size()));
+    Expr row = cast(value(indices, ii), Type::I64);
+    Expr ok = select(binary(Op::Ge, row, index(0)), binary(Op::Lt, row, index(n->rows)), constant(0, Type::Bool));
+    return {ok, select(ok, row, index(0))};
+  }
+
+  // y = 0, then y[row, h] += x[i..., h] for every element of x: rows are data, so the stage shares
+  // no outer loops. A value whose index is outside the table adds 0 to row 0.
+  void emitScatter(ENode* n) {
+    if (k_ > 0) throw Illegal{};
+    const ENode* x = n->operands[0];
+    std::vector<Expr> oi = openInner(n->shape);
+    store(n, oi, constant(0, Type::F32));
+    closeInner(n->shape);
+    stored_.push_back(n);  // the accumulation reads the partial sums back
+    std::vector<Expr> xi = openInner(x->shape);
+    const TableRow row = tableRow(n, n->operands[1], xi);
+    std::vector<Expr> at;
+    if (n->grouped) at.push_back(xi[0]);
+    at.push_back(row.safe);
+    at.push_back(xi.back());
+    Expr v = select(row.ok, cast(value(x, xi), Type::F32), constant(0, Type::F32));
+    store(n, at, add(loadStored(n, at), v));
+    closeInner(x->shape);
+    stored_.pop_back();
+  }
+
   void emitCat(ENode* n) {
     requireOuter(n->shape);
     if (n->dim < k_) throw Illegal{};
@@ -291,13 +337,15 @@ void lowerKernelSegment(const Segment& seg, const LocalShapeFn& shape_of, Progra
   ElementGraph g = buildElementGraph(seg, shape_of, program);
   std::vector<ENode*> stages;
   for (const auto& n : g.nodes)
-    if (n->kind == ENode::Reduce || n->kind == ENode::Cat ||
+    if (n->kind == ENode::Reduce || n->kind == ENode::Cat || n->kind == ENode::Scatter ||
         std::find(g.outputs.begin(), g.outputs.end(), n.get()) != g.outputs.end())
       stages.push_back(n.get());
-  // The anchor: the largest iteration domain of a stage (a reduction iterates its operand).
+  // The anchor: the largest iteration domain of a stage (a reduction or scatter iterates its
+  // operand).
   std::vector<int64_t> anchor;
   for (const ENode* s : stages) {
-    const std::vector<int64_t>& domain = s->kind == ENode::Reduce ? s->operands[0]->shape : s->shape;
+    const bool over_operand = s->kind == ENode::Reduce || s->kind == ENode::Scatter;
+    const std::vector<int64_t>& domain = over_operand ? s->operands[0]->shape : s->shape;
     if (anchor.empty() || numel(domain) > numel(anchor)) anchor = domain;
   }
   const size_t buffers = program.buffers.size(), scalars = program.scalars.size();

@@ -6,6 +6,7 @@
 
 #include "decompose/decompose_for_overlap.h"
 #include "decompose/decompose_reshardings.h"
+#include "decompose/expand_for_sharding.h"
 #include "decompose/layout_for_communication.h"
 #include "lower/check_aliases.h"
 #include "lower/dead_code_elimination.h"
@@ -38,6 +39,10 @@ const std::vector<FusionPass>& fusionPasses() {
   auto plain = [](void (*pass)(Fusion&)) { return [pass](Fusion& f, const PipelineOptions&) { pass(f); }; };
   static const std::vector<FusionPass> passes = {
       {"dead-code-elimination", "remove ops whose results reach no output", plain(eliminateDeadCode)},
+      {"expand-for-sharding",
+       "rewrite cross_entropy's mean (a sum over a count) and row-sharded embeddings (grouped by row block) "
+       "into ops propagation can shard",
+       plain(expandForSharding)},
       {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones",
        [](Fusion& f, const PipelineOptions& o) { propagateShardings(f, o.propagation); }},
       {"decompose-reshardings", "split every op into local compute plus single-axis communications",
@@ -88,9 +93,10 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   // A single-device fusion (no mesh anywhere) is the program of a one-device mesh.
   if (fusion->numMeshes() == 0)
     for (TensorView* in : fusion->inputs()) applyPlacements(in, DeviceMesh({0}), {Placement::replicate()});
-  // propagate-shardings must run before decompose-reshardings: decomposition compares each
-  // op's operand shardings with what its output's sharding needs.
-  runPasses(*fusion, {"propagate-shardings"}, options);
+  // expand-for-sharding reads the input placements and must run before propagation, which then
+  // shards the ops it wrote. propagate-shardings must run before decompose-reshardings:
+  // decomposition compares each op's operand shardings with what its output's sharding needs.
+  runPasses(*fusion, {"expand-for-sharding", "propagate-shardings"}, options);
   if (keep_stages) out.stages["propagated"] = printFusion(*fusion);
   runPasses(*fusion, {"decompose-reshardings"}, options);
   // layout-for-communication needs the single-axis sets decompose-reshardings makes;

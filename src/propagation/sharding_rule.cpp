@@ -67,6 +67,59 @@ std::vector<int64_t> reshapeMap(const TensorView* in, const TensorView* out) {
   return m;
 }
 
+// embedding(weight [(G,) V, H], indices [(G,) i...]) -> [(G,) i..., H]: the indices' dims and the
+// hidden dim pass through, a group dim too (weight, indices and output together); the table's
+// rows (V) stay whole: a row-sharded table is the grouped form (docs/training.md). Linear in
+// the weight.
+// embedding_backward(grad [(G,) i..., H], indices) -> [(G,) V, H, r{i...}]: a contraction over
+// the indices' dims (sharded: a Partial table gradient, as a GEMM's); H passes through; the rows
+// come from no operand. Linear in grad.
+// one_hot(indices [i...]) -> [i..., C]: the indices' dims pass through; the classes are whole.
+void indexingRule(const Expr* e, ShardingRule& r) {
+  if (e->kind() == OpKind::OneHot) {
+    r.operand_maps[0] = identity(tensorOperand(e, 0)->rank());
+    return;
+  }
+  if (e->kind() == OpKind::Embedding) {
+    const TensorView* w = tensorOperand(e, 0);
+    const TensorView* idx = tensorOperand(e, 1);
+    const int64_t out_h = idx->rank();
+    r.operand_maps[1] = identity(idx->rank());
+    r.operand_maps[0] = w->rank() == 3 ? std::vector<int64_t>{0, -1, out_h} : std::vector<int64_t>{-1, out_h};
+    r.partial_mode = ShardingRule::PartialMode::AnyOne;
+    r.linear_in[0] = true;
+    r.weight_operand = 0;
+    return;
+  }
+  const TensorView* idx = tensorOperand(e, 1);
+  const bool grouped = e->attr<bool>("grouped");
+  const int64_t lead = grouped ? 1 : 0;  // output dims before the rows
+  // Output logical: [(G,) V, H, r{idx dims after the group}].
+  std::vector<int64_t> m(idx->rank());
+  for (int64_t d = 0; d < idx->rank(); ++d) m[d] = d < lead ? d : lead + 2 + (d - lead);
+  r.operand_maps[1] = m;
+  m.push_back(lead + 1);  // grad's hidden dim
+  r.operand_maps[0] = m;
+  r.partial_mode = ShardingRule::PartialMode::AnyOne;
+  r.linear_in[0] = true;
+}
+
+// cross_entropy(logits [N, C, d...], target [N, d...]): the batch dims pass through (to the
+// output's dims, or for "sum"/"mean" to its reduction dims); the class dim stays whole (a
+// vocab-sharded logits tensor is gathered: docs/training.md). "sum" and "none" are linear in
+// the per-element losses, so a sharded batch dim gives a Partial sum; "mean" divides by a count
+// over the whole batch and is not: compile's expand-for-sharding pass rewrites it as a "sum"
+// over the count before propagation.
+void lossRule(const Expr* e, ShardingRule& r) {
+  const TensorView* x = tensorOperand(e, 0);
+  const int64_t class_dim = x->rank() >= 2 ? 1 : 0;
+  std::vector<int64_t> mx(x->rank());
+  for (int64_t d = 0; d < x->rank(); ++d) mx[d] = d == class_dim ? -1 : (d < class_dim ? d : d - 1);
+  r.operand_maps[0] = mx;
+  r.operand_maps[1] = identity(tensorOperand(e, 1)->rank());
+  r.contraction_ok = e->attr<std::string>("reduction") == "sum";
+}
+
 }  // namespace
 
 bool ShardingRule::fromOperands(int64_t out_logical) const {
@@ -219,6 +272,8 @@ ShardingRule shardingRuleOf(const Expr* e) {
       // parallelism is a later decomposition).
       mapAll([](size_t, const TensorView*) { return std::vector<int64_t>{0, 1, -1, -1}; });
       break;
+    case OpCategory::Indexing: indexingRule(e, r); break;
+    case OpCategory::Loss: lossRule(e, r); break;
   }
   for (size_t l = 0; r.contraction_ok && l + out->numPartialDims() < out->logical().size(); ++l) {
     if (out->logical()[l]->isReduction() && r.fromOperands(static_cast<int64_t>(l))) {

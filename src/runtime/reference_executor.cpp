@@ -198,6 +198,8 @@ class Evaluator {
       case OpCategory::Softmax: softmax(e, out); break;
       case OpCategory::Norm: norm(e, out); break;
       case OpCategory::Attention: attention(e, out); break;
+      case OpCategory::Indexing: indexing(e, out); break;
+      case OpCategory::Loss: crossEntropy(e, out); break;
     }
     if (round_)
       for (double& v : out.data) v = roundToDtype(v, out_tv->dtype());
@@ -268,12 +270,88 @@ class Evaluator {
     const Array& x = in(e, 0);
     int64_t dim = e->attr<int64_t>("dim");
     if (dim < 0) dim += static_cast<int64_t>(x.shape.size());
+    const bool log = e->kind() == OpKind::LogSoftmax;
     forEachLine(x.shape, dim, [&](int64_t off, int64_t st, int64_t len) {
       double mx = -std::numeric_limits<double>::infinity(), sum = 0;
       for (int64_t i = 0; i < len; ++i) mx = std::max(mx, x.data[off + i * st]);
       for (int64_t i = 0; i < len; ++i) sum += std::exp(x.data[off + i * st] - mx);
-      for (int64_t i = 0; i < len; ++i) out.data[off + i * st] = std::exp(x.data[off + i * st] - mx) / sum;
+      for (int64_t i = 0; i < len; ++i)
+        out.data[off + i * st] =
+            log ? x.data[off + i * st] - mx - std::log(sum) : std::exp(x.data[off + i * st] - mx) / sum;
     });
+  }
+
+  // An index value as a row of a table of `rows` rows, or -1 outside it.
+  static int64_t rowOf(double v, int64_t rows) {
+    return v >= 0 && v < static_cast<double>(rows) ? static_cast<int64_t>(v) : -1;
+  }
+
+  void indexing(const Expr* e, Array& out) {
+    if (e->kind() == OpKind::OneHot) {  // out [n, C]: n indices, C classes
+      const Array& idx = in(e, 0);
+      const int64_t c = e->attr<int64_t>("num_classes");
+      std::fill(out.data.begin(), out.data.end(), 0.0);
+      for (size_t i = 0; i < idx.data.size(); ++i)
+        if (int64_t r = rowOf(idx.data[i], c); r >= 0) out.data[i * c + r] = 1;
+      return;
+    }
+    if (e->kind() == OpKind::Embedding) {  // weight [G, V, H] (G = 1 ungrouped), indices [G, n]
+      const Array& w = in(e, 0);
+      const Array& idx = in(e, 1);
+      const int64_t h = w.shape.back(), v = w.shape[w.shape.size() - 2];
+      const int64_t groups = w.shape.size() == 3 ? w.shape[0] : 1;
+      const int64_t n = static_cast<int64_t>(idx.data.size()) / std::max<int64_t>(groups, 1);
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t r = rowOf(idx.data[g * n + i], v);
+          for (int64_t j = 0; j < h; ++j) out.data[(g * n + i) * h + j] = r < 0 ? 0.0 : w.data[(g * v + r) * h + j];
+        }
+      return;
+    }
+    // embedding_backward: grad [G, n, H], indices [G, n] -> out [G, V, H]
+    const Array& gr = in(e, 0);
+    const Array& idx = in(e, 1);
+    const int64_t h = gr.shape.back(), v = e->attr<int64_t>("num_weights");
+    const int64_t groups = e->attr<bool>("grouped") ? idx.shape[0] : 1;
+    const int64_t n = static_cast<int64_t>(idx.data.size()) / std::max<int64_t>(groups, 1);
+    std::fill(out.data.begin(), out.data.end(), 0.0);
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t i = 0; i < n; ++i)
+        if (int64_t r = rowOf(idx.data[g * n + i], v); r >= 0)
+          for (int64_t j = 0; j < h; ++j) out.data[(g * v + r) * h + j] += gr.data[(g * n + i) * h + j];
+  }
+
+  // Per element: logsumexp over the class dim minus the target's logit (0 where the target is
+  // ignore_index; a target outside [0, C) picks 0); then the reduction.
+  void crossEntropy(const Expr* e, Array& out) {
+    const Array& x = in(e, 0);
+    const Array& t = in(e, 1);
+    const int64_t ignore = e->attr<int64_t>("ignore_index");
+    const std::string& reduction = e->attr<std::string>("reduction");
+    const int64_t class_dim = x.shape.size() >= 2 ? 1 : 0;
+    const int64_t c = x.shape[class_dim];
+    const int64_t outer = class_dim == 1 ? x.shape[0] : 1;
+    const int64_t inner = static_cast<int64_t>(t.data.size()) / std::max<int64_t>(outer, 1);  // the d... dims
+    std::vector<double> losses(t.data.size(), 0.0);
+    double total = 0, count = 0;
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t elem = o * inner + i;
+        if (t.data[elem] == static_cast<double>(ignore)) continue;
+        auto at = [&](int64_t k) { return x.data[(o * c + k) * inner + i]; };
+        double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+        for (int64_t k = 0; k < c; ++k) mx = std::max(mx, at(k));
+        for (int64_t k = 0; k < c; ++k) sum += std::exp(at(k) - mx);
+        const int64_t r = rowOf(t.data[elem], c);
+        losses[elem] = std::log(sum) + mx - (r < 0 ? 0.0 : at(r));
+        total += losses[elem];
+        count += 1;
+      }
+    if (reduction == "none") {
+      out.data = losses;
+    } else {
+      out.data.assign(1, reduction == "sum" ? total : total / count);
+    }
   }
 
   void norm(const Expr* e, Array& out) {

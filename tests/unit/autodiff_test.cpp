@@ -146,6 +146,51 @@ std::vector<Case> cases() {
   cs.push_back({"sdpa_lse_causal_uneven_scaled", [](Fusion& f) {
                   f.addOutput(sdpaLse(in(f, {1, 1, 3, 4}, "q"), in(f, {1, 1, 5, 4}, "k"), true, 0.3));
                 }});
+  // Training ops (integer inputs are indices in [0, 4)).
+  cs.push_back({"log_softmax", [](Fusion& f) { f.addOutput(logSoftmax(in(f, {3, 5}, "x"), 1)); }});
+  cs.push_back({"log_softmax_dim0", [](Fusion& f) { f.addOutput(logSoftmax(in(f, {3, 5}, "x"), 0)); }});
+  cs.push_back({"embedding", [](Fusion& f) {
+                  f.addOutput(embedding(in(f, {6, 3}, "w"), in(f, {2, 5}, "i", DataType::Int64)));
+                }});
+  cs.push_back({"embedding_grouped", [](Fusion& f) {
+                  f.addOutput(embedding(in(f, {2, 5, 3}, "w"), in(f, {2, 4}, "i", DataType::Int64)));
+                }});
+  cs.push_back({"embedding_backward", [](Fusion& f) {
+                  f.addOutput(embeddingBackward(in(f, {2, 5, 3}, "g"), in(f, {2, 5}, "i", DataType::Int64), 6));
+                }});
+  cs.push_back({"embedding_backward_grouped", [](Fusion& f) {
+                  f.addOutput(embeddingBackward(in(f, {2, 5, 3}, "g"), in(f, {2, 5}, "i", DataType::Int64), 4, true));
+                }});
+  cs.push_back({"one_hot_weights", [](Fusion& f) {  // one_hot has no gradient; x's flows through the mul
+                  TensorView* x = in(f, {3, 4}, "x");
+                  f.addOutput(mul(x, cast(oneHot(in(f, {3}, "t", DataType::Int64), 4), DataType::Float)));
+                }});
+  cs.push_back({"cross_entropy_mean", [](Fusion& f) {
+                  f.addOutput(crossEntropy(in(f, {5, 4}, "x"), in(f, {5}, "t", DataType::Int64)));
+                }, {}, -2, 2});
+  cs.push_back({"cross_entropy_sum_ignored", [](Fusion& f) {  // targets 2 are ignored
+                  f.addOutput(crossEntropy(in(f, {6, 4}, "x"), in(f, {6}, "t", DataType::Int64), 2, "sum"));
+                }, {}, -2, 2});
+  cs.push_back({"cross_entropy_mean_ignored", [](Fusion& f) {
+                  f.addOutput(crossEntropy(in(f, {6, 4}, "x"), in(f, {6}, "t", DataType::Int64), 1));
+                }, {}, -2, 2});
+  cs.push_back({"cross_entropy_none_spatial", [](Fusion& f) {  // [N, C, d]: class dim 1
+                  f.addOutput(crossEntropy(in(f, {2, 4, 3}, "x"), in(f, {2, 3}, "t", DataType::Int64), 3, "none"));
+                }, {}, -2, 2});
+  cs.push_back({"cross_entropy_unbatched", [](Fusion& f) {
+                  f.addOutput(crossEntropy(in(f, {4}, "x"), in(f, {}, "t", DataType::Int64)));
+                }, {}, -2, 2});
+  cs.push_back({"cross_entropy_symbolic_batch", [](Fusion& f) {
+                  f.addOutput(crossEntropy(in(f, {Extent::symbolic("t"), 4}, "x"),
+                                           in(f, {Extent::symbolic("t")}, "t", DataType::Int64)));
+                }, {{"t", 5}}, -2, 2});
+  cs.push_back({"embedding_lm_loss", [](Fusion& f) {  // embedding -> layer_norm -> tied LM head -> loss
+                  TensorView* w = in(f, {4, 6}, "w");
+                  TensorView* tok = in(f, {2, 3}, "tok", DataType::Int64);
+                  TensorView* h = layerNorm(embedding(w, tok), in(f, {6}, "g"), nullptr);
+                  TensorView* logits = reshape(linear(h, w), {6, 4});
+                  f.addOutput(crossEntropy(logits, reshape(tok, {6})));
+                }});
   // A value used twice (accumulation) and an integer input that is not differentiated.
   cs.push_back({"mlp", [](Fusion& f) {
                   TensorView* x = in(f, {3, 4}, "x");

@@ -288,5 +288,24 @@ TEST(CudaEmitterModes, MiddleDimReductionsInterchangeTheLoops) {
   EXPECT_EQ(sum.source.find("if (threadIdx.x == 0)"), std::string::npos) << sum.source;
 }
 
+// embedding_backward's scatter-add writes rows its indices name: two tokens may name one row, so the
+// token loop must never be split across threads (the store's index involves the token only
+// through a load). Each thread owns hidden columns and walks the tokens serially: no race, no
+// atomics, the same sum order as the CPU.
+TEST(CudaEmitterModes, ScatterRowsRunSeriallyPerColumn) {
+  Fusion f;
+  TensorView* g = f.defineTensor({4096, 512}, DataType::Float, "g");
+  TensorView* i = f.defineTensor({4096}, DataType::Int64, "i");
+  f.addOutput(ops::embeddingBackward(g, i, 1000));
+  std::vector<Segment> segs = segmentFusion(f);
+  kir::Program p = kir::lowerSegment(f, segs.at(0), [](const TensorView* tv) { return tv->evaluateShape({}); }, "t");
+  cuda::EmittedProgram e = cuda::emitCuda(p, "t", 132);
+  // The zeroing kernel, then the scatter: thread mode over the 512 columns, the tokens serial.
+  EXPECT_NE(e.source.find("thread mode over 512 outer iteration(s)\n"), std::string::npos) << e.source;
+  const std::string scatter = e.source.substr(e.source.find("thread mode over 512 outer iteration(s)"));
+  EXPECT_NE(scatter.find("< 4096LL; ++s"), std::string::npos) << "a serial loop over the tokens\n" << scatter;
+  EXPECT_EQ(scatter.find("atomic"), std::string::npos) << scatter;
+}
+
 }  // namespace
 }  // namespace meshfuse

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,9 @@ struct OpCase {
   std::vector<std::vector<int64_t>> shapes;
   std::function<TensorView*(std::vector<TensorView*>)> build;
   bool positive = false;  // inputs must be > 0 (log, sqrt, pow)
+  // Inputs that are i64 indices instead, by input position: values in [first, second) (a range
+  // reaching outside a table's rows checks the out-of-range rule).
+  std::map<size_t, std::pair<int64_t, int64_t>> indices = {};
 };
 
 inline std::vector<OpCase> opCases() {
@@ -123,18 +127,53 @@ inline std::vector<OpCase> opCases() {
       {"sdpa_uneven_causal", {{1, 2, 37, 24}, {1, 2, 70, 24}, {1, 2, 70, 16}},
        [](T t) { return ops::sdpa(t[0], t[1], t[2], true); }},
       {"sdpa_lse_causal", {{1, 2, 37, 24}, {1, 2, 70, 24}}, [](T t) { return ops::sdpaLse(t[0], t[1], true); }},
+      // Training ops: a gather, a scatter-add (repeated and out-of-range rows), a class-index map,
+      // the loss in each reduction.
+      {"log_softmax", {m}, [](T t) { return ops::logSoftmax(t[0], 1); }},
+      {"embedding", {{50, 130}, {4, 33}}, [](T t) { return ops::embedding(t[0], t[1]); }, false, {{1, {-2, 53}}}},
+      {"embedding_grouped", {{2, 20, 130}, {2, 33}}, [](T t) { return ops::embedding(t[0], t[1]); }, false,
+       {{1, {-1, 21}}}},
+      {"embedding_backward", {{4, 33, 130}, {4, 33}}, [](T t) { return ops::embeddingBackward(t[0], t[1], 50); },
+       false, {{1, {-1, 51}}}},
+      {"embedding_backward_grouped", {{2, 33, 130}, {2, 33}},
+       [](T t) { return ops::embeddingBackward(t[0], t[1], 20, true); }, false, {{1, {0, 20}}}},
+      {"one_hot", {{4, 33}}, [](T t) { return ops::oneHot(t[0], 37); }, false, {{0, {-1, 38}}}},
+      {"cross_entropy", {m, {33}}, [](T t) { return ops::crossEntropy(t[0], t[1]); }, false, {{1, {0, 130}}}},
+      {"cross_entropy_sum_ignore", {m, {33}}, [](T t) { return ops::crossEntropy(t[0], t[1], 3, "sum"); }, false,
+       {{1, {0, 8}}}},
+      {"cross_entropy_none", {{4, 37, 9}, {4, 9}}, [](T t) { return ops::crossEntropy(t[0], t[1], -100, "none"); },
+       false, {{1, {0, 37}}}},
       {"mlp_block", {{64, 128}, {256, 128}, {128, 256}},
        [](T t) { return ops::add(ops::linear(ops::gelu(ops::linear(t[0], t[1]), "tanh"), t[2]), t[0]); }},
   };
   return c;
 }
 
-// Builds case `c` in `def` with inputs of dtype `dt`; returns its seeded inputs.
+// An i64 tensor of `shape` with pseudo-random values in [lo, hi) (each value appears, repeats
+// included, when there are enough elements).
+inline Tensor indexTensor(const std::vector<int64_t>& shape, int64_t lo, int64_t hi, uint64_t seed) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<double> v(static_cast<size_t>(n));
+  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
+  for (double& e : v) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    e = static_cast<double>(lo + static_cast<int64_t>(x % static_cast<uint64_t>(hi - lo)));
+  }
+  return Tensor::fromValues(DataType::Int64, shape, v);
+}
+
+// Builds case `c` in `def` with inputs of dtype `dt` (indices i64); returns its seeded inputs.
 inline std::vector<Tensor> buildCase(const OpCase& c, DataType dt, Fusion& def) {
   std::vector<TensorView*> tvs;
   std::vector<Tensor> inputs;
   for (size_t i = 0; i < c.shapes.size(); ++i) {
     std::vector<Extent> shape(c.shapes[i].begin(), c.shapes[i].end());
+    if (auto r = c.indices.find(i); r != c.indices.end()) {
+      tvs.push_back(def.defineTensor(shape, DataType::Int64, "in" + std::to_string(i)));
+      inputs.push_back(indexTensor(c.shapes[i], r->second.first, r->second.second, 11 + i));
+      continue;
+    }
     tvs.push_back(def.defineTensor(shape, dt, "in" + std::to_string(i)));
     Tensor t = Tensor::random(dt, c.shapes[i], 11 + i);
     if (c.positive)

@@ -81,6 +81,14 @@ struct Inputs {
     values.push_back(pos ? positive(d, shape, seed) : Tensor::random(d, shape, seed));
     return f.defineTensor(s, d, "in" + std::to_string(values.size() - 1));
   }
+  // i64 indices in [lo, hi), repeats included.
+  TensorView* indices(std::vector<int64_t> shape, int64_t lo, int64_t hi) {
+    std::vector<Extent> s(shape.begin(), shape.end());
+    std::vector<double> v(static_cast<size_t>(numel(shape)));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(lo + static_cast<int64_t>((i * 7 + values.size()) % (hi - lo)));
+    values.push_back(Tensor::fromValues(DataType::Int64, shape, v));
+    return f.defineTensor(s, DataType::Int64, "in" + std::to_string(values.size() - 1));
+  }
 };
 
 std::vector<OpCase> opCases(OpKind k) {
@@ -279,6 +287,55 @@ std::vector<OpCase> opCases(OpKind k) {
                  Inputs in{f, dt, {}};
                  TensorView* x = in.add({4, 3, 19});
                  for (int64_t d : {0, 1, 2}) f.addOutput(ops::softmax(ops::mul(x, 4.0), d));
+                 return in.values;
+               }}};
+    case OpKind::LogSoftmax:
+      return {{n, [](Fusion& f, DataType dt) {
+                 Inputs in{f, dt, {}};
+                 TensorView* x = in.add({4, 3, 19});
+                 for (int64_t d : {0, 1, 2}) f.addOutput(ops::logSoftmax(ops::mul(x, 4.0), d));
+                 return in.values;
+               }}};
+    case OpKind::Embedding:
+      return {{n, [](Fusion& f, DataType dt) {
+                 Inputs in{f, dt, {}};
+                 TensorView* w = in.add({11, 6});
+                 TensorView* idx = in.indices({3, 4}, -2, 13);  // rows outside [0, 11) read zeros
+                 f.addOutput(ops::embedding(w, idx));
+                 f.addOutput(ops::add(ops::embedding(ops::exp(w), idx), 1.0));  // a computed table, fused
+                 f.addOutput(ops::embedding(in.add({2, 5, 6}), in.indices({2, 7}, 0, 5)));  // grouped
+                 f.addOutput(ops::embedding(w, in.indices({}, 0, 11)));                    // one index
+                 return in.values;
+               }}};
+    case OpKind::EmbeddingBackward:
+      return {{n, [](Fusion& f, DataType dt) {
+                 Inputs in{f, dt, {}};
+                 TensorView* g = in.add({3, 4, 6});
+                 TensorView* idx = in.indices({3, 4}, -1, 9);  // repeated rows; -1 adds nothing
+                 f.addOutput(ops::embeddingBackward(g, idx, 11));
+                 f.addOutput(ops::embeddingBackward(ops::mul(g, g), idx, 8));
+                 f.addOutput(ops::embeddingBackward(in.add({2, 7, 6}), in.indices({2, 7}, 0, 5), 5, true));
+                 return in.values;
+               }}};
+    case OpKind::OneHot:
+      return {{n, [](Fusion& f, DataType dt) {
+                 Inputs in{f, dt, {}};
+                 TensorView* idx = in.indices({3, 4}, -1, 7);
+                 f.addOutput(ops::oneHot(idx, 6));
+                 f.addOutput(ops::cast(ops::oneHot(idx, 9), dt));
+                 return in.values;
+               }}};
+    case OpKind::CrossEntropy:
+      return {{n, [](Fusion& f, DataType dt) {
+                 Inputs in{f, dt, {}};
+                 TensorView* x = in.add({6, 11});
+                 TensorView* t = in.indices({6}, 0, 11);
+                 f.addOutput(ops::crossEntropy(ops::mul(x, 4.0), t));
+                 f.addOutput(ops::crossEntropy(x, t, 3, "sum"));  // target 3 ignored
+                 f.addOutput(ops::crossEntropy(x, t, 3, "none"));
+                 TensorView* x3 = in.add({3, 5, 4});  // class dim 1 of [N, C, d]
+                 f.addOutput(ops::crossEntropy(x3, in.indices({3, 4}, 0, 5), 1));
+                 f.addOutput(ops::crossEntropy(in.add({7}), in.indices({}, 0, 7), -100, "sum"));  // unbatched
                  return in.values;
                }}};
     case OpKind::LayerNorm:

@@ -48,6 +48,7 @@ TEST(TextRoundTrip, EveryOpKind) {
   TensorView* ids = f.defineTensor({t, 64}, DataType::Int64);
   TensorView* q = f.defineTensor({2, 4, 16, 8}, DataType::BFloat16, "q");
   TensorView* kv = f.defineTensor({2, 4, 24, 8}, DataType::BFloat16, "kv");
+  TensorView* labels = f.defineTensor({t}, DataType::Int64, "labels");
   applyPlacements(x, tp, {Placement::shard(0)});
   applyPlacements(w, tp, {Placement::shard(0)});
   for (OpKind k : allOpKinds()) {
@@ -83,6 +84,12 @@ TEST(TextRoundTrip, EveryOpKind) {
   f.apply(OpKind::RmsNorm, {x, ln_w});
   f.apply(OpKind::Sdpa, {q, kv, kv}, {{"is_causal", true}, {"scale", 0.125}});
   f.apply(OpKind::SdpaLse, {q, kv}, {{"is_causal", true}});
+  f.apply(OpKind::LogSoftmax, {lin}, {{"dim", int64_t{1}}});
+  TensorView* rows = f.apply(OpKind::Embedding, {w, ids});
+  f.apply(OpKind::EmbeddingBackward, {rows, ids}, {{"num_weights", int64_t{256}}});
+  f.apply(OpKind::OneHot, {labels}, {{"num_classes", int64_t{5}}});
+  f.apply(OpKind::CrossEntropy, {x, labels});
+  f.apply(OpKind::CrossEntropy, {x, labels}, {{"ignore_index", int64_t{0}}, {"reduction", std::string("sum")}});
   TensorView* last = f.apply(OpKind::Sdpa, {q, kv, kv});
   f.addOutput(last);
   f.addOutput(lin);

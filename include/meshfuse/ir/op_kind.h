@@ -36,7 +36,9 @@ enum class OpCategory {
   Cat,
   Softmax,
   Norm,
-  Attention
+  Attention,
+  Indexing,
+  Loss
 };
 
 // The number of op kinds of category `c`, at compile time. A switch that handles the kinds of

@@ -127,9 +127,19 @@ struct Nest {
   }
 };
 
+// Loop variables an index depends on by position: those outside the loads it reads. An index
+// that reads data (embedding_backward's scatter `y[rows[t] * H + h]`) may repeat for different
+// values of the variables that reach it only through a load, so only positional ones tell that
+// two iterations write different locations.
+void positionalVars(const Expr& e, std::set<int64_t>* vars) {
+  if (e->op == Op::Var) vars->insert(e->id);
+  if (e->op == Op::Load) return;
+  for (const Expr& a : e->args) positionalVars(a, vars);
+}
+
 bool involvesAll(const Expr& index, const std::vector<int64_t>& vars) {
   std::set<int64_t> used;
-  exprUses(index, &used, nullptr);
+  positionalVars(index, &used);
   return std::all_of(vars.begin(), vars.end(), [&](int64_t v) { return used.count(v) > 0; });
 }
 
@@ -870,7 +880,7 @@ class KernelWriter {
     walk({loop}, [&](const Stmt& s) {
       if (s.kind == Stmt::Store) {
         std::set<int64_t> vars;
-        exprUses(s.index, &vars, nullptr);
+        positionalVars(s.index, &vars);
         if (!vars.count(loop.id)) ok = false;
       }
     });
