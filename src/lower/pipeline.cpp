@@ -93,10 +93,12 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   // A single-device fusion (no mesh anywhere) is the program of a one-device mesh.
   if (fusion->numMeshes() == 0)
     for (TensorView* in : fusion->inputs()) applyPlacements(in, DeviceMesh({0}), {Placement::replicate()});
+  // Values no output needs are removed first: otherwise they are placed, moved and computed on
+  // every rank (a collective for a result nobody reads; found by the placement fuzzer).
   // expand-for-sharding reads the input placements and must run before propagation, which then
   // shards the ops it wrote. propagate-shardings must run before decompose-reshardings:
   // decomposition compares each op's operand shardings with what its output's sharding needs.
-  runPasses(*fusion, {"expand-for-sharding", "propagate-shardings"}, options);
+  runPasses(*fusion, {"dead-code-elimination", "expand-for-sharding", "propagate-shardings"}, options);
   if (keep_stages) out.stages["propagated"] = printFusion(*fusion);
   runPasses(*fusion, {"decompose-reshardings"}, options);
   // layout-for-communication needs the single-axis sets decompose-reshardings makes;
