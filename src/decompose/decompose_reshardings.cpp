@@ -32,7 +32,9 @@ OutputChoice outputChoice(const Expr* e, const ShardingRule& rule, int64_t a) {
   }
   for (size_t i = 0; i < e->inputs().size(); ++i) {
     TensorView* in = tensorAt(e, i);
-    if (in != nullptr && i < rule.linear_in.size() && rule.linear_in[i] &&
+    // An operand on another mesh is moved to this one first, and no move between meshes makes
+    // a pending sum (nor does its mesh have axis `a` necessarily).
+    if (in != nullptr && i < rule.linear_in.size() && rule.linear_in[i] && in->mesh() == out->mesh() &&
         placementsOf(in)[a].kind == Placement::Partial) {
       c.source_operand = static_cast<int64_t>(i);
       return c;
