@@ -12,6 +12,9 @@
 //   wait h0                                   blocks the current stream until h0 completes
 //   slice %6 = %5 dim 0 axis 0                Replicate -> Shard: keeps this rank's block, no comm
 //   copy %x -> %g[r of 4]  /  add %t -> %acc   a local copy, or an accumulation (ring reductions)
+//   gemm #3 (%q, %k~1, %v~1) -> (%o, %lse) {sdpa, sdpa_lse} accumulate rows (%q[r of 4])
+//     keys (%k[(r - i - 1) % 4 of 4])         a ring attention step: positions of its rows,
+//                                             merged into the online softmax its outputs hold
 //   deallocate %3                             frees %3 after its last use
 //   for i in [0, 4) { ... }                   a Stream-parallel loop (chunks, ring steps, microbatches)
 //   for i in [0, 4) on 2 streams { ... }      independent iterations on a pool of streams (before
@@ -108,18 +111,31 @@ struct HostNode {
   std::vector<BlockRef> views;
   // Communication, ShardSlice, Copy: what it reads and writes.
   BlockRef in, out;
-  bool accumulate = false;  // Copy: out += in instead of out = in
+  // Copy: out += in instead of out = in. Gemm of an attention segment: merge into the online
+  // softmax its outputs hold (the output and log-sum-exp of earlier ring steps) by log-sum-exp.
+  bool accumulate = false;
+  // Gemm of an attention segment run as a ring step (lower_ring_attention.h): the blocks of the
+  // global sequence that its local query rows (key rows) are, in local order: BlockRefs of the
+  // query's (key's) tensor that index its global sequence dim (positions, not buffers). Its
+  // causal mask compares those positions and skips a block pair with nothing to attend. Empty:
+  // a plain launch, whose local rows are the sequence.
+  std::vector<BlockRef> query_blocks, key_blocks;
   CommKind comm = CommKind::Allreduce;
   ReduceOp reduce_op = ReduceOp::Sum;
   int64_t mesh_axis = -1;  // the mesh axis whose slice is the team (also ShardSlice)
   Team team;               // global ranks (filled by specialize-for-rank)
   int64_t root = -1;
-  int64_t in_dim = -1;     // dims() index sharded in `in` (allgather, all-to-all)
+  // dims() index sharded in `in` (allgather, all-to-all); SendRecv and Copy: the dim their
+  // BlockRefs' blocks run along (packed through a staging buffer) instead of dim 0.
+  int64_t in_dim = -1;
   int64_t out_dim = -1;    // dims() index sharded in `out` (reduce-scatter, all-to-all, slice)
   // SendRecv: a ring step along mesh_axis sends to the rank `shift` places ahead and receives
   // from the one `shift` behind; a stage boundary sends to `send_to`'s rank and receives from
   // `recv_from`'s (global ranks; -1: this rank does not send / receive).
+  // `mirror`: exchanges with the rank at the mirrored place along mesh_axis (n - 1 - r; the middle
+  // rank of an odd team keeps its block), as causal ring attention balances its work.
   int64_t shift = 0;
+  bool mirror = false;
   int64_t send_to = -1, recv_from = -1;
   int64_t handle = -1;     // Communication, Wait
   // ForLoop
@@ -177,6 +193,22 @@ struct CollectiveInfo {
   int64_t root = -1;       // broadcast, scatter, gather, reduce: the root's global rank
 };
 std::vector<CollectiveInfo> collectives(const HostProgram& program, const SymbolBindings& bindings);
+// Why communication `n` exists (CollectiveInfo::provenance): its output's provenance; for the
+// send/recv steps of ring attention, which move blocks of the keys, values, query or output
+// themselves, the reason of the attention's ring.
+std::string communicationReason(const HostNode& n);
+
+// The causal work of each ring attention of a specialized program (lower_ring_attention.h), for
+// reports: over its steps, the pairs of (query chunk, key chunk) this rank attends, whole or
+// along the diagonal, and those it skips (entirely after the query chunk), chunks being the
+// ring's sequence chunks (`chunk` rows: s/2n when the work is balanced, else s/n).
+struct AttentionBlocks {
+  std::string tensor;  // the attention's output
+  int64_t steps = 0;   // attention launches (ring steps)
+  int64_t chunk = 0;
+  int64_t attended = 0, skipped = 0;
+};
+std::vector<AttentionBlocks> attentionBlocks(const HostProgram& program, const SymbolBindings& bindings);
 
 // The parsable text of a host program (parseHostModule reads it back): the decomposed fusion
 // its nodes refer to, then the program.

@@ -161,6 +161,9 @@ struct Gemm {
 // choose the tiles: a target's kernel, not loops of this IR.
 struct Attention {
   int64_t q = -1, k = -1, v = -1, o = -1, lse = -1;
+  // The 16-bit output that o (an f32 temporary then) is rounded into, or -1: where a launch that
+  // continues an earlier online softmax (AttentionLaunch::accumulate) reads the running output.
+  int64_t o_rounded = -1;
   int64_t batch = 0, s = 0, skv = 0, d = 0, dv = 0;
   double scale = 1;
   bool causal = false;

@@ -3,19 +3,25 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace meshfuse {
 
 // propagate-shardings.
-// How attention whose sequence dim arrives sharded is parallelized (docs/parallelisms.md
-// "Context parallelism").
-//   Auto:    Ulysses where the heads divide the mesh axis, else gather the sequence;
-//   Ulysses: Ulysses, an error where the heads do not divide (Auto is kept apart so that ring
-//            attention can join its choice);
-//   Gather:  all-gather q, k and v (every rank holds the whole sequence).
-enum class ContextParallel { Auto, Ulysses, Gather };
-// "auto" | "ulysses" | "gather" (the CLI's --cp, Python's cp=); a ValueError names the others.
+// How attention whose key and value sequence arrives sharded is parallelized (docs/parallelisms.md
+// "Context parallelism"; the choice: src/propagation/context_parallel.h).
+//   Auto:    per mesh axis, Ulysses where the heads divide (it moves the fewest bytes), else ring
+//            attention where the query's sequence is split alike (k and v rotate: memory stays
+//            O(seq/n)), else the keys and values are gathered;
+//   Ulysses: all-to-all to a split of the heads; an error where the heads do not divide;
+//   Ring:    k and v rotate around the ring by send/recv while each rank attends its query rows;
+//            an error where q, k and v are not all split along the sequence on that axis;
+//   Gather:  all-gather k and v (every rank holds the whole key and value sequence).
+enum class ContextParallel { Auto, Ulysses, Ring, Gather };
+// "auto" | "ulysses" | "ring" | "gather" (the CLI's --cp, Python's cp=); a ValueError names them.
 ContextParallel parseContextParallel(const std::string& name);
+// The names parseContextParallel takes (the CLI's choices).
+const std::vector<std::string>& contextParallelNames();
 
 struct PropagationOptions {
   // Fully sharded data parallelism: parameters are all-gathered where they are used and the

@@ -55,6 +55,17 @@ class Plan:
         ``tensor``/``source`` (names) and ``provenance`` (why it exists)."""
         return self._program.collectives(rank)
 
+    def peak_memory(self, rank: int | None = None) -> int:
+        """The bytes `rank` (default: this rank) holds at its peak while running, inputs included
+        (from the host program's allocations, as ``meshfuse collectives`` reports it)."""
+        return self._program.peak_memory(rank)
+
+    def attention_blocks(self, rank: int | None = None) -> list:
+        """Per ring attention of `rank`'s program, its causal work: ``steps`` (the ring's steps),
+        ``chunk`` (rows of a sequence chunk), ``attended`` and ``skipped`` (pairs of a query chunk
+        and a key chunk it computes, or skips as entirely masked). docs/parallelisms.md."""
+        return self._program.attention_blocks(rank)
+
     def fusion_ir(self, stage: str = "decomposed") -> str:
         """The fusion IR after a pipeline stage (see ``Plan.stages``)."""
         return self._program.stage(stage)
@@ -103,11 +114,12 @@ class FusionDefinitionWrapper:
             "none" (default) only chunks the GEMMs the definition's schedule splits on a stream axis.
         fsdp: fully sharded data parallelism: all-gather sharded parameters where they are used
             (prefetched one layer ahead) instead of moving the activations.
-        cp: context parallelism for attention (sdpa) whose q, k or v arrive sharded on the
-            sequence dim: "auto" (default: Ulysses where the heads divide the mesh axis, else the
-            sequence is gathered), "ulysses" (all-to-all to a split of the heads, attention on whole
-            sequences; meshfuse.UnsupportedError where the heads do not divide) or "gather"
-            (all-gather q, k and v). docs/parallelisms.md "Context parallelism".
+        cp: context parallelism for attention (sdpa) whose k and v arrive sharded on the sequence
+            dim: "auto" (default: per mesh axis, Ulysses where the heads divide, else ring),
+            "ulysses" (all-to-all to a split of the heads, attention on whole sequences), "ring" (each
+            rank keeps its query rows while k and v rotate around the ring by send/recv, merged by
+            log-sum-exp; causal work balanced) or "gather" (all-gather k and v); a forced choice that
+            cannot apply raises meshfuse.UnsupportedError. docs/parallelisms.md "Context parallelism".
         trace: record each call's timeline; see last_trace() and write_trace().
         check_inputs: whether the ranks first agree that they were given the same inputs (shapes,
             dtypes, placements, meshes; not values), so that a rank given other inputs makes every

@@ -257,6 +257,19 @@ void bindPrograms(py::module_& m) {
                            c.root >= 0 ? fmt::format(", root={}", c.root) : "", c.bytes, c.provenance);
       });
 
+  py::class_<AttentionBlocks>(m, "AttentionBlocks",
+                              "The causal work of one ring attention on a rank: (query chunk, key chunk) pairs of "
+                              "`chunk` rows attended and skipped over its `steps` steps.")
+      .def_readonly("tensor", &AttentionBlocks::tensor)
+      .def_readonly("steps", &AttentionBlocks::steps)
+      .def_readonly("chunk", &AttentionBlocks::chunk)
+      .def_readonly("attended", &AttentionBlocks::attended)
+      .def_readonly("skipped", &AttentionBlocks::skipped)
+      .def("__repr__", [](const AttentionBlocks& a) {
+        return fmt::format("AttentionBlocks({}, steps={}, chunk={}, attended={}, skipped={})", a.tensor, a.steps,
+                           a.chunk, a.attended, a.skipped);
+      });
+
   py::class_<PyProgram>(m, "CompiledProgram", "What meshfuse compiled for one input signature.")
       .def(
           "host_ir",
@@ -269,6 +282,20 @@ void bindPrograms(py::module_& m) {
           [](const PyProgram& p, std::optional<int64_t> rank) {
             HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
             return collectives(h, bindGlobalShapes(p.fusion(), p.input_shapes));
+          },
+          "rank"_a = py::none())
+      .def(
+          "peak_memory",
+          [](const PyProgram& p, std::optional<int64_t> rank) {
+            HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
+            return peakMemoryBytes(h, bindGlobalShapes(p.fusion(), p.input_shapes));
+          },
+          "rank"_a = py::none())
+      .def(
+          "attention_blocks",
+          [](const PyProgram& p, std::optional<int64_t> rank) {
+            HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
+            return attentionBlocks(h, bindGlobalShapes(p.fusion(), p.input_shapes));
           },
           "rank"_a = py::none())
       .def(
@@ -380,7 +407,7 @@ void bindPrograms(py::module_& m) {
            "definition"_a, "keep_stages"_a = true, "overlap"_a = "none", "chunks"_a = 0, "streams"_a = 2,
            "fsdp"_a = false, "cp"_a = "auto", "trace"_a = false, "abort_on_failure"_a = true, "device"_a = "auto",
            "overlap: none | collective | ring (decompose-for-overlap); fsdp: gather parameters where used; cp: auto | ulysses | "
-           "gather (context parallelism of attention whose sequence arrives sharded); trace: "
+           "ring | gather (context parallelism of attention whose key/value sequence arrives sharded); trace: "
            "record each run's timeline; abort_on_failure: a failure while a multi-rank program runs ends the job "
            "(MPI_Abort) instead of raising on this rank while the others wait; device: cpu, cuda or auto (cuda "
            "when a GPU is present): where the programs run (inputs and outputs stay host arrays)")

@@ -15,7 +15,8 @@ namespace {
 // different shapes a gather (Shard(d) on the source mesh, one device after) or a scatter (one
 // device before, Shard(d) on the target mesh); else -1.
 int64_t exchangedDim(const Expr* e) {
-  if (e->kind() != OpKind::Set) return -1;
+  // A ring attention's keys and values rotate as whole local blocks (decompose-ring-attention).
+  if (e->kind() != OpKind::Set || e->attr<std::string>("overlap") != "none") return -1;
   const auto* in = static_cast<const TensorView*>(e->input(size_t{0}));
   Sharding from = readSharding(in), to = readSharding(e->output());
   if (!from.decided() || !to.decided()) return -1;

@@ -11,7 +11,8 @@
 //
 // requires: decompose-reshardings (each resharding `set` changes one mesh axis).
 // guarantees: every allgather / reduce-scatter / gather / scatter `set` is sharded on a dim
-//   preceded only by static size-1 dims.
+//   preceded only by static size-1 dims, except the keys and values of ring attention
+//   (decompose-ring-attention marked them: they rotate as whole local blocks, never gathered).
 //
 //   before: %g = set(%x) : f32[2, 8, 32] @m {}                       %x is Shard(1)
 //   after:  %0 = permute(%x, dims=[1, 0, 2]) : f32[8, 2, 32] @m {split(0, 2), parallelize(0, DIDx)}

@@ -43,11 +43,28 @@ std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to) 
     cur.axes[a] = p;
     steps.push_back(cur);
   };
+  // Otherwise axis a's Shard(x) -> Shard(y) is still one all-to-all, made now (before the outer
+  // axes change), when its blocks are the innermost split of x and of y: no inner axis splits x
+  // or y at this point, and no outer axis's split of y changes later (it would have to wrap a's
+  // new split, or be gathered from under it). This is the 2-D hybrid of context parallelism:
+  // [Shard(s), Shard(s)] -> [Shard(s), Shard(h)] is an all-to-all over the inner axis, within the
+  // outer axis's block of the sequence.
+  auto innerAllToAll = [&](size_t a) {
+    const Placement &f = cur.axes[a], &t = to.axes[a];
+    if (f.kind != Placement::Shard || t.kind != Placement::Shard || f.dim == t.dim || directAllToAll(a)) return false;
+    for (size_t b = a + 1; b < n; ++b)
+      if (sharded(cur.axes[b], f.dim) || sharded(cur.axes[b], t.dim)) return false;
+    for (size_t b = 0; b < a; ++b)
+      if (sharded(cur.axes[b], t.dim) != sharded(to.axes[b], t.dim)) return false;
+    return true;
+  };
   // Take away, inner axes first.
   for (size_t i = n; i-- > 0;) {
     const Placement &f = from.axes[i], &t = to.axes[i];
     bool changes = f != t;
-    if (mustRemove(i) && !(changes && directAllToAll(i))) {
+    if (changes && innerAllToAll(i)) {
+      step(i, t);
+    } else if (mustRemove(i) && !(changes && directAllToAll(i))) {
       step(i, Placement::replicate());
     } else if (f.kind == Placement::Partial && t.kind == Placement::Replicate) {
       step(i, Placement::replicate());

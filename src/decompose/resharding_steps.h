@@ -9,7 +9,9 @@
 // every split of a dim that changes (a pending sum that becomes Replicate is reduced then
 // too), and then adds, outer axes first, what the target has on those dims (slices, and
 // reduce-scatters of pending sums). A Shard(a) -> Shard(b) change stays one all-to-all when no
-// other axis shards a or b.
+// other axis shards a or b, or, made while taking away, when it is the innermost split of a and
+// of b and no outer split of b changes (context parallelism's 2-D hybrid:
+// [Shard(2), Shard(2)] -> [Shard(2), Shard(1)] is one all-to-all over axis 1).
 //
 //   [Replicate, Shard(1)] -> [Shard(1), Replicate] on a 2x2 mesh:
 //     allgather on axis 1 ([Replicate, Replicate]), then slice on axis 0.

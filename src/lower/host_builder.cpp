@@ -42,11 +42,32 @@ HostNode wait(int64_t handle) {
   return n;
 }
 
-HostNode copy(BlockRef in, BlockRef out, bool accumulate) {
+HostNode sendRecv(BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle, int64_t shift, bool mirror,
+                  int64_t along_dim) {
+  HostNode n = communication(CommKind::SendRecv, std::move(in), std::move(out), mesh_axis, handle);
+  n.shift = shift;
+  n.mirror = mirror;
+  n.in_dim = along_dim;
+  return n;
+}
+
+HostNode copy(BlockRef in, BlockRef out, bool accumulate, int64_t along_dim) {
   HostNode n = node(HostNodeKind::Copy);
   n.in = std::move(in);
   n.out = std::move(out);
   n.accumulate = accumulate;
+  n.in_dim = along_dim;
+  return n;
+}
+
+HostNode attentionStep(int64_t segment, std::vector<BlockRef> views, bool accumulate,
+                       std::vector<BlockRef> query_blocks, std::vector<BlockRef> key_blocks) {
+  HostNode n = node(HostNodeKind::Gemm);
+  n.segment = segment;
+  n.views = std::move(views);
+  n.accumulate = accumulate;
+  n.query_blocks = std::move(query_blocks);
+  n.key_blocks = std::move(key_blocks);
   return n;
 }
 

@@ -18,7 +18,18 @@ HostNode deallocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot
 // returns handle `handle`; the other fields (dims, root, peers, team) are the caller's.
 HostNode communication(CommKind kind, BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle);
 HostNode wait(int64_t handle);
-HostNode copy(BlockRef in, BlockRef out, bool accumulate);
+// A point-to-point exchange along `mesh_axis` returning handle `handle`: a ring step (`shift`
+// places ahead; behind for what arrives) or, with `mirror`, with the rank at the mirrored place.
+// `along_dim` >= 0: the blocks run along that dim (packed by the runtime), not dim 0.
+HostNode sendRecv(BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle, int64_t shift, bool mirror = false,
+                  int64_t along_dim = -1);
+// `along_dim` >= 0: the blocks run along that dim, not dim 0 (a strided block copy).
+HostNode copy(BlockRef in, BlockRef out, bool accumulate, int64_t along_dim = -1);
+// A ring attention step: attention segment `segment` on `views` (its inputs then outputs), its
+// rows at the global positions `query_blocks` and `key_blocks`, merged into what its outputs hold
+// when `accumulate`.
+HostNode attentionStep(int64_t segment, std::vector<BlockRef> views, bool accumulate,
+                       std::vector<BlockRef> query_blocks, std::vector<BlockRef> key_blocks);
 // A loop of `trips` iterations; `stream_pool` > 0: its iterations are independent and
 // assign-streams runs them on a pool of that many streams.
 HostNode loop(int64_t trips, std::vector<HostNode> body, int64_t stream_pool = 0);

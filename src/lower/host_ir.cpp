@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 
+#include "decompose/decompose_ring_attention.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/ir/printer.h"
@@ -96,6 +97,13 @@ std::string segmentCall(const Fusion& f, const HostNode& n, const Segment& seg) 
                      fmt::join(ops, ", "));
 }
 
+// "%q[r of 4], %q[(7 - r) % 8 of 8]"
+std::string refs(const Fusion& f, const std::vector<BlockRef>& blocks) {
+  std::vector<std::string> out;
+  for (const BlockRef& b : blocks) out.push_back(b.toString(f));
+  return fmt::format("{}", fmt::join(out, ", "));
+}
+
 bool hasNestedLoop(const HostNode& loop) {
   for (const HostNode& b : loop.body)
     if (b.kind == HostNodeKind::ForLoop) return true;
@@ -117,16 +125,21 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
         break;
       case HostNodeKind::Deallocate: line += " " + BlockRef::of(n.tv, n.slot).toString(f); break;
       case HostNodeKind::LaunchKernel:
-      case HostNodeKind::Gemm: line += " " + segmentCall(f, n, p.segment(n)); break;
+      case HostNodeKind::Gemm:
+        line += " " + segmentCall(f, n, p.segment(n));
+        if (n.accumulate) line += " accumulate";
+        if (!n.query_blocks.empty()) line += fmt::format(" rows ({}) keys ({})", refs(f, n.query_blocks), refs(f, n.key_blocks));
+        break;
       case HostNodeKind::Communication: {
         line += fmt::format(" h{} {} {} -> {}", n.handle, commKindName(n.comm), n.in.toString(f), n.out.toString(f));
         if (n.comm == CommKind::SendRecv) {
           if (n.shift != 0) line += fmt::format(" shift {}", n.shift);
+          if (n.mirror) line += " mirror";
           if (n.send_to >= 0) line += fmt::format(" to rank {}", n.send_to);
           if (n.recv_from >= 0) line += fmt::format(" from rank {}", n.recv_from);
         }
         if (n.mesh_axis >= 0) line += fmt::format(" axis {}", n.mesh_axis);
-        if (n.in_dim >= 0) line += fmt::format(" from dim {}", n.in_dim);
+        if (n.in_dim >= 0) line += fmt::format(" {} dim {}", n.comm == CommKind::SendRecv ? "along" : "from", n.in_dim);
         if (n.out_dim >= 0) line += fmt::format(" to dim {}", n.out_dim);
         if (n.root >= 0) line += fmt::format(" root {}", n.root);
         if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
@@ -138,6 +151,7 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
         break;
       case HostNodeKind::Copy:
         line = fmt::format("{} {} -> {}", n.accumulate ? "add" : "copy", n.in.toString(f), n.out.toString(f));
+        if (n.in_dim >= 0) line += fmt::format(" along dim {}", n.in_dim);
         break;
       case HostNodeKind::ForLoop:
         s += fmt::format("{}for {} in [0, {}){} {{\n", indent,
@@ -241,7 +255,7 @@ void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const Buf
       bytes = sizes.bytes(n.in);
     }
     out.push_back({n.comm, n.mesh_axis, team, bytes, p.fusion->displayName(n.out.tv), p.fusion->displayName(n.in.tv),
-                   n.out.tv->provenance(), n.root});
+                   communicationReason(n), n.root});
   }
 }
 
@@ -265,6 +279,17 @@ BufferSizes::BufferSizes(const HostProgram& p, const SymbolBindings& b) : bindin
 int64_t BufferSizes::bytes(const BlockRef& ref) const {
   auto it = chunk_blocks_.find({ref.tv, ref.slot});
   return localBytes(ref.tv, bindings_, ref.blocks * (it == chunk_blocks_.end() ? 1 : it->second));
+}
+
+std::string communicationReason(const HostNode& n) {
+  const TensorView* tv = n.out.tv;
+  if (n.comm == CommKind::SendRecv && n.mesh_axis >= 0) {
+    // A ring step moving the keys or values (whose ring-marked set states the ring's reason), or
+    // the mirror exchange of the query (the attention's reason; the output's is its own).
+    for (const Expr* u : tv->uses())
+      if (ringAttentionOf(u) != nullptr || (n.mirror && u->kind() == OpKind::Sdpa)) return u->output()->provenance();
+  }
+  return tv->provenance();
 }
 
 std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindings& b) {

@@ -76,6 +76,11 @@ class Cursor {
     spaces();
     return s_.substr(pos_);
   }
+  // Moves past the next `ch` (to the end when there is none).
+  void skipPast(char ch) {
+    size_t at = s_.find(ch, pos_);
+    pos_ = at == std::string_view::npos ? s_.size() : at + 1;
+  }
 
  private:
   const Line& line_;
@@ -217,7 +222,22 @@ class HostParser {
       plain = views[i].whole() && views[i].slot == 0 && views[i].tv == tv;
     }
     if (!plain) n.views = std::move(views);
-    c.rest();  // "{ops}": checked by printing the node again
+    c.skipPast('}');  // "{ops}": checked by printing the node again
+    n.accumulate = c.eat("accumulate");
+    if (c.eat("rows (")) {
+      n.query_blocks = refs(c, depth);
+      c.expect("keys (");
+      n.key_blocks = refs(c, depth);
+    }
+  }
+
+  // "A, B)": block references up to a closing parenthesis.
+  std::vector<BlockRef> refs(Cursor& c, size_t depth) {
+    std::vector<BlockRef> out;
+    do out.push_back(ref(c, depth));
+    while (c.eat(","));
+    c.expect(")");
+    return out;
   }
 
   void communication(Cursor& c, HostNode& n, size_t depth) {
@@ -238,6 +258,8 @@ class HostParser {
     n.out = ref(c, depth);
     while (!c.done()) {
       if (c.eat("shift")) n.shift = c.integer();
+      else if (c.eat("mirror")) n.mirror = true;
+      else if (c.eat("along dim")) n.in_dim = c.integer();
       else if (c.eat("to rank")) n.send_to = c.integer();
       else if (c.eat("from rank")) n.recv_from = c.integer();
       else if (c.eat("axis")) n.mesh_axis = c.integer();
@@ -318,6 +340,7 @@ HostNode HostParser::node(const Line& line, size_t depth) {
     n.in = ref(c, depth);
     c.expect("->");
     n.out = ref(c, depth);
+    if (c.eat("along dim")) n.in_dim = c.integer();
   } else if (head == "stream") {
     n.kind = HostNodeKind::SetCurrentStream;
     n.stream = c.integer();

@@ -27,6 +27,7 @@ void touches(const HostProgram& p, const HostNode& n, std::set<const TensorView*
     out.insert(seg.inputs.begin(), seg.inputs.end());
     out.insert(seg.outputs.begin(), seg.outputs.end());
   }
+  for (const BlockRef& v : n.views) out.insert(v.tv);  // (a ring attention's blocks of other tensors)
   for (const HostNode& b : n.body) touches(p, b, out);
 }
 
@@ -38,9 +39,10 @@ void insertDeallocations(HostProgram& p) {
   std::map<int64_t, size_t> wait_of;  // a communication's buffers live until its wait
   for (size_t i = 0; i < p.nodes.size(); ++i)
     if (p.nodes[i].kind == HostNodeKind::Wait) wait_of[p.nodes[i].handle] = i;
-  std::set<const TensorView*> allocated;  // at top level (loop-local buffers are the loop's)
+  // At top level (loop-local buffers are the loop's; a ring's temporaries, slots > 0, its own).
+  std::set<const TensorView*> allocated;
   for (const HostNode& n : p.nodes)
-    if (n.kind == HostNodeKind::Allocate) allocated.insert(n.tv);
+    if (n.kind == HostNodeKind::Allocate && n.slot == 0) allocated.insert(n.tv);
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     const HostNode& n = p.nodes[i];
     size_t until = n.kind == HostNodeKind::Communication ? wait_of.at(n.handle) : i;

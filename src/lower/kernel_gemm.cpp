@@ -219,7 +219,10 @@ void lowerAttentionSegment(const Segment& seg, const LocalShapeFn& shape_of, Pro
   a.scale = e->attr<double>("scale");
   if (a.scale == 0) a.scale = 1 / std::sqrt(static_cast<double>(a.d));
   if (a.batch * a.s == 0) return;
-  if (sdpa && a.dv > 0) a.o = g.f32Result(outputOf(sdpa));
+  if (sdpa && a.dv > 0) {
+    a.o = g.f32Result(outputOf(sdpa));
+    if (a.o != outputOf(sdpa)) a.o_rounded = outputOf(sdpa);
+  }
   if (lse) a.lse = outputOf(lse);  // f32 already
   if (a.skv == 0) {  // no key: output 0 (as the reference), log-sum-exp -inf
     if (a.o >= 0) g.fillRows(a.o, a.batch * a.s, a.dv, -1);

@@ -23,7 +23,9 @@
 #include "lower/host_builder.h"
 #include "lower/lower_microbatches.h"
 #include "lower/lower_overlap.h"
+#include "lower/lower_ring_attention.h"
 #include "lower/lower_segment.h"
+#include "decompose/decompose_ring_attention.h"
 #include "meshfuse/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
@@ -191,8 +193,14 @@ int64_t segmentOf(const std::vector<Segment>& segments, const Expr* e) {
   MF_CHECK(false, "{} is in no segment", e->name());
 }
 
+// A set that decompose-for-overlap paired with a GEMM (ring attention's sets are not: their loop
+// is the attention's, lower_ring_attention.h).
 bool overlapped(const Segment& seg) {
-  return seg.kind == Segment::Kind::Communication && seg.exprs.at(0)->attr<std::string>("overlap") != "none";
+  return seg.kind == Segment::Kind::Communication && seg.exprs.at(0)->attr<std::string>("overlap") != "none" &&
+         ringAttentionOf(seg.exprs.at(0)) == nullptr;
+}
+bool rotatesKeys(const Segment& seg) {
+  return seg.kind == Segment::Kind::Communication && ringAttentionOf(seg.exprs.at(0)) != nullptr;
 }
 
 // The stream chunks of a GEMM segment whose output rows the user's schedule splits (a Stream
@@ -249,6 +257,8 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
   if (isMicrobatched(*fusion)) {
     MF_USER_CHECK(partner.empty(), ErrorKind::Unsupported,
                   "overlap decomposition inside a microbatched pipeline is not supported");
+    MF_USER_CHECK(std::none_of(segments->begin(), segments->end(), rotatesKeys), ErrorKind::Unsupported,
+                  "ring attention inside a microbatched pipeline is not supported (use --cp=ulysses or gather)");
     lowerMicrobatched(*fusion, *segments, p.nodes);
     return p;
   }
@@ -261,6 +271,11 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
       int64_t comm = overlapped(seg) ? i : it->second, gemm = overlapped(seg) ? it->second : i;
       lowerOverlappedPair((*segments)[comm], (*segments)[gemm], gemm, overlap.streams, state, p.nodes);
       done.insert(it->second);
+      continue;
+    }
+    if (rotatesKeys(seg)) continue;  // part of its attention's ring
+    if (isRingAttention(seg)) {
+      lowerRingAttention(*segments, static_cast<int64_t>(i), state, p.nodes);
       continue;
     }
     if (int64_t chunks = streamChunks(seg); chunks > 1) {

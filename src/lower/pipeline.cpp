@@ -6,6 +6,7 @@
 
 #include "decompose/decompose_for_overlap.h"
 #include "decompose/decompose_reshardings.h"
+#include "decompose/decompose_ring_attention.h"
 #include "decompose/expand_for_sharding.h"
 #include "decompose/layout_for_communication.h"
 #include "lower/check_aliases.h"
@@ -47,6 +48,10 @@ const std::vector<FusionPass>& fusionPasses() {
        [](Fusion& f, const PipelineOptions& o) { propagateShardings(f, o.propagation); }},
       {"decompose-reshardings", "split every op into local compute plus single-axis communications",
        plain(decomposeReshardings), requirePropagated},
+      {"decompose-ring-attention",
+       "let the k and v an sdpa needs whole rotate around the ring (ring attention) instead of being all-gathered",
+       [](Fusion& f, const PipelineOptions& o) { decomposeRingAttention(f, o.propagation.context_parallel); },
+       requirePropagated},
       {"layout-for-communication", "move each collective's sharded dim outermost (permutes only where needed)",
        plain(layoutForCommunication), requirePropagated},
       {"propagate-streams", "carry the inputs' microbatch split (Stream) to every tensor computed from their rows",
@@ -101,10 +106,13 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   runPasses(*fusion, {"dead-code-elimination", "expand-for-sharding", "propagate-shardings"}, options);
   if (keep_stages) out.stages["propagated"] = printFusion(*fusion);
   runPasses(*fusion, {"decompose-reshardings"}, options);
+  // decompose-ring-attention reads the allgathers decompose-reshardings makes, before
+  // layout-for-communication would reorder them (a ring sends whole local blocks);
   // layout-for-communication needs the single-axis sets decompose-reshardings makes;
   // propagate-streams must see every tensor decomposition made; decompose-for-overlap needs the
   // dim-0 collectives layout-for-communication makes and must know the microbatched tensors.
-  runPasses(*fusion, {"layout-for-communication", "propagate-streams", "decompose-for-overlap"}, options);
+  runPasses(*fusion, {"decompose-ring-attention", "layout-for-communication", "propagate-streams", "decompose-for-overlap"},
+            options);
   if (options.verify) verify(*fusion, {.require_meshes = !fusion->inputs().empty() && fusion->inputs()[0]->mesh()});
   if (keep_stages) out.stages["decomposed"] = printFusion(*fusion);
   out.fusion = std::shared_ptr<Fusion>(std::move(fusion));

@@ -103,12 +103,14 @@ bool specialize(const HostProgram& p, const std::vector<HostNode>& in, int64_t r
     if (n.kind == HostNodeKind::Communication) {
       s.team = tv->mesh()->team(rank, n.mesh_axis);
       handles.push_back(n.handle);
+      const int64_t size = static_cast<int64_t>(s.team.size());
+      const int64_t me = std::find(s.team.begin(), s.team.end(), rank) - s.team.begin();
       if (n.comm == CommKind::SendRecv && n.shift != 0) {  // a ring step: `shift` places along the team
-        const int64_t size = static_cast<int64_t>(s.team.size());
-        const int64_t me = std::find(s.team.begin(), s.team.end(), rank) - s.team.begin();
         s.send_to = s.team[((me + n.shift) % size + size) % size];
         s.recv_from = s.team[((me - n.shift) % size + size) % size];
       }
+      if (n.comm == CommKind::SendRecv && n.mirror)  // with the rank at the mirrored place (itself: a copy)
+        s.send_to = s.recv_from = s.team[size - 1 - me];
     }
     out.push_back(s);
     work = true;

@@ -9,6 +9,7 @@
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ops.h"
+#include "propagation/context_parallel.h"
 #include "propagation/required_sharding.h"
 #include "propagation/sharding.h"
 #include "propagation/sharding_rule.h"
@@ -193,8 +194,10 @@ class Propagator {
       bool listed = false;
       for (const OutputChoice& c : cands)
         listed |= c.state == pin_state && c.contraction_dim == as_pinned.contraction_dim;
-      // A Shard along a dim no operand dim becomes is not the op's to give (softmax's dim).
-      if (!listed && (pin_state.kind != Placement::Shard || rule.fromOperands(as_pinned.out_logical)))
+      // A Shard along a dim no operand dim becomes is not the op's to give (softmax's dim), nor
+      // one that context parallelism did not choose (a set after the op makes it).
+      if (!listed && (pin_state.kind != Placement::Shard || rule.fromOperands(as_pinned.out_logical)) &&
+          !contextParallel(e, mesh, a))
         cands.push_back(as_pinned);
       std::optional<OutputChoice> best = choose(e, rule, mesh, a, cands, &pin_state);
       if (!best.has_value()) continue;  // a pinned pending sum the op cannot give: decomposition says why
@@ -590,55 +593,36 @@ class Propagator {
       if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
       if (std::optional<int64_t> h = states_.at(in).hints[a]; h && *h < in->rank()) fromDim(i, *h, "sharded upstream");
     }
-    // Where Ulysses applies, gathering the sequence is not a candidate: it would win on the count
-    // of collectives (three allgathers against four all-to-alls when the output goes back to
-    // the sequence) but send n times the bytes and hold the whole sequence on every rank, which
-    // is what context parallelism is for avoiding.
-    if (std::optional<OutputChoice> u = ulysses(e, rule, mesh, a)) {
-      add(*u);
-      return out;
-    }
+    // Attention whose keys and values arrive split along the sequence: context parallelism
+    // decides (context_parallel.h) rather than the count of collectives, which would gather them
+    // (n times the bytes of Ulysses, the whole sequence on every rank).
+    if (std::optional<OutputChoice> cp = contextParallel(e, mesh, a)) return {*cp};
     OutputChoice rep;
     rep.why = Provenance::literal(fmt::format("Replicate(): no cheaper sharding for {} on mesh axis {}", e->name(), a));
     add(rep);
     return out;
   }
 
-  // Ulysses (DeepSpeed's context parallelism), derived: attention whose q, k or v arrive sharded
-  // on the sequence dim, which attention needs whole, may instead run on whole sequences for a
-  // subset of heads. The candidate is the output sharded on heads; its operands then move
-  // Shard(seq) -> Shard(heads) by all-to-all, which sends an n-th of what gathering them would,
-  // and a consumer that wants the sequence sharded again pays one more all-to-all: four in all.
-  std::optional<OutputChoice> ulysses(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
-                                      int64_t a) const {
-    if (e->kind() != OpKind::Sdpa || options_.context_parallel == ContextParallel::Gather) return std::nullopt;
-    constexpr int64_t kHeads = 1;
-    const int64_t n = mesh.size(a);
-    const TensorView* seq_sharded = nullptr;
+  // The candidate context parallelism gives attention `e` on axis `a` (context_parallel.h): the
+  // output split by heads (Ulysses: q, k and v move there by all-to-all), or along the query's
+  // sequence with k and v whole (ring attention rotates them, or they are gathered); nullopt when
+  // the keys' sequence is not split on `a`, or they are gathered for a query that is not split.
+  std::optional<OutputChoice> contextParallel(const Expr* e, const DeviceMesh& mesh, int64_t a) const {
+    OperandStates operands;
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       const TensorView* in = tensorAt(e, i);
-      if (in == nullptr || !decided(in) || !aligned(in, mesh)) continue;
-      const AxisState& st = states_.at(in).sharding.axes[a];
-      if (st.kind == Placement::Shard && rule.operand_maps[i][st.dim] < 0) seq_sharded = in;
+      const bool known = in != nullptr && decided(in) && aligned(in, mesh);
+      operands.push_back(known ? std::optional(states_.at(in).sharding.axes) : std::nullopt);
     }
-    if (seq_sharded == nullptr) return std::nullopt;
-    for (size_t i = 0; i < e->inputs().size(); ++i) {
-      const TensorView* in = tensorAt(e, i);
-      if (in == nullptr || shardable(in, kHeads, n)) continue;
-      // The heads must divide the group; where they do not, Auto gathers the sequence instead.
-      MF_USER_CHECK(options_.context_parallel != ContextParallel::Ulysses, ErrorKind::Unsupported,
-                    "context parallelism \"ulysses\" for {}: {} has {} heads, which mesh axis {} ({} devices) does "
-                    "not divide (its sequence dim arrives sharded in {}); use \"auto\" or \"gather\"",
-                    f_.displayName(e->output()), f_.displayName(in), in->dims()[kHeads]->extent().toString(), a,
-                    n, f_.displayName(seq_sharded));
-      return std::nullopt;
-    }
+    std::optional<CpChoice> cp = chooseContextParallel(f_, e, operands, mesh, a, options_.context_parallel);
+    if (!cp) return std::nullopt;
+    constexpr int64_t kHeads = 1, kSeq = 2;
+    const bool query_split = operands[0] && (*operands[0])[a] == Placement::shard(kSeq);
+    if (cp->strategy != CpStrategy::Ulysses && !query_split) return std::nullopt;
     OutputChoice c;
-    c.state = Placement::shard(dimIndexOfLogical(e->output(), kHeads));
-    c.out_logical = kHeads;
-    c.why = Provenance::literal(fmt::format(
-        "{}: Ulysses: {} runs on whole sequences for {} of the heads, as its sequence dim arrives sharded",
-        c.state.toString(), e->name(), fmt::format("1/{}", n)));
+    c.out_logical = cp->strategy == CpStrategy::Ulysses ? kHeads : kSeq;
+    c.state = Placement::shard(dimIndexOfLogical(e->output(), c.out_logical));
+    c.why = Provenance::literal(fmt::format("{}: {}", c.state.toString(), cp->why));
     return c;
   }
 

@@ -268,9 +268,14 @@ ShardingRule shardingRuleOf(const Expr* e) {
       });
       break;
     case OpCategory::Attention:
-      // Batch and heads pass through; sequence and embedding dims stay whole (context
-      // parallelism is a later decomposition).
-      mapAll([](size_t, const TensorView*) { return std::vector<int64_t>{0, 1, -1, -1}; });
+      // Batch and heads pass through, and so does the query's sequence: each output row is its
+      // query row's attention, so a sequence split of the query is one of the output. The keys'
+      // and values' sequence (what every row attends) and the embedding dims stay whole
+      // (context parallelism moves or rotates them: context_parallel.h).
+      mapAll([&](size_t i, const TensorView*) {
+        const bool query_rows = i == 0 && (e->kind() == OpKind::Sdpa || e->kind() == OpKind::SdpaLse);
+        return std::vector<int64_t>{0, 1, query_rows ? 2 : -1, -1};
+      });
       break;
     case OpCategory::Indexing: indexingRule(e, r); break;
     case OpCategory::Loss: lossRule(e, r); break;

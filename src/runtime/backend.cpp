@@ -28,6 +28,15 @@ void Backend::accumulate(Tensor& dst, const Tensor& src) {
   for (int64_t i = 0; i < n; ++i) dst.set(i, dst.get(i) + src.get(i));  // bf16/f16/i64: through double
 }
 
+void Backend::runAttentionStep(const Segment&, const std::vector<const Tensor*>&, const std::vector<Tensor*>&,
+                               const ShapeFn&, const AttentionLaunch&) {
+  userError(ErrorKind::Unsupported,
+            "the {} backend does not run attention on blocks of a sequence (ring attention's steps, or causal "
+            "attention whose query rows are split along the sequence; the cpu and reference backends do): use "
+            "--cp=ulysses (Python cp=\"ulysses\") on it",
+            name());
+}
+
 void Backend::copyBlock(const Tensor& src, const std::vector<int64_t>& so, Tensor& dst, const std::vector<int64_t>& dof,
                         const std::vector<int64_t>& sizes) {
   meshfuse::copyBlock(src, so, dst, dof, sizes);

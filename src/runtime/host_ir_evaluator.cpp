@@ -180,6 +180,52 @@ Tensor HostIrEvaluator::view(const BlockRef& ref) {
   return t.slice0(blockIndex(ref) * block, block);
 }
 
+HostIrEvaluator::DimBlock HostIrEvaluator::blockAlong(const BlockRef& ref, int64_t dim) {
+  DimBlock b{value(ref.tv, ref.slot), {}, {}};
+  b.sizes = b.whole.shape();
+  b.offsets.assign(b.sizes.size(), 0);
+  MF_CHECK(dim >= 0 && dim < static_cast<int64_t>(b.sizes.size()), "blocks along dim {} of {}", dim,
+           ref.toString(*program_.fusion));
+  MF_USER_CHECK(b.sizes[dim] % ref.blocks == 0, ErrorKind::Unsupported,
+                "uneven blocks not supported: {} has {} rows along dim {} on rank {}, which do not split into {} "
+                "equal blocks",
+                program_.fusion->displayName(ref.tv), b.sizes[dim], dim, comm_.rank(), ref.blocks);
+  b.sizes[dim] /= ref.blocks;
+  b.offsets[dim] = (ref.whole() ? 0 : blockIndex(ref)) * b.sizes[dim];
+  return b;
+}
+
+// The global positions of a ring attention step's rows: each BlockRef is a block of its tensor's
+// global sequence (dim 2 of attention's [batch, heads, seq, e] operands).
+AttentionLaunch HostIrEvaluator::attentionLaunch(const HostNode& n) const {
+  AttentionLaunch launch;
+  launch.accumulate = n.accumulate;
+  auto rows = [&](const std::vector<BlockRef>& blocks, std::vector<AttentionLaunch::Rows>& out) {
+    for (const BlockRef& b : blocks) {
+      const int64_t len = b.tv->evaluateShape(bindings_).at(2) / b.blocks;
+      out.push_back({(b.whole() ? 0 : blockIndex(b)) * len, len});
+    }
+  };
+  rows(n.query_blocks, launch.query);
+  rows(n.key_blocks, launch.key);
+  return launch;
+}
+
+// A causal attention whose query rows are this rank's block of a longer sequence (the sequence
+// split on some mesh axes, the keys whole: gathered or replicated) masks by the rows' global
+// positions: the block's place in the sequence, from the query's sharding.
+std::optional<AttentionLaunch> HostIrEvaluator::causalQueryBlock(const Segment& seg) {
+  const Expr* e = seg.exprs.back();
+  if (e->info().category != OpCategory::Attention || !e->attr<bool>("is_causal")) return std::nullopt;
+  const auto* q = static_cast<const TensorView*>(e->input(size_t{0}));
+  constexpr int64_t kSeq = 2;
+  const std::vector<int64_t> local = shapeOf(q);
+  if (q->mesh() == nullptr || local.at(kSeq) == q->evaluateShape(bindings_).at(kSeq)) return std::nullopt;
+  AttentionLaunch launch;
+  launch.query.push_back({blockOffsets(q, local, comm_.rank()).at(kSeq), local[kSeq]});
+  return launch;
+}
+
 std::string HostIrEvaluator::describe(const HostNode& n) const {
   const Fusion& f = *program_.fusion;
   if (n.segment >= 0) {
@@ -203,7 +249,7 @@ CollectiveInfo HostIrEvaluator::collectiveInfo(const HostNode& n, CommKind kind,
              .emplace(
                  &n,
                  CollectiveInfo{
-                     kind, n.mesh_axis, {}, 0, f.displayName(n.out.tv), f.displayName(n.in.tv), n.out.tv->provenance()})
+                     kind, n.mesh_axis, {}, 0, f.displayName(n.out.tv), f.displayName(n.in.tv), communicationReason(n)})
              .first;
   }
   CollectiveInfo c = it->second;
@@ -338,8 +384,17 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
         break;
       }
       case HostNodeKind::Copy: {
-        Tensor in = view(n.in), out = view(n.out);
         Backend* backend = &backend_;
+        if (n.in_dim >= 0) {  // blocks along another dim than 0: a strided block copy
+          DimBlock in = blockAlong(n.in, n.in_dim), out = blockAlong(n.out, n.in_dim);
+          MF_CHECK(!n.accumulate && in.sizes == out.sizes, "a block copy of {} into {}", n.in.toString(*program_.fusion),
+                   n.out.toString(*program_.fusion));
+          submit(TaskKind::Copy, "copy", [backend, in, out]() mutable {
+            backend->copyBlock(in.whole, in.offsets, out.whole, out.offsets, in.sizes);
+          });
+          break;
+        }
+        Tensor in = view(n.in), out = view(n.out);
         bool add = n.accumulate;
         submit(add ? TaskKind::Compute : TaskKind::Copy, add ? "add" : "copy", [=]() mutable {
           if (add) {
@@ -409,12 +464,16 @@ void HostIrEvaluator::launch(const HostNode& n) {
     inner.emplace_back(o, std::move(s));
   }
   Backend* backend = &backend_;
-  submit(TaskKind::Compute, taskName(n), [backend, &seg, ins, outs, inner]() mutable {
+  // A ring attention step carries the positions of its rows and whether it merges (else none).
+  std::optional<AttentionLaunch> step;
+  if (n.accumulate || !n.query_blocks.empty()) step = attentionLaunch(n);
+  if (!step) step = causalQueryBlock(seg);
+  submit(TaskKind::Compute, taskName(n), [backend, &seg, ins, outs, inner, step]() mutable {
     std::vector<const Tensor*> in_ptrs;
     std::vector<Tensor*> out_ptrs;
     for (const Tensor& t : ins) in_ptrs.push_back(&t);
     for (Tensor& t : outs) out_ptrs.push_back(&t);
-    backend->runSegment(seg, in_ptrs, out_ptrs, [&](const TensorView* tv) -> std::vector<int64_t> {
+    ShapeFn shape_of = [&](const TensorView* tv) -> std::vector<int64_t> {
       for (size_t i = 0; i < seg.inputs.size(); ++i)
         if (seg.inputs[i] == tv) return ins[i].shape();
       for (size_t i = 0; i < seg.outputs.size(); ++i)
@@ -422,7 +481,12 @@ void HostIrEvaluator::launch(const HostNode& n) {
       for (const auto& [t, shape] : inner)
         if (t == tv) return shape;
       MF_CHECK(false, "{} is not a tensor of this segment", tv->fusion()->displayName(tv));
-    });
+    };
+    if (step) {
+      backend->runAttentionStep(seg, in_ptrs, out_ptrs, shape_of, *step);
+    } else {
+      backend->runSegment(seg, in_ptrs, out_ptrs, shape_of);
+    }
   });
 }
 
@@ -570,7 +634,31 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
   auto h = std::make_shared<Handle>();
   handles_[{n.handle, iteration()}] = h;
   const int64_t to = n.send_to, from = n.recv_from;  // resolved by specialize-for-rank (ring steps too)
-  Tensor in = to >= 0 ? view(n.in) : Tensor(), out = from >= 0 ? view(n.out) : Tensor();
+  Backend* backend = &backend_;
+  const DataType dt = (to >= 0 ? n.in.tv : n.out.tv)->dtype();
+  Tensor in, out;
+  std::function<void()> pack;
+  if (n.in_dim < 0) {
+    in = to >= 0 ? view(n.in) : Tensor();
+    out = from >= 0 ? view(n.out) : Tensor();
+  } else {
+    // Blocks along another dim than 0 are not contiguous: they travel through staging buffers,
+    // packed when the exchange is issued and unpacked when it completes.
+    if (to >= 0) {
+      DimBlock src = blockAlong(n.in, n.in_dim);
+      in = backend->allocate(dt, src.sizes);
+      pack = [backend, src, in]() mutable {
+        backend->copyBlock(src.whole, src.offsets, in, std::vector<int64_t>(src.sizes.size(), 0), src.sizes);
+      };
+    }
+    if (from >= 0) {
+      DimBlock dst = blockAlong(n.out, n.in_dim);
+      out = backend->allocate(dt, dst.sizes);
+      h->finish = [backend, dst, out]() mutable {
+        backend->copyBlock(out, std::vector<int64_t>(dst.sizes.size(), 0), dst.whole, dst.offsets, dst.sizes);
+      };
+    }
+  }
   h->buffers = {in, out};
   // Reported once per rank, as the pair (sender, receiver): what a rank sends, or on the receiving
   // side of a stage boundary what it receives (collectives() reports the same).
@@ -584,11 +672,10 @@ void HostIrEvaluator::sendRecv(const HostNode& n) {
   const int64_t tag = n.handle * 1024 + iteration() % 1024;
   Communicator* comm = &comm_;
   const int64_t me = comm_.rank();
-  Backend* backend = &backend_;
   const Team team = program_ranks_;
-  const DataType dt = (to >= 0 ? n.in.tv : n.out.tv)->dtype();
   h->ticket = submitCommunication(taskName(n), [=]() mutable {
-    if (to == me && from == me) {  // both stages on this rank: a copy
+    if (pack) pack();
+    if (to == me && from == me) {  // both sides on this rank (stages on one device, a mirror's middle): a copy
       backend->copy(out, in);
       return;
     }

@@ -14,8 +14,8 @@ namespace {
 
 std::vector<int64_t> zeros(size_t n) { return std::vector<int64_t>(n, 0); }
 
-// Offsets of `rank`'s block of `tv` in the global tensor, per dims() index. Several mesh axes
-// sharding one dim nest in mesh-axis order (axis 0 outermost), as applyPlacements splits.
+}  // namespace
+
 std::vector<int64_t> blockOffsets(const TensorView* tv, const std::vector<int64_t>& local, int64_t rank) {
   std::vector<int64_t> off(local.size(), 0);
   const DeviceMesh* mesh = tv->mesh();
@@ -28,8 +28,6 @@ std::vector<int64_t> blockOffsets(const TensorView* tv, const std::vector<int64_
   for (size_t d = 0; d < local.size(); ++d) off[d] = index[d] * local[d];
   return off;
 }
-
-}  // namespace
 
 SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& locals, int64_t rank,
                                const std::vector<std::vector<int64_t>>& global_shapes) {

@@ -2,7 +2,8 @@
 // sharded on the sequence dim. Ulysses (the default where the heads divide the group) moves them
 // to a split of the heads by all-to-all, runs attention on whole sequences locally and, when the
 // output is wanted sharded on the sequence again, moves it back: four all-to-alls. `gather`
-// all-gathers q, k and v instead. Numerics against single-device execution, the exact collectives
+// all-gathers k and v instead (the query keeps its rows); ring attention has its own suite
+// (ring_attention_test.cpp). Numerics against single-device execution, the exact collectives
 // each rank executes and the static report, on 1, 2 and 4 ranks.
 #include "meshfuse/ops.h"
 #include "mpi_test_main.h"
@@ -58,16 +59,19 @@ TEST(ContextParallel, UlyssesLeavesAnUnpinnedOutputSplitByHeads) {
   EXPECT_EQ(run.local_outputs[0].placements, Ps{S(1)});
 }
 
-TEST(ContextParallel, GatherAllGathersQKAndV) {
+TEST(ContextParallel, GatherAllGathersKAndV) {
+  // Each query row's attention is computed where the row is: only the keys and values move, and
+  // the output keeps the sequence split.
   ShardedRun run = attention(/*heads=*/4, /*causal=*/true, /*pin_seq=*/false, ContextParallel::Gather);
-  expectPlan(run, {"allgather", "allgather", "allgather"});
+  expectPlan(run, {"allgather", "allgather"});
+  EXPECT_EQ(run.local_outputs[0].placements, Ps{S(2)});
 }
 
-TEST(ContextParallel, AutoGathersWhenTheHeadsDoNotDivide) {
-  // 2 heads on 4 ranks: Ulysses cannot split them, so the sequence is gathered.
+TEST(ContextParallel, AutoRotatesKAndVWhenTheHeadsDoNotDivide) {
+  // 2 heads on 4 ranks: Ulysses cannot split them, so k and v rotate around the ring (3 steps).
   if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (2 heads divide 1 and 2)";
   ShardedRun run = attention(/*heads=*/2, /*causal=*/false, /*pin_seq=*/false, ContextParallel::Auto);
-  expectPlan(run, {"allgather", "allgather", "allgather"});
+  expectPlan(run, Strs(6, "send_recv"));
 }
 
 TEST(ContextParallel, UlyssesAskedForWithHeadsThatDoNotDivideIsAnError) {
@@ -78,7 +82,8 @@ TEST(ContextParallel, UlyssesAskedForWithHeadsThatDoNotDivideIsAnError) {
   } catch (const UserError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
     EXPECT_THAT(e.what(), ::testing::HasSubstr("context parallelism \"ulysses\" for %a: %q has 2 heads, which mesh "
-                                               "axis 0 (4 devices) does not divide"));
+                                               "axis 0 (4 devices) does not divide (its key/value sequence arrives sharded on mesh axis "
+                                               "0 (4 devices) of mesh [0, 1, 2, 3]); use \"auto\", \"ring\" or \"gather\""));
   }
 }
 

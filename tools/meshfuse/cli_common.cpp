@@ -166,6 +166,9 @@ std::string collectiveReport(const CompiledProgram& program, const std::vector<i
     out += fmt::format("rank {}: {} collective{}, peak memory {} bytes\n", r, cs.size(), cs.size() == 1 ? "" : "s",
                        peakMemoryBytes(p, sizes));
     for (const CollectiveInfo& c : cs) out += "  " + formatCollective(c) + "\n";
+    for (const AttentionBlocks& a : attentionBlocks(p, sizes))
+      out += fmt::format("  ring attention {}: {} steps, {} block pairs of {} rows attended, {} skipped\n", a.tensor,
+                         a.steps, a.attended, a.chunk, a.skipped);
   }
   return out;
 }

@@ -270,10 +270,11 @@ int main(int argc, char** argv) {
                   "ahead on a communication stream) instead of moving the activations");
     sub->add_option_function<std::string>(
            "--cp", [&pipeline](const std::string& v) { pipeline.propagation.context_parallel = mf::parseContextParallel(v); },
-           "context parallelism for attention whose sequence dim arrives sharded: auto (Ulysses where the heads "
-           "divide the mesh axis, else gather), ulysses (all-to-all to a split of the heads; an error where they "
-           "do not divide) or gather (all-gather q, k and v)")
-        ->check(CLI::IsMember({"auto", "ulysses", "gather"}))
+           "context parallelism for attention whose key/value sequence arrives sharded: auto (per mesh axis, "
+           "Ulysses where the heads divide, else ring), ulysses (all-to-all to a split of the heads), ring (k and v "
+           "rotate by send/recv while each rank attends its query rows) or gather (all-gather k and v); a forced "
+           "choice that cannot apply is an error")
+        ->check(CLI::IsMember(mf::contextParallelNames()))
         ->default_str("auto");
   }
   run->add_option("--device", run_opts.device,

@@ -24,6 +24,27 @@ class TensorView;
 // Stream-parallel loop the shape of one chunk. Kernels are specialized for these shapes.
 using ShapeFn = std::function<std::vector<int64_t>(const TensorView*)>;
 
+// One launch of an attention segment whose rows are blocks of longer sequences: a step of ring
+// attention (an sdpa with its sdpa_lse; src/lower/lower_ring_attention.h), which may continue the
+// online softmax of earlier steps, or a causal attention whose query rows are this rank's block
+// of the sequence (the keys gathered).
+struct AttentionLaunch {
+  // Consecutive rows of the global sequence, `start` its first position.
+  struct Rows {
+    int64_t start = 0, count = 0;
+    bool operator==(const Rows&) const = default;
+  };
+  // Where the local query (key) rows lie in the global sequence, block by block in local order
+  // (the blocks cover the local rows). A causal mask compares these global positions; a pair of
+  // blocks with nothing to attend is skipped whole.
+  std::vector<Rows> query, key;
+  // Merge into what the outputs hold (the attention output and the f32 log-sum-exp of the keys
+  // attended so far, as an online softmax state) instead of starting afresh: the exact merge of
+  // partial attention results by log-sum-exp, in f32. A row that attends no key of this launch
+  // keeps its state; one that never attended any has output 0 and log-sum-exp -inf.
+  bool accumulate = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -41,6 +62,13 @@ class Backend {
   // structure, shapes, dtypes) and reuses the compiled code afterwards.
   virtual void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs,
                           const std::vector<Tensor*>& outputs, const ShapeFn& shape_of) = 0;
+  // Runs an attention segment (an sdpa and/or the sdpa_lse of the same query and key) on rows
+  // at the positions `launch` gives, continuing its online softmax when it says so (then both).
+  // The default is an UnsupportedError naming the backend: only backends that implement it run
+  // ring attention, and causal attention on a block of the query rows.
+  virtual void runAttentionStep(const Segment& seg, const std::vector<const Tensor*>& inputs,
+                                const std::vector<Tensor*>& outputs, const ShapeFn& shape_of,
+                                const AttentionLaunch& launch);
 
   // dst = src, and dst += src (same dtype and element count): the runtime's own data movement
   // (stage copies, ring reductions). The defaults work on host memory.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -63,6 +64,15 @@ class HostIrEvaluator {
   void communicate(const HostNode& n);
   void sendRecv(const HostNode& n);
   Tensor view(const BlockRef& ref);
+  // The block `ref` names along dim `dim` of its buffer: the whole buffer, and the block's
+  // offsets and sizes in it (a block along another dim than 0 is not contiguous).
+  struct DimBlock {
+    Tensor whole;
+    std::vector<int64_t> offsets, sizes;
+  };
+  DimBlock blockAlong(const BlockRef& ref, int64_t dim);
+  AttentionLaunch attentionLaunch(const HostNode& n) const;
+  std::optional<AttentionLaunch> causalQueryBlock(const Segment& seg);
   Tensor& value(const TensorView* tv, int64_t slot = 0);
   int64_t eventInstance(const HostNode& n) const;
   std::vector<int64_t> shapeOf(const TensorView* tv);
@@ -112,6 +122,9 @@ std::vector<Team> communicationTeams(const HostProgram& program, const Team& pro
 SymbolBindings bindLocalInputs(const Fusion& fusion, const std::vector<Tensor>& local_inputs, int64_t rank,
                                const std::vector<std::vector<int64_t>>& global_shapes = {});
 
+// Offsets of `rank`'s block (of shape `local`) of `tv` in the global tensor, per dims() index.
+// Several mesh axes sharding one dim nest in mesh-axis order (axis 0 outermost).
+std::vector<int64_t> blockOffsets(const TensorView* tv, const std::vector<int64_t>& local, int64_t rank);
 // The block of the full (global) tensor that `rank` holds for `tv`'s sharding. A Partial axis
 // gives the whole value to the rank at index 0 along that axis and zeros to the others.
 Tensor shardForRank(const TensorView* tv, const Tensor& full, int64_t rank);

@@ -1,15 +1,17 @@
 // The CPU's tiled attention with an online softmax.
 //
 // For every (batch entry, tile of query rows): running row maxima m and sums l (f32) and an
-// unnormalized f32 output tile acc start at -inf, 0, 0; then for every tile of keys the rows
-// attend (causal: only tiles starting at or before the tile's last row, so tiles above the
+// unnormalized f32 output tile acc start at -inf, 0, 0 (a ring step that continues an earlier
+// online softmax starts from lse, 1 and the running output instead); then for every tile of keys
+// the rows attend (causal: only tiles starting at or before the tile's last row, so tiles above the
 // diagonal are skipped whole):
 //   S = scale Q_t K_t^T              (cblas_sgemm, 64 x 128 x d)
 //   mask keys j > i (causal, only in tiles crossing the diagonal)
 //   m' = max(m, rowmax S);  P = exp(S - m');  l = l exp(m - m') + rowsum P;  acc *= exp(m - m')
 //   acc += P V_t                     (cblas_sgemm, 64 x dv x 128, beta = 1)
 // and finally o = acc / l and lse = m + log l. The scores of one tile pair are all that exists
-// of the [s, skv] matrix at any time.
+// of the [s, skv] matrix at any time. Positions are global ones where a ring step's launch says
+// where its query and key rows lie (AttentionLaunch): the mask and the skipping compare those.
 #include "runtime/cpu/attention_kernel.h"
 
 #include <cblas.h>
@@ -106,44 +108,97 @@ float updateRow(float* row, int64_t cols, float& m, float& l) {
   return alpha;
 }
 
-// Rows [q0, q0 + rows) of one batch entry (q, k, v, o, lse already offset to that entry).
-void attendQueryTile(const kir::Attention& a, const float* q, const float* k, const float* v, float* o, float* lse,
-                     int64_t q0, int64_t rows, TileScratch& t) {
-  const int64_t dv = a.dv;
-  std::fill(t.acc.begin(), t.acc.begin() + rows * dv, 0.0f);
-  std::fill(t.max.begin(), t.max.begin() + rows, -INFINITY);
-  std::fill(t.sum.begin(), t.sum.begin() + rows, 0.0f);
-  const int64_t key_end = a.causal ? std::min(a.skv, q0 + rows) : a.skv;  // later keys: masked for every row
-  for (int64_t k0 = 0; k0 < key_end; k0 += kAttentionKeyTile) {
-    const int64_t cols = std::min(kAttentionKeyTile, key_end - k0);
-    float* s = t.scores.data();
-    if (a.d > 0) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows), static_cast<blasint>(cols),
-                  static_cast<blasint>(a.d), static_cast<float>(a.scale), q + q0 * a.d, static_cast<blasint>(a.d),
-                  k + k0 * a.d, static_cast<blasint>(a.d), 0.0f, s, static_cast<blasint>(cols));
-    } else {
-      std::fill(s, s + rows * cols, 0.0f);
-    }
-    for (int64_t i = 0; i < rows; ++i) {
-      float* row = s + i * cols;
-      if (a.causal)  // keys j > q0 + i; nothing to do in tiles below the diagonal
-        for (int64_t j = std::max<int64_t>(q0 + i + 1 - k0, 0); j < cols; ++j) row[j] = -INFINITY;
-      const float alpha = updateRow(row, cols, t.max[i], t.sum[i]);
-      if (alpha != 1.0f && dv > 0) scaleRow(t.acc.data() + i * dv, dv, alpha);
-    }
-    if (dv > 0)  // 0: only the log-sum-exp is asked for
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(rows), static_cast<blasint>(dv),
-                  static_cast<blasint>(cols), 1.0f, s, static_cast<blasint>(cols), v + k0 * dv,
-                  static_cast<blasint>(dv), 1.0f, t.acc.data(), static_cast<blasint>(dv));
+// Local rows [local, local + count) are global positions [global, global + count).
+struct RowBlock {
+  int64_t local = 0, global = 0, count = 0;
+};
+
+// The blocks of `rows` local rows: `launch`'s, or one block where local is global.
+std::vector<RowBlock> rowBlocks(const std::vector<AttentionLaunch::Rows>* launch, int64_t rows, const char* what) {
+  if (launch == nullptr || launch->empty()) return {{0, 0, rows}};
+  std::vector<RowBlock> out;
+  int64_t local = 0;
+  for (const AttentionLaunch::Rows& r : *launch) {
+    out.push_back({local, r.start, r.count});
+    local += r.count;
+  }
+  MF_CHECK(local == rows, "an attention step's {} blocks cover {} rows of {}", what, local, rows);
+  return out;
+}
+
+// Where a query tile starts its online softmax: afresh, or (a ring step that accumulates) from
+// the running output and log-sum-exp its outputs hold, as the state (m = lse, l = 1, acc = o).
+struct TileStart {
+  bool accumulate = false;
+  const void* o_state = nullptr;  // [s, dv] of this batch entry: f32, or 16-bit (`state_dtype`)
+  DataType state_dtype = DataType::Float;
+};
+
+void startTile(const TileStart& start, const float* lse, int64_t q0, int64_t rows, int64_t dv, TileScratch& t) {
+  if (!start.accumulate) {
+    std::fill(t.acc.begin(), t.acc.begin() + rows * dv, 0.0f);
+    std::fill(t.max.begin(), t.max.begin() + rows, -INFINITY);
+    std::fill(t.sum.begin(), t.sum.begin() + rows, 0.0f);
+    return;
   }
   for (int64_t i = 0; i < rows; ++i) {
-    // Every row attends at least key 0 (skv > 0; causal rows see j <= i), so l > 0 unless the
-    // scores overflowed to NaN, which then propagates as in the reference.
+    t.max[i] = lse[q0 + i];
+    t.sum[i] = 1.0f;
+  }
+  const int64_t first = q0 * dv, n = rows * dv;
+  if (start.state_dtype == DataType::Float) {
+    std::memcpy(t.acc.data(), static_cast<const float*>(start.o_state) + first, n * sizeof(float));
+    return;
+  }
+  const auto* bits = static_cast<const uint16_t*>(start.o_state) + first;
+  for (int64_t i = 0; i < n; ++i)
+    t.acc[i] = start.state_dtype == DataType::BFloat16 ? bf16BitsToFloat(bits[i]) : halfBitsToFloat(bits[i]);
+}
+
+// Local rows [q0, q0 + rows) of one batch entry (q, k, v, o, lse already offset to that entry),
+// at global positions from `g0`, against the key blocks.
+void attendQueryTile(const kir::Attention& a, const float* q, const float* k, const float* v, float* o, float* lse,
+                     int64_t q0, int64_t rows, int64_t g0, const std::vector<RowBlock>& keys, const TileStart& start,
+                     bool ring, TileScratch& t) {
+  const int64_t dv = a.dv;
+  startTile(start, lse, q0, rows, dv, t);
+  for (const RowBlock& kb : keys) {
+    // Causal: keys after the tile's last row are masked for every row; a block past it is skipped.
+    const int64_t key_end = a.causal ? std::min(kb.count, g0 + rows - kb.global) : kb.count;
+    for (int64_t k0 = 0; k0 < key_end; k0 += kAttentionKeyTile) {
+      const int64_t cols = std::min(kAttentionKeyTile, key_end - k0);
+      const int64_t first_key = kb.global + k0;  // the tile's first key, as a global position
+      float* s = t.scores.data();
+      if (a.d > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows), static_cast<blasint>(cols),
+                    static_cast<blasint>(a.d), static_cast<float>(a.scale), q + q0 * a.d, static_cast<blasint>(a.d),
+                    k + (kb.local + k0) * a.d, static_cast<blasint>(a.d), 0.0f, s, static_cast<blasint>(cols));
+      } else {
+        std::fill(s, s + rows * cols, 0.0f);
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        float* row = s + i * cols;
+        if (a.causal)  // keys after position g0 + i; nothing to do in tiles below the diagonal
+          for (int64_t j = std::max<int64_t>(g0 + i + 1 - first_key, 0); j < cols; ++j) row[j] = -INFINITY;
+        const float alpha = updateRow(row, cols, t.max[i], t.sum[i]);
+        if (alpha != 1.0f && dv > 0) scaleRow(t.acc.data() + i * dv, dv, alpha);
+      }
+      if (dv > 0)  // 0: only the log-sum-exp is asked for
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(rows), static_cast<blasint>(dv),
+                    static_cast<blasint>(cols), 1.0f, s, static_cast<blasint>(cols), v + (kb.local + k0) * dv,
+                    static_cast<blasint>(dv), 1.0f, t.acc.data(), static_cast<blasint>(dv));
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    // Every row of a whole sequence attends at least key 0 (skv > 0; causal rows see j <= i), so
+    // l > 0 unless the scores overflowed to NaN, which then propagates as in the reference. A ring
+    // step's rows may attend none of its keys: output 0 and log-sum-exp -inf until one does.
+    const bool none = ring && t.sum[i] == 0.0f;
     if (o != nullptr) {
-      const float inv = 1.0f / t.sum[i];
+      const float inv = none ? 0.0f : 1.0f / t.sum[i];
       for (int64_t c = 0; c < dv; ++c) o[(q0 + i) * dv + c] = t.acc[i * dv + c] * inv;
     }
-    if (lse != nullptr) lse[q0 + i] = t.max[i] + std::log(t.sum[i]);
+    if (lse != nullptr) lse[q0 + i] = none ? -INFINITY : t.max[i] + std::log(t.sum[i]);
   }
 }
 
@@ -151,8 +206,12 @@ void attendQueryTile(const kir::Attention& a, const float* q, const float* k, co
 
 void expShiftedInPlace(float* x, int64_t n, float shift) { expShifted(x, n, shift); }
 
-void runAttention(const kir::Attention& a, void* const* buffers) {
+void runAttention(const kir::Attention& a, void* const* buffers, const AttentionLaunch* launch,
+                  DataType rounded_dtype) {
   MF_CHECK(a.skv > 0 && a.dv >= 0 && a.d >= 0, "an attention step over {} keys", a.skv);
+  const bool accumulate = launch != nullptr && launch->accumulate;
+  MF_CHECK(!accumulate || (a.lse >= 0 && (a.o >= 0 || a.dv == 0)),
+           "an attention step that continues an online softmax needs its log-sum-exp and output");
   auto in = [&](int64_t b) { return static_cast<const float*>(buffers[b]); };
   auto out = [&](int64_t b) { return b < 0 ? nullptr : static_cast<float*>(buffers[b]); };
   static thread_local TileScratch t;
@@ -161,14 +220,21 @@ void runAttention(const kir::Attention& a, void* const* buffers) {
   t.acc.resize(std::max(t.acc.size(), q_tile * static_cast<size_t>(a.dv)));
   t.max.resize(std::max(t.max.size(), q_tile));
   t.sum.resize(std::max(t.sum.size(), q_tile));
+  const std::vector<RowBlock> queries = rowBlocks(launch ? &launch->query : nullptr, a.s, "query");
+  const std::vector<RowBlock> keys = rowBlocks(launch ? &launch->key : nullptr, a.skv, "key");
   for (int64_t b = 0; b < a.batch; ++b) {
     const float* q = in(a.q) + b * a.s * a.d;
     const float* k = in(a.k) + b * a.skv * a.d;
     float* o = a.o < 0 ? nullptr : out(a.o) + b * a.s * a.dv;  // dv = 0 without o
     const float* v = a.v < 0 ? nullptr : in(a.v) + b * a.skv * a.dv;
     float* lse = a.lse < 0 ? nullptr : out(a.lse) + b * a.s;
-    for (int64_t q0 = 0; q0 < a.s; q0 += kAttentionQueryTile)
-      attendQueryTile(a, q, k, v, o, lse, q0, std::min(kAttentionQueryTile, a.s - q0), t);
+    TileStart start{accumulate, o, DataType::Float};
+    if (accumulate && a.o_rounded >= 0)  // the running output is in the 16-bit output buffer
+      start = {true, static_cast<const std::byte*>(buffers[a.o_rounded]) + b * a.s * a.dv * 2, rounded_dtype};
+    for (const RowBlock& qb : queries)
+      for (int64_t q0 = 0; q0 < qb.count; q0 += kAttentionQueryTile)
+        attendQueryTile(a, q, k, v, o, lse, qb.local + q0, std::min(kAttentionQueryTile, qb.count - q0),
+                        qb.global + q0, keys, start, launch != nullptr, t);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "meshfuse/kernel_ir.h"
+#include "meshfuse/runtime/backend.h"
 
 namespace meshfuse::cpu {
 
@@ -16,8 +17,11 @@ inline constexpr int64_t kAttentionQueryTile = 64;
 inline constexpr int64_t kAttentionKeyTile = 128;
 
 // Runs `a` on the program's buffer pointers (f32). Memory: O(tile^2 + tile * dv) per thread, from
-// a thread-local scratch that is reused (never O(s * skv)).
-void runAttention(const kir::Attention& a, void* const* buffers);
+// a thread-local scratch that is reused (never O(s * skv)). `launch` (a ring attention step, or
+// nullptr): the global positions of the rows, and whether to continue the online softmax the
+// outputs hold (the running output read from a.o_rounded, of `rounded_dtype`, when it is set).
+void runAttention(const kir::Attention& a, void* const* buffers, const AttentionLaunch* launch = nullptr,
+                  DataType rounded_dtype = DataType::Float);
 
 // exp(x[i] - shift) into x[i], vectorized (a Cephes-style range reduction and a degree-6
 // polynomial; relative error < 3e-7; -inf and anything below -87 give exactly 0). Exposed for

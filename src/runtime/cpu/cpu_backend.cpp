@@ -74,6 +74,25 @@ class CpuBackend final : public Backend {
 
   void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
                   const ShapeFn& shape_of) override {
+    run(seg, inputs, outputs, shape_of, nullptr);
+  }
+
+  void runAttentionStep(const Segment& seg, const std::vector<const Tensor*>& inputs,
+                        const std::vector<Tensor*>& outputs, const ShapeFn& shape_of,
+                        const AttentionLaunch& launch) override {
+    MF_CHECK(seg.exprs.back()->info().category == OpCategory::Attention, "an attention step of a {} segment",
+             segmentKindName(seg.kind));
+    run(seg, inputs, outputs, shape_of, &launch);
+  }
+
+  Stats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+ private:
+  void run(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
+           const ShapeFn& shape_of, const AttentionLaunch* launch) {
     MF_CHECK(seg.kind != Segment::Kind::Communication, "runSegment of a communication");
     MF_CHECK(inputs.size() == seg.inputs.size() && outputs.size() == seg.outputs.size(),
              "a segment launch with {} inputs and {} outputs for {} and {}", inputs.size(), outputs.size(),
@@ -98,19 +117,15 @@ class CpuBackend final : public Backend {
       if (c.functions[i] != nullptr) {
         c.functions[i](ptrs.data());
       } else if (step.kind == kir::Step::AttentionCall) {
-        cpu::runAttention(step.attention, ptrs.data());
+        const int64_t rounded = step.attention.o_rounded;
+        cpu::runAttention(step.attention, ptrs.data(), launch,
+                          rounded >= 0 ? c.program.buffers[rounded].dtype : DataType::Float);
       } else {
         runGemm(step.gemm, ptrs.data());
       }
     }
   }
 
-  Stats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-
- private:
   struct Compiled {
     kir::Program program;
     std::vector<cpu::KernelFn> functions;  // per step; nullptr for a GEMM or attention call

@@ -1,0 +1,243 @@
+// Lowering of ring attention (contract in lower_ring_attention.h).
+#include "lower/lower_ring_attention.h"
+
+#include <algorithm>
+#include <climits>
+#include <map>
+
+#include "decompose/decompose_ring_attention.h"
+#include "lower/host_builder.h"
+#include "meshfuse/ir/fusion.h"
+#include "propagation/sharding.h"
+
+namespace meshfuse {
+namespace {
+
+using host::allocate;
+using host::block;
+using host::deallocate;
+using host::event;
+using host::onStream;
+
+constexpr int64_t kSeq = 2;  // attention's operands: [batch, heads, seq, e]
+constexpr int64_t kCur = 1, kNext = 2;  // the slots of the attended and the arriving block
+
+const TensorView* operandOf(const Expr* e, size_t i) { return static_cast<const TensorView*>(e->input(i)); }
+
+class RingLowering {
+ public:
+  RingLowering(const std::vector<Segment>& segments, int64_t index, OverlapLoweringState& state)
+      : seg_(segments.at(index)), index_(index), state_(state) {
+    for (const Expr* e : seg_.exprs) (e->kind() == OpKind::Sdpa ? sdpa_ : lse_) = e;
+    MF_CHECK(sdpa_ != nullptr && lse_ != nullptr && seg_.exprs.size() == 2,
+             "ring attention needs its sdpa and sdpa_lse in one segment");
+    const Expr* key_set = operandOf(sdpa_, 1)->definition();
+    k_ = operandOf(key_set, 0);
+    v_ = operandOf(operandOf(sdpa_, 2)->definition(), 0);
+    rotating_ = {k_};
+    if (v_ != k_) rotating_.push_back(v_);
+    const Sharding from = readSharding(k_), to = readSharding(operandOf(sdpa_, 1));
+    for (size_t a = 0; a < from.axes.size(); ++a)
+      if (from.axes[a] != to.axes[a]) axis_ = static_cast<int64_t>(a);
+    n_ = sdpa_->output()->mesh()->size(axis_);
+    balanced_ = key_set->attr<int64_t>("chunks") == 2 * n_;
+  }
+
+  void lower(std::vector<HostNode>& out) {
+    const TensorView* o = sdpa_->output();
+    out.push_back(allocate(o));
+    out.push_back(allocate(lse_->output()));
+    if (balanced_) balanceQuery(out);
+    for (const TensorView* t : rotating_) {
+      out.push_back(allocate(t, 1, kCur));
+      if (!donated(t)) out.push_back(allocate(t, 1, kNext));
+    }
+    const int64_t start = state_.events++, arrived = state_.events++, done = state_.events++;
+    // Step 0: this rank's own block, while it travels on into the attended slot.
+    out.push_back(event(HostNodeKind::RecordEvent, start));
+    out.push_back(onStream(1));
+    out.push_back(event(HostNodeKind::WaitEvent, start));
+    rotate(0, kCur, out);
+    out.push_back(event(HostNodeKind::RecordEvent, arrived));
+    out.push_back(onStream(0));
+    out.push_back(step(0, /*accumulate=*/false, {}, 0));
+    out.push_back(event(HostNodeKind::RecordEvent, done));
+    // Steps 1 .. n - 2 (i = step - 1): attend the block that arrived, while the next one comes in.
+    if (n_ > 2) {
+      std::vector<HostNode> body;
+      body.push_back(onStream(1));
+      body.push_back(event(HostNodeKind::WaitEvent, done, {1}));  // the attended slot holds the block to send
+      rotate(kCur, kNext, body);
+      body.push_back(event(HostNodeKind::RecordEvent, arrived, {1}, 1));
+      body.push_back(onStream(0));
+      body.push_back(event(HostNodeKind::WaitEvent, arrived, {1}));
+      body.push_back(step(kCur, /*accumulate=*/true, {-1}, -1));
+      body.push_back(event(HostNodeKind::WaitEvent, arrived, {1}, 1));
+      for (const TensorView* t : rotating_) body.push_back(host::copy(next(t), BlockRef::of(t, kCur), false));
+      body.push_back(event(HostNodeKind::RecordEvent, done, {1}, 1));
+      out.push_back(host::loop(n_ - 2, std::move(body)));
+    }
+    // Step n - 1: the last block; nothing travels on.
+    out.push_back(event(HostNodeKind::WaitEvent, arrived, {}, n_ - 2));
+    out.push_back(step(kCur, /*accumulate=*/true, {}, -(n_ - 1)));
+    out.push_back(host::sync());
+    for (const TensorView* t : rotating_) {
+      out.push_back(deallocate(t, 1, kCur));
+      if (!donated(t)) out.push_back(deallocate(t, 1, kNext));
+    }
+    if (balanced_) restoreOutput(out);
+  }
+
+ private:
+  // A rotating tensor whose own buffer the ring may overwrite once it has attended and sent it:
+  // an intermediate the ring's set is the only reader of.
+  bool donated(const TensorView* t) const {
+    const Fusion& f = *t->fusion();
+    return !f.isInput(t) && !f.isOutput(t) && t->uses().size() == 1 && t != operandOf(sdpa_, 0);
+  }
+  BlockRef next(const TensorView* t) const { return BlockRef::of(t, donated(t) ? 0 : kNext); }
+
+  // One send/recv per rotating tensor (to r + 1, from r - 1) from slot `from` into slot `to`.
+  void rotate(int64_t from, int64_t to, std::vector<HostNode>& out) {
+    std::vector<int64_t> handles;
+    for (const TensorView* t : rotating_) {
+      handles.push_back(state_.handles++);
+      out.push_back(host::sendRecv(BlockRef::of(t, from), to == kNext ? next(t) : BlockRef::of(t, to), axis_,
+                                   handles.back(), /*shift=*/1));
+    }
+    for (int64_t h : handles) out.push_back(host::wait(h));
+  }
+
+  // The attention of this rank's query rows against the key/value block in `slot` (0: its own),
+  // block (r + key_coeffs . i + key_offset) mod n of the keys.
+  HostNode step(int64_t slot, bool accumulate, std::vector<int64_t> key_coeffs, int64_t key_offset) const {
+    const TensorView *q = operandOf(sdpa_, 0), *key = operandOf(sdpa_, 1), *value = operandOf(sdpa_, 2);
+    std::vector<BlockRef> views;
+    for (const TensorView* in : seg_.inputs)
+      views.push_back(in == q ? BlockRef::of(q, balanced_ ? 1 : 0)
+                      : in == key ? BlockRef::of(k_, slot)
+                      : in == value ? BlockRef::of(v_, slot)
+                                    : BlockRef::of(in));
+    for (const TensorView* o : seg_.outputs)
+      views.push_back(BlockRef::of(o, o == sdpa_->output() && balanced_ ? 1 : 0));
+    std::vector<BlockRef> rows = {block(q, balanced_ ? 2 * n_ : n_, {}, balanced_ ? 2 : 1, 0, axis_)};
+    if (balanced_) rows.push_back(block(q, 2 * n_, {}, -2, 2 * n_ - 1, axis_));
+    return host::attentionStep(index_, std::move(views), accumulate, std::move(rows),
+                               {block(k_, n_, std::move(key_coeffs), 1, key_offset, axis_)});
+  }
+
+  // Causal balance: this rank keeps the first half of its query rows (chunk 2r) and takes the
+  // second half of rank n - 1 - r's (chunk 2n - 1 - 2r) into q~1.
+  void balanceQuery(std::vector<HostNode>& out) {
+    const TensorView* q = operandOf(sdpa_, 0);
+    out.push_back(allocate(sdpa_->output(), 1, 1));
+    out.push_back(allocate(q, 1, 1));
+    swapHalves(BlockRef::of(q), BlockRef::of(q, 1), out);
+  }
+  // ... and gives the output rows of those back: its own first half, rank n - 1 - r's second.
+  void restoreOutput(std::vector<HostNode>& out) {
+    const TensorView* o = sdpa_->output();
+    swapHalves(BlockRef::of(o, 1), BlockRef::of(o), out);
+    out.push_back(deallocate(o, 1, 1));
+    out.push_back(deallocate(operandOf(sdpa_, 0), 1, 1));
+  }
+  // `to` = (the first half of `from`, the second half of the mirrored rank's `from`), halves of
+  // the sequence dim.
+  void swapHalves(const BlockRef& from, const BlockRef& to, std::vector<HostNode>& out) {
+    auto half = [](BlockRef b, int64_t which) {
+      b.blocks = 2;
+      b.offset = which;
+      return b;
+    };
+    out.push_back(host::copy(half(from, 0), half(to, 0), false, kSeq));
+    const int64_t h = state_.handles++;
+    out.push_back(host::sendRecv(half(from, 1), half(to, 1), axis_, h, /*shift=*/0, /*mirror=*/true, kSeq));
+    out.push_back(host::wait(h));
+  }
+
+  const Segment& seg_;
+  int64_t index_;
+  OverlapLoweringState& state_;
+  const Expr* sdpa_ = nullptr;
+  const Expr* lse_ = nullptr;
+  const TensorView* k_ = nullptr;  // the local blocks of the keys and values (the sets' inputs)
+  const TensorView* v_ = nullptr;
+  std::vector<const TensorView*> rotating_;  // k, and v when it is another tensor
+  int64_t axis_ = -1, n_ = 1;
+  bool balanced_ = false;
+};
+
+// The global (start, rows) of the sequence block `b` names on `rank` in the iteration `loops`.
+std::pair<int64_t, int64_t> blockRows(const BlockRef& b, const std::vector<int64_t>& loops, int64_t rank,
+                                      const SymbolBindings& bindings) {
+  const int64_t rows = b.tv->evaluateShape(bindings).at(kSeq) / b.blocks;
+  int64_t index = b.offset;
+  const size_t first = loops.size() - b.loop_coeffs.size();  // (the innermost loops)
+  for (size_t j = 0; j < b.loop_coeffs.size(); ++j) index += b.loop_coeffs[j] * loops[first + j];
+  if (b.rank_coeff != 0) index += b.rank_coeff * b.tv->mesh()->indexAlong(rank, b.mesh_axis);
+  return {((index % b.blocks) + b.blocks) % b.blocks * rows, rows};
+}
+
+// Adds one ring step's chunk pairs to `count`.
+void countStep(const HostProgram& p, const HostNode& n, const std::vector<int64_t>& loops, const SymbolBindings& b,
+               AttentionBlocks& count) {
+  std::vector<std::pair<int64_t, int64_t>> queries, keys;
+  for (const BlockRef& r : n.query_blocks) queries.push_back(blockRows(r, loops, p.rank, b));
+  for (const BlockRef& r : n.key_blocks) keys.push_back(blockRows(r, loops, p.rank, b));
+  int64_t chunk = INT64_MAX;
+  for (const auto& q : queries) chunk = std::min(chunk, q.second);
+  for (const auto& k : keys) chunk = std::min(chunk, k.second);
+  bool causal = false;
+  for (const Expr* e : p.segment(n).exprs) causal |= e->attr<bool>("is_causal");
+  count.chunk = chunk;
+  ++count.steps;
+  for (const auto& [qs, qn] : queries)
+    for (int64_t q = qs; q < qs + qn; q += chunk)
+      for (const auto& [ks, kn] : keys)
+        for (int64_t k = ks; k < ks + kn; k += chunk) ++(causal && k > q + chunk - 1 ? count.skipped : count.attended);
+}
+
+void countBlocks(const HostProgram& p, const std::vector<HostNode>& nodes, std::vector<int64_t>& loops,
+                 const SymbolBindings& b, std::map<int64_t, AttentionBlocks>& out) {
+  for (const HostNode& n : nodes) {
+    if (n.kind == HostNodeKind::ForLoop) {
+      loops.push_back(0);
+      for (int64_t i = 0; i < n.trip_count; ++i) {
+        loops.back() = i;
+        countBlocks(p, n.body, loops, b, out);
+      }
+      loops.pop_back();
+    } else if (n.kind == HostNodeKind::Gemm && !n.query_blocks.empty()) {
+      AttentionBlocks& count = out[n.segment];
+      for (const Expr* e : p.segment(n).exprs)
+        if (e->kind() == OpKind::Sdpa) count.tensor = p.fusion->displayName(e->output());
+      countStep(p, n, loops, b, count);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<AttentionBlocks> attentionBlocks(const HostProgram& program, const SymbolBindings& bindings) {
+  MF_CHECK(program.rank >= 0, "attention blocks of a program not specialized for a rank");
+  std::map<int64_t, AttentionBlocks> by_segment;
+  std::vector<int64_t> loops;
+  countBlocks(program, program.nodes, loops, bindings, by_segment);
+  std::vector<AttentionBlocks> out;
+  for (auto& [segment, count] : by_segment) out.push_back(std::move(count));
+  return out;
+}
+
+bool isRingAttention(const Segment& seg) {
+  for (const Expr* e : seg.exprs)
+    if (e->kind() == OpKind::Sdpa)
+      if (const Expr* set = e->input(size_t{1})->definition(); set != nullptr && ringAttentionOf(set) == e) return true;
+  return false;
+}
+
+void lowerRingAttention(const std::vector<Segment>& segments, int64_t index, OverlapLoweringState& state,
+                        std::vector<HostNode>& out) {
+  RingLowering(segments, index, state).lower(out);
+}
+
+}  // namespace meshfuse

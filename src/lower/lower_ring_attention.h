@@ -1,0 +1,55 @@
+// Lowering of ring attention (part of lower-to-host-ir): an attention segment (an sdpa and its
+// sdpa_lse) whose keys and values decompose-ring-attention marked to rotate becomes a
+// Stream-parallel loop of n steps over the ring of its mesh axis (n devices, r this rank's index):
+//
+//   step j (0 <= j < n):  attention of this rank's query rows against the key/value block it holds
+//                         (block r - j: its own at step 0), merged into the online softmax the
+//                         output and the f32 log-sum-exp hold (exactly, by log-sum-exp);
+//                         beside it, on stream 1 (j < n - 1): the block travels on by one
+//                         send/recv per tensor (to r + 1, from r - 1), received into the buffer
+//                         of the next block.
+//
+// So each of k and v takes exactly n - 1 send/recv steps, no rank ever holds more than two blocks
+// of them (its own, the one it attends, the one arriving; two when its own is a dead intermediate
+// whose buffer the ring reuses), and the transfers run while the attention computes. After the
+// step the arrived block is copied into the attended block's buffer (a local copy, so that the
+// loop body is the same every step).
+//
+// Causal attention with 2n chunks (decompose-ring-attention): the work is balanced. Rank r keeps
+// the first chunk of its rows (chunk 2r) and trades its second with rank n - 1 - r (one mirror
+// send/recv of half its query rows before the loop, and of the output's after it), so that it
+// holds chunks 2r and 2n - 1 - 2r: one chunk i and its mirror 2n - 1 - i, every rank the same
+// amount of causal work. The attention steps take the global positions of their rows (the
+// launch's `rows`/`keys`): the mask compares them and key blocks entirely after a query chunk
+// are skipped.
+//
+//   allocate %a ; allocate %lse ; allocate %k~1 ; allocate %k~2 ; (same for v)
+//   record e0[0] ; stream 1 ; wait_event e0[0]
+//   comm h0 send_recv %k -> %k~1 shift 1 axis 0 ; ... ; wait h0 ; ... ; record e1[0] ; stream 0
+//   gemm #3 (%q, %k, %v) -> (%a, %lse) {sdpa, sdpa_lse} rows (%q[r of 4]) keys (%k[r of 4])
+//   record e2[0]
+//   for i in [0, 2) {
+//     stream 1 ; wait_event e2[i] ; comm h2 send_recv %k~1 -> %k~2 shift 1 axis 0 ; ... ; record e1[i + 1]
+//     stream 0 ; wait_event e1[i]
+//     gemm #3 (%q, %k~1, %v~1) -> (%a, %lse) {sdpa, sdpa_lse} accumulate rows (%q[r of 4]) keys (%k[(r - i - 1) % 4 of 4])
+//     wait_event e1[i + 1] ; copy %k~2 -> %k~1 ; ... ; record e2[i + 1]
+//   }
+//   wait_event e1[2] ; gemm #3 (%q, %k~1, %v~1) -> ... accumulate ... keys (%k[(r - 3) % 4 of 4]) ; sync
+#pragma once
+
+#include <vector>
+
+#include "lower/lower_overlap.h"
+#include "meshfuse/host_ir.h"
+
+namespace meshfuse {
+
+// Whether segment `seg` is the attention of a ring (its key is a ring-marked set).
+bool isRingAttention(const Segment& seg);
+
+// Appends the ring of attention segment `index` of `segments` to `out` (the segments of its
+// keys' and values' sets are part of it: lower-to-host-ir skips them).
+void lowerRingAttention(const std::vector<Segment>& segments, int64_t index, OverlapLoweringState& state,
+                        std::vector<HostNode>& out);
+
+}  // namespace meshfuse
