@@ -99,7 +99,7 @@ class Chooser {
   }
   std::string ulyssesWhyNot(int64_t a) const {
     if (option_ != ContextParallel::Auto) return " (--cp=ring)";
-    return fmt::format("; Ulysses cannot split the {} heads {} more ways", heads(), mesh_.size(a));
+    return fmt::format("; Ulysses cannot split the heads ({}) {} more ways", heads(), mesh_.size(a));
   }
   std::string heads() const { return operand(kQuery)->dims()[kHeads]->extent().toString(); }
 
