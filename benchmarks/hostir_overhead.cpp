@@ -10,6 +10,8 @@
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
 #include "models.h"
+#include "lower/host_ir.h"
+#include "runtime/backend.h"
 
 using namespace meshfuse;
 

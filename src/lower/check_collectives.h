@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "meshfuse/host_ir.h"
-#include "meshfuse/pipeline.h"
+#include "lower/host_ir.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse {
 

@@ -1,5 +1,5 @@
 // Host IR printing, reports and memory accounting.
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 
 #include <algorithm>
 #include <map>
@@ -9,16 +9,6 @@
 #include "meshfuse/ir/printer.h"
 
 namespace meshfuse {
-
-const char* commKindName(CommKind k) {
-  switch (k) {
-#define MESHFUSE_X(e, s) \
-  case CommKind::e: return s;
-    MESHFUSE_COMM_KINDS(MESHFUSE_X)
-#undef MESHFUSE_X
-  }
-  return "?";
-}
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The host-IR verifier (rules in host_ir_verifier.h): a symbolic run of the program, loops
 // unrolled, that tracks which buffers are alive, which handles are in flight and which event
 // instances were recorded -- the state the evaluator keeps, without data.
-#include "meshfuse/host_ir_verifier.h"
+#include "lower/host_ir_verifier.h"
 
 #include <map>
 #include <set>

@@ -8,10 +8,10 @@
 #include <chrono>
 
 #include "lower/assign_streams.h"
-#include "meshfuse/host_ir_verifier.h"
+#include "lower/host_ir_verifier.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse {
 namespace {

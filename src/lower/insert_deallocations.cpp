@@ -13,7 +13,7 @@
 #include <set>
 
 #include "lower/host_builder.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 
 namespace meshfuse {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/device_mesh.h"
 
 namespace meshfuse {

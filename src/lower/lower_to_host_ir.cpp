@@ -24,7 +24,7 @@
 #include "lower/lower_microbatches.h"
 #include "lower/lower_overlap.h"
 #include "lower/lower_segment.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
 #include "propagation/sharding.h"

@@ -15,7 +15,7 @@
 #include <algorithm>
 
 #include "lower/lower_segment.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 
 namespace meshfuse {

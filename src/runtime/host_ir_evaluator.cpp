@@ -1,5 +1,5 @@
 // The host-IR interpreter (see host_ir_evaluator.h).
-#include "meshfuse/runtime/host_ir_evaluator.h"
+#include "runtime/host_ir_evaluator.h"
 
 #include <algorithm>
 #include <atomic>

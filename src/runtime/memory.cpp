@@ -1,5 +1,5 @@
 // Allocations that cannot succeed (see memory.h).
-#include "meshfuse/runtime/memory.h"
+#include "runtime/memory.h"
 
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -12,7 +12,7 @@
 #include <set>
 
 #include "meshfuse/error.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/extent.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
