@@ -20,9 +20,10 @@ std::vector<kir::Program> kernelPrograms(const CompiledProgram& program, int64_t
   HostProgram p = programForRank(program, rank);
   std::vector<int64_t> launched;  // segment indices in the order this rank first launches them
   forEachNode(p.nodes, [&](const HostNode& n) {
-    if ((n.kind == HostNodeKind::LaunchKernel || n.kind == HostNodeKind::Gemm) &&
-        std::find(launched.begin(), launched.end(), n.segment) == launched.end())
-      launched.push_back(n.segment);
+    const hir::SegmentCall* call = n.as<hir::LaunchKernel>();
+    if (call == nullptr) call = n.as<hir::Gemm>();
+    if (call != nullptr && std::find(launched.begin(), launched.end(), call->segment) == launched.end())
+      launched.push_back(call->segment);
   });
   std::vector<kir::Program> out;
   for (int64_t i : launched) {

@@ -1,7 +1,8 @@
 // Host IR: the per-rank program the runtime interprets (DESIGN.md "Host IR").
 //
-// Node kinds are listed once (MESHFUSE_HOST_NODES); the printer, the passes and the evaluator
-// dispatch on that list. Nodes name TensorViews of the decomposed Fusion; the runtime gives each
+// Node kinds are listed once (host_nodes.def), each a small struct of named fields (namespace
+// hir) held in HostNode's std::variant; the printer, parser, verifier and evaluator dispatch with
+// std::visit, and every pass makes nodes through one builder (host_builder.h). Nodes name TensorViews of the decomposed Fusion; the runtime gives each
 // TensorView a local (per-rank) buffer of localShape(tv). Inside a `for` loop a node may touch a
 // block of a tensor's dim 0 (a BlockRef), which is how stream chunks and ring steps are written.
 //
@@ -27,6 +28,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "meshfuse/ir/extent.h"
@@ -39,29 +42,6 @@ namespace meshfuse {
 class Fusion;
 class Expr;
 class TensorView;
-
-#define MESHFUSE_HOST_NODES(X)    \
-  X(Allocate, "allocate")         \
-  X(Deallocate, "deallocate")     \
-  X(LaunchKernel, "launch")       \
-  X(Gemm, "gemm")                 \
-  X(Communication, "comm")        \
-  X(Wait, "wait")                 \
-  X(ShardSlice, "slice")          \
-  X(Copy, "copy")                 \
-  X(ForLoop, "for")               \
-  X(SetCurrentStream, "stream")   \
-  X(RecordEvent, "record")        \
-  X(WaitEvent, "wait_event")      \
-  X(HostWaitEvent, "host_wait")   \
-  X(Synchronize, "sync")
-
-enum class HostNodeKind {
-#define MESHFUSE_X(e, s) e,
-  MESHFUSE_HOST_NODES(MESHFUSE_X)
-#undef MESHFUSE_X
-};
-
 
 // A tensor, or one block of its dim 0 viewed as `blocks` equal blocks. The block index is
 // (sum_j loop_coeffs[j] * i_j + rank_coeff * r + offset) mod blocks, with i_j the variables of
@@ -84,57 +64,175 @@ struct BlockRef {
   std::string toString(const Fusion& f) const;  // "%x", "%x~1" (slot 1), "%x[(2*i0 - 2*r + i1) % 4 of 4]"
 };
 
-struct HostNode {
-  HostNodeKind kind = HostNodeKind::Allocate;
-  // Allocate / Deallocate: the tensor. Allocate with chunk_blocks = b makes a buffer of one
-  // block of b (a per-iteration chunk buffer inside a loop).
+struct HostNode;
+
+// The node structs (host_nodes.def lists them). Each comment says what the node does on the rank
+// that runs it; every field is named.
+namespace hir {
+
+// A buffer of `tv` (or, with slot k > 0, a second buffer of the same type: ring steps).
+// chunk_blocks = b > 1: a buffer of one block of b along dim 0 (a per-iteration chunk buffer).
+struct BufferNode {
   const TensorView* tv = nullptr;
-  int64_t slot = 0;  // see BlockRef::slot
+  int64_t slot = 0;
   int64_t chunk_blocks = 1;
-  // LaunchKernel, Gemm: index into HostProgram::segments, and the blocks it touches, aligned
-  // with the segment's inputs then outputs (empty: every tensor whole).
+};
+//   allocate %3 : f32[?t, 64]   a local buffer of the rank's shape of %3
+struct Allocate : BufferNode {};
+//   deallocate %3               frees it after its last use (tasks already submitted keep it alive)
+struct Deallocate : BufferNode {};
+
+// A segment (HostProgram::segments) run on the current stream; `views` are the blocks it touches,
+// aligned with the segment's inputs then outputs (empty: every tensor whole).
+struct SegmentCall {
   int64_t segment = -1;
   std::vector<BlockRef> views;
-  // Communication, ShardSlice, Copy: what it reads and writes.
+};
+//   launch #2 %4 = gelu(%3)     a generated kernel
+struct LaunchKernel : SegmentCall {};
+//   gemm #1 %3 = linear(%inp, %w)   a library GEMM (BLAS / cuBLASLt), with its fused epilogue
+struct Gemm : SegmentCall {};
+
+//   comm h0 allreduce %4 -> %5 axis 0 team [0, 1]
+// Starts collective `kind` from `in` to `out` among `team` (the mesh slice along `mesh_axis`
+// through this rank) on the current stream and returns handle `handle`; a Wait finishes it.
+// Per-rank pictures of each kind: meshfuse/communicator.h.
+struct Communication {
+  CommKind kind = CommKind::Allreduce;
   BlockRef in, out;
-  bool accumulate = false;  // Copy: out += in instead of out = in
-  CommKind comm = CommKind::Allreduce;
   ReduceOp reduce_op = ReduceOp::Sum;
-  int64_t mesh_axis = -1;  // the mesh axis whose slice is the team (also ShardSlice)
+  int64_t mesh_axis = -1;  // the mesh axis whose slice is the team (-1: between meshes)
   Team team;               // global ranks (filled by specialize-for-rank)
-  int64_t root = -1;
-  int64_t in_dim = -1;     // dims() index sharded in `in` (allgather, all-to-all)
-  int64_t out_dim = -1;    // dims() index sharded in `out` (reduce-scatter, all-to-all, slice)
+  int64_t root = -1;       // broadcast, scatter, gather, reduce: the root's global rank
+  int64_t in_dim = -1;     // dims() index sharded in `in` (allgather, all-to-all, gather)
+  int64_t out_dim = -1;    // dims() index sharded in `out` (reduce-scatter, all-to-all, scatter)
   // SendRecv: a ring step along mesh_axis sends to the rank `shift` places ahead and receives
   // from the one `shift` behind; a stage boundary sends to `send_to`'s rank and receives from
-  // `recv_from`'s (global ranks; -1: this rank does not send / receive).
+  // `recv_from`'s (global ranks, resolved by specialize-for-rank; -1: no send / no receive).
   int64_t shift = 0;
   int64_t send_to = -1, recv_from = -1;
-  int64_t handle = -1;     // Communication, Wait
-  // ForLoop
+  int64_t handle = -1;
+};
+//   wait h0                     the current stream waits until communication h0 completed
+struct Wait {
+  int64_t handle = -1;
+};
+//   slice %6 = %5 dim 0 axis 0  Replicate -> Shard: this rank keeps its block of `in` along
+//                               `out_dim` (its index along `mesh_axis`); no communication
+struct ShardSlice {
+  BlockRef in, out;
+  int64_t mesh_axis = -1;
+  int64_t out_dim = -1;
+};
+//   copy %x -> %g[r of 4]  /  add %t -> %acc   out = in, or out += in (ring reductions)
+struct Copy {
+  BlockRef in, out;
+  bool accumulate = false;
+};
+//   for i in [0, 4) { ... }     runs `body` once per i (chunks, ring steps, microbatches).
+// stream_pool > 0 (before assign-streams): the iterations are independent and rotate through
+// that many streams; assign-streams makes that explicit (stream, event and join nodes).
+struct ForLoop {
   int64_t trip_count = 0;
   std::vector<HostNode> body;
-  // SetCurrentStream: `stream`, or with stream_pool > 0 stream + (i mod stream_pool) for the
-  // innermost loop's variable i (each iteration on its own stream of a bounded pool).
-  // ForLoop: stream_pool > 0 says its iterations are independent and rotate through that many
-  // streams; assign-streams makes it explicit (stream, event and join nodes) and clears it.
+  int64_t stream_pool = 0;
+};
+//   stream 2  /  stream 1 + i % 2   later nodes run on `stream` (+ i mod stream_pool for the
+//                                   innermost loop's i when stream_pool > 0); 0: the main stream
+struct SetCurrentStream {
   int64_t stream = 0;
   int64_t stream_pool = 0;
-  // RecordEvent / WaitEvent / HostWaitEvent: instance (sum_j event_coeffs[j] * i_j + event_offset) of event
-  // `event` (i_j: the enclosing loops' variables, outermost first); a wait for a negative
-  // instance is a no-op. So an event recorded per iteration of `for i` is waited for by the next
-  // iteration with coeffs {1}, offset -1.
-  int64_t event = -1;
-  std::vector<int64_t> event_coeffs;
-  int64_t event_offset = 0;
 };
+// Instance (sum_j coeffs[j] * i_j + offset) of event `event` (i_j: the enclosing loops'
+// variables, outermost first); a wait for a negative instance is a no-op. So an event recorded
+// per iteration of `for i` is waited for by the next iteration with coeffs {1}, offset -1.
+struct EventNode {
+  int64_t event = -1;
+  std::vector<int64_t> coeffs;
+  int64_t offset = 0;
+};
+//   record e0[i]                the instance happens when the current stream reaches this point
+struct RecordEvent : EventNode {};
+//   wait_event e0[i - 1]        the current stream waits for the instance
+struct WaitEvent : EventNode {};
+//   host_wait e1[i - 2]         the host waits for it: it runs at most 2 iterations ahead (their
+//                               buffers bound the memory)
+struct HostWaitEvent : EventNode {};
+//   sync                        the main stream waits for every stream (a join)
+struct Synchronize {};
+
+template <typename, typename... Nodes>
+struct VariantOfRest {
+  using type = std::variant<Nodes...>;
+};
+
+}  // namespace hir
+
+// The kinds, in host_nodes.def's order (HostNode::kind() is the variant's index).
+enum class HostNodeKind {
+#define MESHFUSE_HOST_NODE(type, keyword) type,
+#include "lower/host_nodes.def"
+#undef MESHFUSE_HOST_NODE
+};
+// "allocate", "comm", "for", ...: the node's keyword in the text form.
+const char* hostNodeKeyword(HostNodeKind kind);
+
+// One node: a std::variant of the node structs. Dispatch with visit() (every kind handled, or it
+// does not compile) or test one kind with as<T>().
+struct HostNode {
+#define MESHFUSE_HOST_NODE(type, keyword) , hir::type
+  using Variant = hir::VariantOfRest<void
+#include "lower/host_nodes.def"
+                                     >::type;
+#undef MESHFUSE_HOST_NODE
+  Variant node;
+
+  template <typename T, typename = std::enable_if_t<std::is_constructible_v<Variant, T&&>>>
+  HostNode(T&& n) : node(std::forward<T>(n)) {}  // NOLINT: every node struct converts implicitly
+
+  HostNodeKind kind() const { return static_cast<HostNodeKind>(node.index()); }
+  template <typename T>
+  bool is() const {
+    return std::holds_alternative<T>(node);
+  }
+  template <typename T>
+  T* as() {
+    return std::get_if<T>(&node);
+  }
+  template <typename T>
+  const T* as() const {
+    return std::get_if<T>(&node);
+  }
+  template <typename F>
+  decltype(auto) visit(F&& f) const {
+    return std::visit(std::forward<F>(f), node);
+  }
+  template <typename F>
+  decltype(auto) visit(F&& f) {
+    return std::visit(std::forward<F>(f), node);
+  }
+  // The body of a ForLoop, else nullptr.
+  const std::vector<HostNode>* body() const {
+    const hir::ForLoop* l = as<hir::ForLoop>();
+    return l ? &l->body : nullptr;
+  }
+};
+
+// A visitor from lambdas, one per node struct (or a generic one for the rest):
+//   n.visit(Overloaded{[&](const hir::Allocate& a) {...}, [&](const auto&) {}});
+template <typename... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <typename... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
 
 struct HostProgram {
   std::shared_ptr<Fusion> fusion;  // the decomposed fusion the nodes refer to
   std::shared_ptr<const std::vector<Segment>> segments;  // what LaunchKernel/Gemm nodes run
   int64_t rank = -1;               // -1: the collective program of all ranks
   std::vector<HostNode> nodes;
-  const Segment& segment(const HostNode& n) const { return segments->at(n.segment); }
+  const Segment& segment(const hir::SegmentCall& n) const { return segments->at(n.segment); }
   std::string toString() const;
 };
 
@@ -185,7 +283,7 @@ template <typename Nodes, typename F>
 void forEachNode(Nodes& nodes, F&& fn) {
   for (auto& n : nodes) {
     fn(n);
-    forEachNode(n.body, fn);
+    if (auto* loop = n.template as<hir::ForLoop>()) forEachNode(loop->body, fn);
   }
 }
 

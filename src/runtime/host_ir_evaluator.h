@@ -58,18 +58,29 @@ class HostIrEvaluator {
   void submit(TaskKind kind, const std::string& name, std::function<void()> task);
   int64_t submitCommunication(const std::string& name, std::function<void()> issue);  // returns its ticket
   std::string describeWait(int64_t ticket) const;
+  struct Executor;  // the std::visit dispatch of execute(): one operator() per node kind
   void execute(const std::vector<HostNode>& nodes);
-  void launch(const HostNode& n);
-  void communicate(const HostNode& n);
-  void sendRecv(const HostNode& n);
+  void allocate(const hir::Allocate& n);
+  void launch(const hir::SegmentCall& n);
+  void communicate(const hir::Communication& n);
+  void sendRecv(const hir::Communication& n);
+  void wait(const hir::Wait& n);
+  void slice(const hir::ShardSlice& n);
+  void copy(const hir::Copy& n);
+  void loop(const hir::ForLoop& n);
+  void waitEvent(const hir::EventNode& n, bool host);
   Tensor view(const BlockRef& ref);
   Tensor& value(const TensorView* tv, int64_t slot = 0);
-  int64_t eventInstance(const HostNode& n) const;
+  int64_t eventInstance(const hir::EventNode& n) const;
   std::vector<int64_t> shapeOf(const TensorView* tv);
   int64_t blockIndex(const BlockRef& ref) const;
-  std::string describe(const HostNode& n) const;
-  std::string taskName(const HostNode& n) const;
-  CollectiveInfo collectiveInfo(const HostNode& n, CommKind kind, const Team& team, int64_t bytes);
+  std::string describe(const hir::SegmentCall& n) const;
+  std::string describe(const hir::Communication& n) const;
+  template <typename Node>
+  std::string taskName(const Node& n) const {  // names matter only in timelines: building them costs
+    return tracing_ ? describe(n) : std::string();
+  }
+  CollectiveInfo collectiveInfo(const hir::Communication& n, CommKind kind, const Team& team, int64_t bytes);
 
   const HostProgram& program_;
   Backend& backend_;
@@ -87,7 +98,7 @@ class HostIrEvaluator {
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Handle>> handles_;  // (handle, iteration)
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<Event>> events_;    // (event, iteration)
   std::vector<CollectiveInfo> executed_;
-  std::unordered_map<const HostNode*, CollectiveInfo> info_;
+  std::unordered_map<const hir::Communication*, CollectiveInfo> info_;
   std::shared_ptr<IssueGate> gate_;
   std::shared_ptr<const CommunicationPlan> plan_;
   int64_t run_serial_ = 0;  // which run of this process this is (the progress board's run)
