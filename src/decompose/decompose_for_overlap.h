@@ -42,6 +42,9 @@ class Fusion;
 
 void decomposeForOverlap(Fusion& fusion, const OverlapOptions& options, const SymbolBindings& sizes = {});
 
-// chunkingDependsOnSizes (include/meshfuse/pipeline.h) is defined with this pass.
+// Whether compiling `fusion` (placed, or decomposed) with other sizes may give other chunk
+// counts or errors: it has symbolic sizes and chunked loops (overlap asked for, or Stream
+// splits). MultiDeviceExecutor compiles such programs for the sizes of each run.
+bool chunkingDependsOnSizes(const Fusion& fusion, const OverlapOptions& options);
 
 }  // namespace meshfuse

@@ -16,8 +16,8 @@ constexpr int64_t kSeq = 2;  // attention's operands: [batch, heads, seq, e]
 
 // The one mesh axis along which `set` all-gathers the sequence (Shard(2) -> Replicate, and
 // nothing else changes), or -1.
-int64_t gathersSequence(const Expr* set) {
-  if (set == nullptr || set->kind() != OpKind::Set || set->attr<std::string>("overlap") != "none") return -1;
+int64_t gathersSequence(const Expr* set, const std::string& overlap = "none") {
+  if (set == nullptr || set->kind() != OpKind::Set || set->attr<std::string>("overlap") != overlap) return -1;
   const Sharding from = readSharding(static_cast<const TensorView*>(set->input(size_t{0})));
   const Sharding to = readSharding(set->output());
   if (!from.decided() || !to.decided() || from.mesh != to.mesh) return -1;
@@ -58,18 +58,9 @@ int64_t chunksOf(const Expr* sdpa, int64_t devices) {
   return seq.isStatic() && !seq.divisible(2 * devices) ? devices : 2 * devices;
 }
 
-void rotate(Fusion& f, Expr* sdpa, int64_t axis) {
-  const int64_t n = sdpa->output()->mesh()->size(axis), chunks = chunksOf(sdpa, n);
-  for (size_t i : {size_t{1}, size_t{2}}) {
-    Expr* set = sdpa->input(i)->definition();
-    f.setAttribute(set, "overlap", std::string("ring"));
-    f.setAttribute(set, "chunks", chunks);
-    set->output()->setProvenance(
-        {fmt::format("ring attention: {{}} attends every block of {{}}, which rotates around mesh axis {} ({} "
-                     "send/recv steps to the next rank)",
-                     axis, n - 1),
-         {sdpa->output(), set->input(size_t{0})}});
-  }
+// Adds the sdpa_lse of `sdpa`'s query and key right after it, sharded like its output: the
+// f32 log-sum-exp its `n` ring steps merge their partial outputs by.
+void addLse(Fusion& f, Expr* sdpa, int64_t n) {
   auto* query = static_cast<TensorView*>(sdpa->input(size_t{0}));
   auto* key = static_cast<TensorView*>(sdpa->input(size_t{1}));
   const double scale = sdpa->attr<double>("scale");
@@ -84,13 +75,44 @@ void rotate(Fusion& f, Expr* sdpa, int64_t axis) {
                       {sdpa->output()}});
 }
 
+void rotate(Fusion& f, Expr* sdpa, int64_t axis) {
+  const int64_t n = sdpa->output()->mesh()->size(axis), chunks = chunksOf(sdpa, n);
+  for (size_t i : {size_t{1}, size_t{2}}) {
+    Expr* set = sdpa->input(i)->definition();
+    f.setAttribute(set, "overlap", std::string("ring"));
+    f.setAttribute(set, "chunks", chunks);
+    set->output()->setProvenance(
+        {fmt::format("ring attention: {{}} attends every block of {{}}, which rotates around mesh axis {} ({} "
+                     "send/recv steps to the next rank)",
+                     axis, n - 1),
+         {sdpa->output(), set->input(size_t{0})}});
+  }
+  addLse(f, sdpa, n);
+}
+
+// Whether an sdpa_lse of `sdpa`'s query and key exists (the statistic its steps merge by).
+bool hasLse(const Expr* sdpa) {
+  for (const Expr* u : sdpa->input(size_t{0})->uses())
+    if (u->kind() == OpKind::SdpaLse && u->input(size_t{1}) == sdpa->input(size_t{1})) return true;
+  return false;
+}
+
+// A ring written in the input (sets marked overlap="ring" by hand, as this pass writes them):
+// dead-code-elimination dropped its sdpa_lse, which no output reads; it is made again.
+void completeMarkedRing(Fusion& f, Expr* sdpa) {
+  const int64_t axis = gathersSequence(sdpa->input(size_t{1})->definition(), "ring");
+  if (axis < 0 || ringAttentionOf(sdpa->input(size_t{1})->definition()) != sdpa || hasLse(sdpa)) return;
+  addLse(f, sdpa, sdpa->output()->mesh()->size(axis));
+}
+
 }  // namespace
 
 void decomposeRingAttention(Fusion& f, ContextParallel option) {
-  if (!keysRotate(option)) return;
   const std::vector<Expr*> exprs = f.exprs();  // (rotate inserts ops)
   for (Expr* e : exprs) {
     if (e->kind() != OpKind::Sdpa) continue;
+    completeMarkedRing(f, e);  // (whatever `option` says: the input states that ring)
+    if (!keysRotate(option)) continue;
     if (const int64_t axis = ringAxis(f, e); axis >= 0) rotate(f, e, axis);
   }
 }

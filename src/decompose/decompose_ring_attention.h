@@ -23,7 +23,9 @@
 //   chunks balance the work: each rank then attends with chunks i and 2n - 1 - i, see
 //   lower_ring_attention.h), and an sdpa_lse of the same query, key and attributes, sharded like
 //   the sdpa, follows it: the f32 log-sum-exp the steps merge their partial outputs by
-//   (segmentation puts both in one attention kernel).
+//   (segmentation puts both in one attention kernel). Sets the input already marked so (a
+//   decomposed fusion written back as text) get that sdpa_lse again where dead-code-elimination
+//   removed it, whatever `option` says.
 //
 //   before: %3 = set(%k) : f32[2, 4, 64, 8] @m {}                 (Shard(2) -> Replicate)
 //           %4 = set(%v) : f32[2, 4, 64, 8] @m {}

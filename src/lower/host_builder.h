@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 
 namespace meshfuse::host {
 
@@ -16,13 +16,13 @@ HostNode allocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot =
 HostNode deallocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0);
 // A communication of `kind` from `in` to `out` along `mesh_axis` (-1: between meshes) that
 // returns handle `handle`; the other fields (dims, root, peers, team) are the caller's.
-HostNode communication(CommKind kind, BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle);
+hir::Communication communication(CommKind kind, BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle);
 HostNode wait(int64_t handle);
 // A point-to-point exchange along `mesh_axis` returning handle `handle`: a ring step (`shift`
 // places ahead; behind for what arrives) or, with `mirror`, with the rank at the mirrored place.
 // `along_dim` >= 0: the blocks run along that dim (packed by the runtime), not dim 0.
-HostNode sendRecv(BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle, int64_t shift, bool mirror = false,
-                  int64_t along_dim = -1);
+hir::Communication sendRecv(BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle, int64_t shift,
+                            bool mirror = false, int64_t along_dim = -1);
 // `along_dim` >= 0: the blocks run along that dim, not dim 0 (a strided block copy).
 HostNode copy(BlockRef in, BlockRef out, bool accumulate, int64_t along_dim = -1);
 // A ring attention step: attention segment `segment` on `views` (its inputs then outputs), its

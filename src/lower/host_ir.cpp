@@ -1,5 +1,5 @@
 // Host IR printing, reports and memory accounting.
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 
 #include <algorithm>
 #include <map>
@@ -10,16 +10,6 @@
 #include "meshfuse/ir/printer.h"
 
 namespace meshfuse {
-
-const char* commKindName(CommKind k) {
-  switch (k) {
-#define MESHFUSE_X(e, s) \
-  case CommKind::e: return s;
-    MESHFUSE_COMM_KINDS(MESHFUSE_X)
-#undef MESHFUSE_X
-  }
-  return "?";
-}
 
 namespace {
 
@@ -48,6 +38,16 @@ std::string indexExpr(const std::vector<int64_t>& loop_coeffs, int64_t rank_coef
 
 }  // namespace
 
+const char* hostNodeKeyword(HostNodeKind k) {
+  switch (k) {
+#define MESHFUSE_HOST_NODE(type, keyword) \
+  case HostNodeKind::type: return keyword;
+#include "lower/host_nodes.def"
+#undef MESHFUSE_HOST_NODE
+  }
+  return "?";
+}
+
 std::string BlockRef::toString(const Fusion& f) const {
   std::string name = f.displayName(tv) + (slot > 0 ? fmt::format("~{}", slot) : "");
   if (whole()) return name;
@@ -57,16 +57,6 @@ std::string BlockRef::toString(const Fusion& f) const {
 }
 
 namespace {
-
-const char* nodeName(HostNodeKind k) {
-  switch (k) {
-#define MESHFUSE_X(e, s) \
-  case HostNodeKind::e: return s;
-    MESHFUSE_HOST_NODES(MESHFUSE_X)
-#undef MESHFUSE_X
-  }
-  return "?";
-}
 
 // "f32[?t/4, 64]": the per-rank type of a TensorView (one block of `blocks` along dim 0).
 std::string localType(const TensorView* tv, int64_t blocks = 1) {
@@ -84,7 +74,7 @@ int64_t localBytes(const TensorView* tv, const SymbolBindings& b, int64_t blocks
 
 // "#2 %act = gelu(%up)" for a one-op segment; "#2 (%a, %b) -> (%c, %d) {add, gelu, sum}" else.
 // With views, the tensors are written as the blocks the node touches.
-std::string segmentCall(const Fusion& f, const HostNode& n, const Segment& seg) {
+std::string segmentCall(const Fusion& f, const hir::SegmentCall& n, const Segment& seg) {
   std::vector<std::string> ins, outs, ops;
   for (size_t i = 0; i < seg.inputs.size(); ++i)
     ins.push_back(n.views.empty() ? f.displayName(seg.inputs[i]) : n.views[i].toString(f));
@@ -104,75 +94,91 @@ std::string refs(const Fusion& f, const std::vector<BlockRef>& blocks) {
   return fmt::format("{}", fmt::join(out, ", "));
 }
 
-bool hasNestedLoop(const HostNode& loop) {
+// A segment call, and what a ring attention step adds to it (lower_ring_attention.h).
+std::string segmentCallLine(const HostProgram& p, const hir::SegmentCall& n) {
+  const Fusion& f = *p.fusion;
+  std::string line = " " + segmentCall(f, n, p.segment(n));
+  if (n.accumulate) line += " accumulate";
+  if (!n.query_blocks.empty())
+    line += fmt::format(" rows ({}) keys ({})", refs(f, n.query_blocks), refs(f, n.key_blocks));
+  return line;
+}
+
+bool hasNestedLoop(const hir::ForLoop& loop) {
   for (const HostNode& b : loop.body)
-    if (b.kind == HostNodeKind::ForLoop) return true;
+    if (b.is<hir::ForLoop>()) return true;
   return false;
 }
 
-void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const std::string& indent, std::string& s,
-                int depth = 0) {
+std::string communicationLine(const Fusion& f, const hir::Communication& n) {
+  std::string line =
+      fmt::format(" h{} {} {} -> {}", n.handle, commKindName(n.kind), n.in.toString(f), n.out.toString(f));
+  if (n.kind == CommKind::SendRecv) {
+    if (n.shift != 0) line += fmt::format(" shift {}", n.shift);
+    if (n.mirror) line += " mirror";
+    if (n.send_to >= 0) line += fmt::format(" to rank {}", n.send_to);
+    if (n.recv_from >= 0) line += fmt::format(" from rank {}", n.recv_from);
+  }
+  if (n.mesh_axis >= 0) line += fmt::format(" axis {}", n.mesh_axis);
+  if (n.in_dim >= 0) line += fmt::format(" {} dim {}", n.kind == CommKind::SendRecv ? "along" : "from", n.in_dim);
+  if (n.out_dim >= 0) line += fmt::format(" to dim {}", n.out_dim);
+  if (n.root >= 0) line += fmt::format(" root {}", n.root);
+  if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
+  return line;
+}
+
+// What follows a node's keyword on its line (a loop's header is printed by printNodes).
+std::string nodeLine(const HostProgram& p, const HostNode& node) {
   const Fusion& f = *p.fusion;
-  for (const HostNode& n : nodes) {
-    std::string line = nodeName(n.kind);
-    switch (n.kind) {
-      case HostNodeKind::Allocate:
+  std::string line = hostNodeKeyword(node.kind());
+  auto event = [&](const hir::EventNode& e) {
+    bool wraps = false;
+    line += fmt::format(" e{}[{}]", e.event, indexExpr(e.coeffs, 0, e.offset, wraps));
+  };
+  node.visit(Overloaded{
+      [&](const hir::Allocate& n) {
         line += fmt::format(" {} : {}", BlockRef::of(n.tv, n.slot).toString(f), localType(n.tv, n.chunk_blocks));
         if (n.chunk_blocks > 1) line += fmt::format(" (one block of {})", n.chunk_blocks);
         // An in-place output takes its input's buffer (HostIrEvaluator): nothing is allocated.
         if (const TensorView* in = f.aliasedInput(n.tv); in != nullptr && n.slot == 0)
           line += fmt::format(" (in place: the buffer of {})", f.displayName(in));
-        break;
-      case HostNodeKind::Deallocate: line += " " + BlockRef::of(n.tv, n.slot).toString(f); break;
-      case HostNodeKind::LaunchKernel:
-      case HostNodeKind::Gemm:
-        line += " " + segmentCall(f, n, p.segment(n));
-        if (n.accumulate) line += " accumulate";
-        if (!n.query_blocks.empty()) line += fmt::format(" rows ({}) keys ({})", refs(f, n.query_blocks), refs(f, n.key_blocks));
-        break;
-      case HostNodeKind::Communication: {
-        line += fmt::format(" h{} {} {} -> {}", n.handle, commKindName(n.comm), n.in.toString(f), n.out.toString(f));
-        if (n.comm == CommKind::SendRecv) {
-          if (n.shift != 0) line += fmt::format(" shift {}", n.shift);
-          if (n.mirror) line += " mirror";
-          if (n.send_to >= 0) line += fmt::format(" to rank {}", n.send_to);
-          if (n.recv_from >= 0) line += fmt::format(" from rank {}", n.recv_from);
-        }
-        if (n.mesh_axis >= 0) line += fmt::format(" axis {}", n.mesh_axis);
-        if (n.in_dim >= 0) line += fmt::format(" {} dim {}", n.comm == CommKind::SendRecv ? "along" : "from", n.in_dim);
-        if (n.out_dim >= 0) line += fmt::format(" to dim {}", n.out_dim);
-        if (n.root >= 0) line += fmt::format(" root {}", n.root);
-        if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
-        break;
-      }
-      case HostNodeKind::Wait: line += fmt::format(" h{}", n.handle); break;
-      case HostNodeKind::ShardSlice:
+      },
+      [&](const hir::Deallocate& n) { line += " " + BlockRef::of(n.tv, n.slot).toString(f); },
+      [&](const hir::LaunchKernel& n) { line += segmentCallLine(p, n); },
+      [&](const hir::Gemm& n) { line += segmentCallLine(p, n); },
+      [&](const hir::Communication& n) { line += communicationLine(f, n); },
+      [&](const hir::Wait& n) { line += fmt::format(" h{}", n.handle); },
+      [&](const hir::ShardSlice& n) {
         line += fmt::format(" {} = {} dim {} axis {}", n.out.toString(f), n.in.toString(f), n.out_dim, n.mesh_axis);
-        break;
-      case HostNodeKind::Copy:
+      },
+      [&](const hir::Copy& n) {
         line = fmt::format("{} {} -> {}", n.accumulate ? "add" : "copy", n.in.toString(f), n.out.toString(f));
-        if (n.in_dim >= 0) line += fmt::format(" along dim {}", n.in_dim);
-        break;
-      case HostNodeKind::ForLoop:
-        s += fmt::format("{}for {} in [0, {}){} {{\n", indent,
-                         depth == 0 && !hasNestedLoop(n) ? "i" : fmt::format("i{}", depth), n.trip_count,
-                         n.stream_pool > 0 ? fmt::format(" on {} streams", n.stream_pool) : "");
-        printNodes(p, n.body, indent + "  ", s, depth + 1);
-        s += indent + "}\n";
-        continue;
-      case HostNodeKind::SetCurrentStream:
+        if (n.along_dim >= 0) line += fmt::format(" along dim {}", n.along_dim);
+      },
+      [&](const hir::ForLoop&) {},
+      [&](const hir::SetCurrentStream& n) {
         line += n.stream_pool > 0 ? fmt::format(" {} + i % {}", n.stream, n.stream_pool) : fmt::format(" {}", n.stream);
-        break;
-      case HostNodeKind::RecordEvent:
-      case HostNodeKind::WaitEvent:
-      case HostNodeKind::HostWaitEvent: {
-        bool wraps = false;
-        line += fmt::format(" e{}[{}]", n.event, indexExpr(n.event_coeffs, 0, n.event_offset, wraps));
-        break;
-      }
-      case HostNodeKind::Synchronize: break;
+      },
+      [&](const hir::RecordEvent& n) { event(n); },
+      [&](const hir::WaitEvent& n) { event(n); },
+      [&](const hir::HostWaitEvent& n) { event(n); },
+      [&](const hir::Synchronize&) {},
+  });
+  return line;
+}
+
+void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const std::string& indent, std::string& s,
+                int depth = 0) {
+  for (const HostNode& n : nodes) {
+    if (const hir::ForLoop* loop = n.as<hir::ForLoop>()) {
+      s += fmt::format("{}for {} in [0, {}){} {{\n", indent,
+                       depth == 0 && !hasNestedLoop(*loop) ? "i" : fmt::format("i{}", depth), loop->trip_count,
+                       loop->stream_pool > 0 ? fmt::format(" on {} streams", loop->stream_pool) : "");
+      printNodes(p, loop->body, indent + "  ", s, depth + 1);
+      s += indent + "}\n";
+      continue;
     }
-    s += indent + line + "\n";
+    s += indent + nodeLine(p, n) + "\n";
   }
 }
 
@@ -199,35 +205,35 @@ namespace {
 int64_t iterationBytes(const std::vector<HostNode>& body, const SymbolBindings& b) {
   int64_t bytes = 0;
   for (const HostNode& n : body) {
-    if (n.kind == HostNodeKind::Allocate) bytes += localBytes(n.tv, b, n.chunk_blocks);
-    if (n.kind == HostNodeKind::ForLoop) bytes += n.trip_count * iterationBytes(n.body, b);
+    if (const auto* a = n.as<hir::Allocate>()) bytes += localBytes(a->tv, b, a->chunk_blocks);
+    if (const auto* l = n.as<hir::ForLoop>()) bytes += l->trip_count * iterationBytes(l->body, b);
   }
   return bytes;
 }
 
 // How many iterations of `loop` may hold their buffers at once: the host runs ahead of the
 // streams unless the body starts by waiting for the iteration k before (host_wait e[i - k]).
-int64_t iterationsInFlight(const HostNode& loop) {
+int64_t iterationsInFlight(const hir::ForLoop& loop) {
   if (!loop.body.empty()) {
-    const HostNode& first = loop.body.front();
-    if (first.kind == HostNodeKind::HostWaitEvent && first.event_coeffs == std::vector<int64_t>{1} &&
-        first.event_offset < 0)
-      return std::min(loop.trip_count, -first.event_offset);
+    const auto* first = loop.body.front().as<hir::HostWaitEvent>();
+    if (first != nullptr && first->coeffs == std::vector<int64_t>{1} && first->offset < 0)
+      return std::min(loop.trip_count, -first->offset);
   }
   return loop.trip_count;
 }
 
+// An output that updates an input in place lives in the input's buffer: it costs nothing.
+bool inPlace(const hir::BufferNode& n) { return n.slot == 0 && n.tv->fusion()->aliasedInput(n.tv) != nullptr; }
+
 void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, int64_t& live, int64_t& peak) {
   for (const HostNode& n : nodes) {
-    // An output that updates an input in place lives in the input's buffer: it costs nothing.
-    bool buffer_node = n.kind == HostNodeKind::Allocate || n.kind == HostNodeKind::Deallocate;
-    if (buffer_node && n.slot == 0 && n.tv->fusion()->aliasedInput(n.tv) != nullptr) continue;
-    if (n.kind == HostNodeKind::Allocate) peak = std::max(peak, live += localBytes(n.tv, b, n.chunk_blocks));
-    if (n.kind == HostNodeKind::Deallocate) live -= localBytes(n.tv, b, n.chunk_blocks);
+    if (const auto* a = n.as<hir::Allocate>(); a && !inPlace(*a))
+      peak = std::max(peak, live += localBytes(a->tv, b, a->chunk_blocks));
+    if (const auto* d = n.as<hir::Deallocate>(); d && !inPlace(*d)) live -= localBytes(d->tv, b, d->chunk_blocks);
     // An iteration's buffers are freed by its body but live until its tasks ran (see
     // peakMemoryBytes): the iterations in flight hold theirs at once.
-    if (n.kind == HostNodeKind::ForLoop)
-      peak = std::max(peak, live + iterationsInFlight(n) * iterationBytes(n.body, b));
+    if (const auto* l = n.as<hir::ForLoop>())
+      peak = std::max(peak, live + iterationsInFlight(*l) * iterationBytes(l->body, b));
   }
 }
 
@@ -236,25 +242,27 @@ void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, 
 // a send/recv lists it (as the evaluator does).
 void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const BufferSizes& sizes,
              std::vector<CollectiveInfo>& out) {
-  for (const HostNode& n : nodes) {
-    if (n.kind == HostNodeKind::ForLoop) {
-      for (int64_t t = 0; t < n.trip_count; ++t) collect(p, n.body, sizes, out);
+  for (const HostNode& node : nodes) {
+    if (const auto* l = node.as<hir::ForLoop>()) {
+      for (int64_t t = 0; t < l->trip_count; ++t) collect(p, l->body, sizes, out);
       continue;
     }
-    if (n.kind != HostNodeKind::Communication) continue;
+    const auto* c = node.as<hir::Communication>();
+    if (c == nullptr) continue;
+    const hir::Communication& n = *c;
     Team team = n.team;
     int64_t bytes = 0;
-    if (n.comm == CommKind::SendRecv && p.rank >= 0) {
+    if (n.kind == CommKind::SendRecv && p.rank >= 0) {
       // The pair (sender, receiver), as specialize-for-rank resolved it: a ring step counts once
       // per rank (each sends); a stage boundary on both sides, with the bytes that cross.
       const bool sends = n.send_to >= 0;
       team = sends ? Team{p.rank, n.send_to} : Team{n.recv_from, p.rank};
       bytes = sizes.bytes(sends ? n.in : n.out);
-    } else if ((n.comm != CommKind::Broadcast && n.comm != CommKind::Scatter) || n.root == p.rank) {
+    } else if ((n.kind != CommKind::Broadcast && n.kind != CommKind::Scatter) || n.root == p.rank) {
       // What this rank contributes (a broadcast's or scatter's non-root contributes nothing).
       bytes = sizes.bytes(n.in);
     }
-    out.push_back({n.comm, n.mesh_axis, team, bytes, p.fusion->displayName(n.out.tv), p.fusion->displayName(n.in.tv),
+    out.push_back({n.kind, n.mesh_axis, team, bytes, p.fusion->displayName(n.out.tv), p.fusion->displayName(n.in.tv),
                    communicationReason(n), n.root});
   }
 }
@@ -272,7 +280,7 @@ int64_t peakMemoryBytes(const HostProgram& p, const SymbolBindings& b) {
 
 BufferSizes::BufferSizes(const HostProgram& p, const SymbolBindings& b) : bindings_(b) {
   forEachNode(p.nodes, [&](const HostNode& n) {
-    if (n.kind == HostNodeKind::Allocate && n.chunk_blocks > 1) chunk_blocks_[{n.tv, n.slot}] = n.chunk_blocks;
+    if (const auto* a = n.as<hir::Allocate>(); a && a->chunk_blocks > 1) chunk_blocks_[{a->tv, a->slot}] = a->chunk_blocks;
   });
 }
 
@@ -281,9 +289,9 @@ int64_t BufferSizes::bytes(const BlockRef& ref) const {
   return localBytes(ref.tv, bindings_, ref.blocks * (it == chunk_blocks_.end() ? 1 : it->second));
 }
 
-std::string communicationReason(const HostNode& n) {
+std::string communicationReason(const hir::Communication& n) {
   const TensorView* tv = n.out.tv;
-  if (n.comm == CommKind::SendRecv && n.mesh_axis >= 0) {
+  if (n.kind == CommKind::SendRecv && n.mesh_axis >= 0) {
     // A ring step moving the keys or values (whose ring-marked set states the ring's reason), or
     // the mirror exchange of the query (the attention's reason; the output's is its own).
     for (const Expr* u : tv->uses())
@@ -301,11 +309,12 @@ std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindin
 std::string printHostModule(const HostProgram& p) { return printFusion(*p.fusion) + p.toString(); }
 
 std::string printHostNode(const HostProgram& p, const HostNode& n) {
-  HostNode header = n;
-  header.body.clear();
-  std::string s;
-  printNodes(p, {header}, "", s);
-  return s.substr(0, s.find('\n'));
+  if (const auto* loop = n.as<hir::ForLoop>()) {
+    std::string s;
+    printNodes(p, {hir::ForLoop{loop->trip_count, {}, loop->stream_pool}}, "", s);
+    return s.substr(0, s.find('\n'));
+  }
+  return nodeLine(p, n);
 }
 
 }  // namespace meshfuse

@@ -29,8 +29,12 @@ class RingLowering {
   RingLowering(const std::vector<Segment>& segments, int64_t index, OverlapLoweringState& state)
       : seg_(segments.at(index)), index_(index), state_(state) {
     for (const Expr* e : seg_.exprs) (e->kind() == OpKind::Sdpa ? sdpa_ : lse_) = e;
-    MF_CHECK(sdpa_ != nullptr && lse_ != nullptr && seg_.exprs.size() == 2,
-             "ring attention needs its sdpa and sdpa_lse in one segment");
+    MF_CHECK(sdpa_ != nullptr && seg_.exprs.size() <= 2, "ring attention needs its sdpa and sdpa_lse in one segment");
+    // (Text written by hand may mark the sets without it; decompose-ring-attention adds it.)
+    MF_USER_CHECK(lse_ != nullptr, ErrorKind::Value,
+                  "ring attention of {}: no sdpa_lse of its query and key follows the sdpa (the log-sum-exp its "
+                  "steps merge their partial outputs by; decompose-ring-attention adds it)",
+                  sdpa_->output()->fusion()->displayName(sdpa_->output()));
     const Expr* key_set = operandOf(sdpa_, 1)->definition();
     k_ = operandOf(key_set, 0);
     v_ = operandOf(operandOf(sdpa_, 2)->definition(), 0);
@@ -41,6 +45,10 @@ class RingLowering {
       if (from.axes[a] != to.axes[a]) axis_ = static_cast<int64_t>(a);
     n_ = sdpa_->output()->mesh()->size(axis_);
     balanced_ = key_set->attr<int64_t>("chunks") == 2 * n_;
+    // The balanced query's buffer: slot 1, unless the query is itself a rotating tensor
+    // (self-attention: q, k and v one tensor), whose slots 1 and 2 hold the key blocks.
+    const TensorView* q = operandOf(sdpa_, 0);
+    if (std::find(rotating_.begin(), rotating_.end(), q) != rotating_.end()) query_slot_ = kNext + 1;
   }
 
   void lower(std::vector<HostNode>& out) {
@@ -114,7 +122,7 @@ class RingLowering {
     const TensorView *q = operandOf(sdpa_, 0), *key = operandOf(sdpa_, 1), *value = operandOf(sdpa_, 2);
     std::vector<BlockRef> views;
     for (const TensorView* in : seg_.inputs)
-      views.push_back(in == q ? BlockRef::of(q, balanced_ ? 1 : 0)
+      views.push_back(in == q ? BlockRef::of(q, balanced_ ? query_slot_ : 0)
                       : in == key ? BlockRef::of(k_, slot)
                       : in == value ? BlockRef::of(v_, slot)
                                     : BlockRef::of(in));
@@ -127,19 +135,19 @@ class RingLowering {
   }
 
   // Causal balance: this rank keeps the first half of its query rows (chunk 2r) and takes the
-  // second half of rank n - 1 - r's (chunk 2n - 1 - 2r) into q~1.
+  // second half of rank n - 1 - r's (chunk 2n - 1 - 2r) into q~1 (the query's slot).
   void balanceQuery(std::vector<HostNode>& out) {
     const TensorView* q = operandOf(sdpa_, 0);
     out.push_back(allocate(sdpa_->output(), 1, 1));
-    out.push_back(allocate(q, 1, 1));
-    swapHalves(BlockRef::of(q), BlockRef::of(q, 1), out);
+    out.push_back(allocate(q, 1, query_slot_));
+    swapHalves(BlockRef::of(q), BlockRef::of(q, query_slot_), out);
   }
   // ... and gives the output rows of those back: its own first half, rank n - 1 - r's second.
   void restoreOutput(std::vector<HostNode>& out) {
     const TensorView* o = sdpa_->output();
     swapHalves(BlockRef::of(o, 1), BlockRef::of(o), out);
     out.push_back(deallocate(o, 1, 1));
-    out.push_back(deallocate(operandOf(sdpa_, 0), 1, 1));
+    out.push_back(deallocate(operandOf(sdpa_, 0), 1, query_slot_));
   }
   // `to` = (the first half of `from`, the second half of the mirrored rank's `from`), halves of
   // the sequence dim.
@@ -165,6 +173,7 @@ class RingLowering {
   std::vector<const TensorView*> rotating_;  // k, and v when it is another tensor
   int64_t axis_ = -1, n_ = 1;
   bool balanced_ = false;
+  int64_t query_slot_ = 1;  // the balanced query's buffer (balanceQuery)
 };
 
 // The global (start, rows) of the sequence block `b` names on `rank` in the iteration `loops`.
@@ -179,7 +188,7 @@ std::pair<int64_t, int64_t> blockRows(const BlockRef& b, const std::vector<int64
 }
 
 // Adds one ring step's chunk pairs to `count`.
-void countStep(const HostProgram& p, const HostNode& n, const std::vector<int64_t>& loops, const SymbolBindings& b,
+void countStep(const HostProgram& p, const hir::SegmentCall& n, const std::vector<int64_t>& loops, const SymbolBindings& b,
                AttentionBlocks& count) {
   std::vector<std::pair<int64_t, int64_t>> queries, keys;
   for (const BlockRef& r : n.query_blocks) queries.push_back(blockRows(r, loops, p.rank, b));
@@ -200,18 +209,18 @@ void countStep(const HostProgram& p, const HostNode& n, const std::vector<int64_
 void countBlocks(const HostProgram& p, const std::vector<HostNode>& nodes, std::vector<int64_t>& loops,
                  const SymbolBindings& b, std::map<int64_t, AttentionBlocks>& out) {
   for (const HostNode& n : nodes) {
-    if (n.kind == HostNodeKind::ForLoop) {
+    if (const auto* l = n.as<hir::ForLoop>()) {
       loops.push_back(0);
-      for (int64_t i = 0; i < n.trip_count; ++i) {
+      for (int64_t i = 0; i < l->trip_count; ++i) {
         loops.back() = i;
-        countBlocks(p, n.body, loops, b, out);
+        countBlocks(p, l->body, loops, b, out);
       }
       loops.pop_back();
-    } else if (n.kind == HostNodeKind::Gemm && !n.query_blocks.empty()) {
-      AttentionBlocks& count = out[n.segment];
-      for (const Expr* e : p.segment(n).exprs)
+    } else if (const auto* g = n.as<hir::Gemm>(); g && !g->query_blocks.empty()) {
+      AttentionBlocks& count = out[g->segment];
+      for (const Expr* e : p.segment(*g).exprs)
         if (e->kind() == OpKind::Sdpa) count.tensor = p.fusion->displayName(e->output());
-      countStep(p, n, loops, b, count);
+      countStep(p, *g, loops, b, count);
     }
   }
 }

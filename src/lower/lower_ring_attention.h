@@ -39,8 +39,8 @@
 
 #include <vector>
 
+#include "lower/host_ir.h"
 #include "lower/lower_overlap.h"
-#include "meshfuse/host_ir.h"
 
 namespace meshfuse {
 

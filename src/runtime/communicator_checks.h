@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 
 namespace meshfuse {
 

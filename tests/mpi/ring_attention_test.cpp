@@ -4,7 +4,7 @@
 // Against single-device execution on 1, 2 and 4 ranks (and the 2-D hybrid with Ulysses on a 2x2
 // mesh), with the exact communications, the causal work per rank and the memory per rank.
 #include "meshfuse/ops.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 #include "mpi_test_main.h"
 
 namespace meshfuse::testing {
@@ -97,6 +97,23 @@ TEST(RingAttention, AutoTakesRingWhenTheHeadsDoNotDivide) {
   ShardedRun r = run(at, worldMesh(), {S(2)});
   expectMatchesReference(r);
   EXPECT_EQ(kinds(r.collectives), Strs(6, "send_recv"));
+}
+
+// Causal self-attention (q, k and v one tensor): the tensor rotates (in its ring slots) and is
+// the query whose half the balance exchanges with the mirror rank (in a slot of its own).
+TEST(RingAttention, CausalSelfAttentionOfOneTensor) {
+  auto f = std::make_unique<Fusion>();
+  TensorView* x = f->defineTensor({1, 2, 32, 8}, DataType::Float, "x");
+  TensorView* a = ops::sdpa(x, x, x, /*is_causal=*/true);
+  f->rename(a, "a");
+  f->addOutput(a);
+  ExecutorOptions options;
+  options.pipeline.propagation.context_parallel = ContextParallel::Ring;
+  ShardedRun r = runSharded(*f, {{worldMesh(), {S(2)}}}, {}, options);
+  expectMatchesReference(r);
+  const int64_t n = worldSize(), mirrors = n > 1 ? 1 : 0;
+  EXPECT_EQ(count(r.collectives, "%x"), n - 1 + mirrors);  // the ring's steps, and the query's half
+  EXPECT_EQ(count(r.collectives, "%a"), mirrors);
 }
 
 TEST(RingAttention, SequenceOf4096) {

@@ -1,7 +1,8 @@
 """Context parallelism of attention, derived (issue 17): q, k and v arrive sharded on the sequence
 dim and meshfuse picks the communication. Ulysses (cp="auto" where the heads divide the mesh, or
 cp="ulysses") moves them to a split of the heads by all-to-all and runs attention on whole
-sequences; cp="gather" all-gathers them. numpy is the oracle; the collectives are this rank's exact
+sequences; cp="gather" all-gathers k and v (the query keeps its rows); cp="ring" rotates k and v
+around the ring (ring attention). numpy is the oracle; the collectives are this rank's exact
 list (none on one rank)."""
 
 import numpy as np
@@ -42,15 +43,18 @@ def test_ulysses_is_three_all_to_alls_and_a_split_of_the_heads(rng, causal):
     assert all(c.bytes == block for c in plan.collectives())
 
 
-def test_gather_all_gathers_q_k_and_v(rng):
+def test_gather_all_gathers_k_and_v(rng):
+    # Each query row's attention is computed where the row is: only k and v move, and the output
+    # keeps the sequence split.
     q, k, v = (H.randn(rng, B, 4, SEQ, HD) for _ in range(3))
     outs, plan = run(attention_define(True), [q, k, v], [[Shard(2)]] * 3, cp="gather")
     H.assert_close(outs[0].full_tensor(), H.sdpa(q, k, v, True))
-    assert H.kinds(plan) == H.expect(["allgather"] * 3)
+    assert H.kinds(plan) == H.expect(["allgather"] * 2)
+    assert outs[0].placements == (Shard(2),)
 
 
 def test_unknown_cp_is_a_value_error():
-    with pytest.raises(meshfuse.ValueError, match="context parallelism 'ring2': expected auto, ulysses or gather"):
+    with pytest.raises(meshfuse.ValueError, match="context parallelism 'ring2': expected auto, ulysses, ring or gather"):
         run(attention_define(False), [np.zeros((B, 4, SEQ, HD), np.float32)] * 3, [[Replicate()]] * 3, cp="ring2")
 
 

@@ -51,8 +51,10 @@ TEST(ReshardingSteps, NestedSplitsOfOneDim) {
 TEST(ReshardingSteps, IndependentDimsAndPendingSums) {
   EXPECT_EQ(steps({S(0), S(1)}, {R, R}), (std::vector<Ps>{{S(0), R}, {R, R}}));
   EXPECT_EQ(steps({S(0), P}, {S(0), R}), (std::vector<Ps>{{S(0), R}}));
-  // An all-to-all stays one step only when no other axis splits either dim.
-  EXPECT_EQ(steps({S(0), S(1)}, {S(1), S(1)}), (std::vector<Ps>{{S(0), R}, {R, R}, {S(1), R}, {S(1), S(1)}}));
+  // An all-to-all is one step only when no other axis splits either dim: axis 1's split of dim 1
+  // is gathered first, then axis 0 moves from dim 0 to dim 1 by one all-to-all (its blocks are then
+  // the innermost split of both), and axis 1 slices dim 1 again.
+  EXPECT_EQ(steps({S(0), S(1)}, {S(1), S(1)}), (std::vector<Ps>{{S(0), R}, {S(1), R}, {S(1), S(1)}}));
   EXPECT_EQ(steps({S(0), R}, {S(1), R}), (std::vector<Ps>{{S(1), R}}));
 }
 

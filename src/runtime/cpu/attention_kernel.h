@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "meshfuse/kernel_ir.h"
-#include "meshfuse/runtime/backend.h"
+#include "codegen/kernel_ir.h"
+#include "runtime/backend.h"
 
 namespace meshfuse::cpu {
 
