@@ -22,7 +22,7 @@ namespace {
 // The fusion run on one device through the whole pipeline with the CPU backend.
 std::vector<Tensor> runOnCpu(const Fusion& f, const std::vector<Tensor>& inputs) {
   std::unique_ptr<Communicator> comm = makeSelfCommunicator();
-  MultiDeviceExecutor exec(cloneFusion(f), *comm, makeCpuBackend());
+  MultiDeviceExecutor exec(f.clone(), *comm, makeCpuBackend());
   std::vector<ShardedTensor> in;
   for (const Tensor& t : inputs) in.push_back({t, DeviceMesh({0}), {Placement::replicate()}});
   std::vector<Tensor> out;
