@@ -220,8 +220,35 @@ TEST(AutodiffRules, EveryOpHasARuleAndAGradientTest) {
   for (size_t i = 0; i < rules.size(); ++i) {
     EXPECT_EQ(rules[i].op, opInfo(allOpKinds()[i]).name);
     EXPECT_FALSE(rules[i].rule.empty());
+    // sdpa_grad (attention's gradient) is tested by every sdpa case, and refuses to be
+    // differentiated again (AttentionGradientIsNotDifferentiatedAgain).
+    if (rules[i].formula.starts_with("not differentiable")) continue;
     EXPECT_TRUE(covered().count(std::string(rules[i].op))) << "no gradient test exercises " << rules[i].op;
   }
+}
+
+TEST(Autodiff, SdpaGradientsAreSdpaGradOpsSharingTheirOperands) {
+  Fusion f;
+  TensorView* q = in(f, {1, 2, 3, 4}, "q");
+  TensorView* k = in(f, {1, 2, 5, 4}, "k");
+  f.addOutput(sdpa(q, k, in(f, {1, 2, 5, 3}, "v"), true));
+  Gradients g = differentiate(f, {0}, {0, 1});  // no dv: no op for it
+  std::string text = printFusion(*g.backward);
+  EXPECT_NE(text.find("%grad_q = sdpa_grad(%q, %k, %v, %grad_out0, wrt=\"query\", is_causal=true) : f32[1, 2, 3, 4]"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("%grad_k = sdpa_grad(%q, %k, %v, %grad_out0, wrt=\"key\", is_causal=true) : f32[1, 2, 5, 4]"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("wrt=\"value\""), std::string::npos) << text;
+}
+
+TEST(Autodiff, AttentionGradientIsNotDifferentiatedAgain) {
+  Fusion f;
+  TensorView* q = in(f, {1, 1, 3, 4}, "q");
+  f.addOutput(sdpaGrad(q, q, q, q, "query"));
+  EXPECT_EQ(userErrorMessage(ErrorKind::Unsupported, [&] { differentiate(f, {0}, {0}); }),
+            "autodiff: sdpa_grad (the gradient of attention) cannot be differentiated again");
 }
 
 TEST(Autodiff, Bf16GradientsAreBf16AndAccumulateInF32) {
