@@ -19,7 +19,7 @@ struct AttentionGradients {
 // softmax(scale q k^T (+ causal mask)) recomputed once, in f32; dV = P^T g, dS = P o (dP -
 // rowsum(dP o P)) scale with dP = g v^T, dQ = dS k, dK = dS^T q; each cast to q's dtype. Every
 // value it creates keeps q's leading [batch, heads] dims.
-AttentionGradients attentionGradients(const Expr* sdpa_grad, TensorView* q, TensorView* k, TensorView* v,
-                                      TensorView* g, bool want_q, bool want_k, bool want_v);
+AttentionGradients attentionGradients(const Expr* sdpa_grad, TensorView* q, TensorView* k, TensorView* v, TensorView* g,
+                                      bool want_q, bool want_k, bool want_v);
 
 }  // namespace meshfuse::autodiff

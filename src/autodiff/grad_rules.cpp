@@ -595,8 +595,8 @@ constexpr GradRule kRules[] = {
 
 GradRule gradRuleOf(OpKind kind) { return kRules[static_cast<size_t>(kind)]; }
 
-AttentionGradients attentionGradients(const Expr* sdpa_grad, TensorView* q, TensorView* k, TensorView* v,
-                                      TensorView* g, bool want_q, bool want_k, bool want_v) {
+AttentionGradients attentionGradients(const Expr* sdpa_grad, TensorView* q, TensorView* k, TensorView* v, TensorView* g,
+                                      bool want_q, bool want_k, bool want_v) {
   const DataType dt = q->dtype();
   TensorView *qf = f32(q), *kf = f32(k), *gf = f32(g);
   TensorView* p = attentionProbs(qf, kf, sdpa_grad->attr<bool>("is_causal"), attentionScale(sdpa_grad, q, k));

@@ -17,8 +17,8 @@ bool isSdpaGrad(const Expr* e) { return e->kind() == OpKind::SdpaGrad; }
 bool sameAttention(const Expr* a, const Expr* b) {
   for (size_t i = 0; i < 4; ++i)
     if (a->input(i) != b->input(i)) return false;
-  return a->attr<bool>("is_causal") == b->attr<bool>("is_causal") && a->attr<double>("scale") == b->attr<double>("scale") &&
-         readSharding(a->output()) == readSharding(b->output());
+  return a->attr<bool>("is_causal") == b->attr<bool>("is_causal") &&
+         a->attr<double>("scale") == b->attr<double>("scale") && readSharding(a->output()) == readSharding(b->output());
 }
 
 // Makes every reader of `old` (and the output list) read `now`, which takes over its name, its

@@ -427,13 +427,11 @@ InferredOutput normalization(const Ctx& c) {
   return {x->dtype(), c.copyDims(x)};
 }
 
-// sdpa_grad(q, k, v, grad, wrt): grad is shaped and typed like sdpa(q, k, v); the result like
-// the operand `wrt` names.
+// sdpa_grad(q, k, v, grad, wrt): grad is shaped like sdpa(q, k, v) (typed like it: checked with
+// k and v); the result is shaped and typed like the operand `wrt` names.
 InferredOutput attentionGradient(const Ctx& c, TensorView* q, TensorView* k, TensorView* v) {
   TensorView* g = c.tv(3);
   c.requireRank(g, 4, "grad [b, heads, s, e_v]");
-  MF_USER_CHECK(g->dtype() == q->dtype(), ErrorKind::Dtype, "{}: grad {} is {} but query {} is {}", c.op(), c.name(g),
-                dtypeName(g->dtype()), c.name(q), dtypeName(q->dtype()));
   auto qs = q->shape(), vs = v->shape(), gs = g->shape();
   c.requireSameExtent(qs[0], gs[0], "batch dim", q, g);
   c.requireSameExtent(qs[1], gs[1], "heads dim", q, g);
@@ -463,7 +461,9 @@ InferredOutput attention(const Ctx& c) {
   }
   TensorView* v = c.tv(2);
   c.requireRank(v, 4, "value [b, heads, s_kv, e_v]");
-  for (TensorView* t : {k, v})
+  std::vector<TensorView*> operands = {k, v};
+  if (c.kind == OpKind::SdpaGrad) operands.push_back(c.tv(3));  // the output's gradient
+  for (TensorView* t : operands)
     MF_USER_CHECK(t->dtype() == q->dtype(), ErrorKind::Dtype, "{}: {} is {} but query {} is {}", c.op(), c.name(t),
                   dtypeName(t->dtype()), c.name(q), dtypeName(q->dtype()));
   auto qs = q->shape(), ks = k->shape(), vs = v->shape();

@@ -81,7 +81,8 @@ std::unique_ptr<Fusion> attentionDenoiser() {
 TEST(CfgParallel, ComposesWithUlyssesOnA2x2Mesh) {
   if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (a 2x2 mesh: CFG x sequence)";
   const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});  // axis 0 (DIDy): the branches; axis 1 (DIDx): the sequence
-  ShardedRun run = runSharded(*attentionDenoiser(), {{mesh, {S(0), S(1)}}, {mesh, {R, R}}, {mesh, {R, R}}, {mesh, {R, R}}, {mesh, {R, R}}});
+  ShardedRun run = runSharded(*attentionDenoiser(),
+                              {{mesh, {S(0), S(1)}}, {mesh, {R, R}}, {mesh, {R, R}}, {mesh, {R, R}}, {mesh, {R, R}}});
   expectMatchesReference(run);
   expectSameCollectives(run.reported, run.collectives);
   // Ulysses inside each branch: q, k and v to a split of the heads over the sequence axis; the

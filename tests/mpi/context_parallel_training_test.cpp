@@ -58,7 +58,8 @@ std::unique_ptr<Fusion> attentionLoss() {
   std::vector<TensorView*> w;
   for (const char* name : {"wq", "wk", "wv", "wo"}) w.push_back(f->defineTensor({32, 32}, DataType::Float, name));
   auto heads = [](TensorView* t) { return ops::permute(ops::reshape(t, {2, 16, 4, 8}), {0, 2, 1, 3}); };
-  TensorView* a = ops::sdpa(heads(ops::linear(x, w[0])), heads(ops::linear(x, w[1])), heads(ops::linear(x, w[2])), true);
+  TensorView* a =
+      ops::sdpa(heads(ops::linear(x, w[0])), heads(ops::linear(x, w[1])), heads(ops::linear(x, w[2])), true);
   TensorView* out = ops::linear(ops::reshape(ops::permute(a, {0, 2, 1, 3}), {2, 16, 32}), w[3]);
   TensorView* err = ops::sub(out, y);
   f->addOutput(ops::mean(ops::mul(err, err), {0, 1, 2}));
@@ -68,8 +69,8 @@ std::unique_ptr<Fusion> attentionLoss() {
 TEST(ContextParallelTraining, AttentionLayerWithSequenceShardedTokensTrainsAsOnOneDevice) {
   std::vector<Tensor> full;
   for (size_t i = 0; i < 6; ++i)
-    full.push_back(Tensor::random(DataType::Float, i < 2 ? std::vector<int64_t>{2, 16, 32} : std::vector<int64_t>{32, 32},
-                                  20 + i));
+    full.push_back(Tensor::random(DataType::Float,
+                                  i < 2 ? std::vector<int64_t>{2, 16, 32} : std::vector<int64_t>{32, 32}, 20 + i));
   std::vector<ShardedTensor> sharded, single;
   for (size_t i = 0; i < full.size(); ++i) {
     sharded.push_back(distributeTensor(full[i], worldMesh(), {i < 2 ? S(1) : R}, worldRank()));

@@ -1,12 +1,14 @@
 // autodiff: every op's gradient against central finite differences (f64, reference executor),
 // the rule table's completeness, the save policy, placements, round-trip and errors.
+#include "meshfuse/autodiff.h"
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <set>
 
-#include "meshfuse/autodiff.h"
 #include "meshfuse/grad_check.h"
 #include "meshfuse/ir/device_mesh.h"
 #include "meshfuse/ir/parser.h"
@@ -241,6 +243,23 @@ TEST(Autodiff, SdpaGradientsAreSdpaGradOpsSharingTheirOperands) {
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("wrt=\"value\""), std::string::npos) << text;
+}
+
+TEST(Autodiff, SdpaGradChecksItsOperands) {
+  Fusion f;
+  TensorView* q = in(f, {1, 2, 3, 4}, "q");
+  TensorView* kv = in(f, {1, 2, 5, 4}, "kv");
+  TensorView* g = in(f, {1, 2, 3, 4}, "g");
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { sdpaGrad(q, kv, kv, g, "keys"); }),
+            "sdpa_grad: wrt must be \"query\", \"key\" or \"value\" but is \"keys\"");
+  EXPECT_THAT(userErrorMessage(ErrorKind::Shape, [&] { sdpaGrad(q, kv, kv, kv, "query"); }),
+              ::testing::HasSubstr("query sequence dim"));
+  EXPECT_THAT(userErrorMessage(ErrorKind::Dtype,
+                               [&] {
+                                 sdpaGrad(q, kv, kv, in(f, {1, 2, 3, 4}, "h", DataType::BFloat16), "key");
+                               }),
+              ::testing::HasSubstr("sdpa_grad: %h is bf16 but query %q is f32"));
+  EXPECT_EQ(sdpaGrad(q, kv, kv, g, "value")->dtype(), DataType::Float);
 }
 
 TEST(Autodiff, AttentionGradientIsNotDifferentiatedAgain) {
