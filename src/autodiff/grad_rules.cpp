@@ -482,7 +482,7 @@ TensorView* attentionProbs(TensorView* q, TensorView* k, bool causal, double sca
 Grads sdpa(GradContext& c, const Expr* e, TensorView* g) {
   TensorView* q = c.primal(e->input(0));
   TensorView* k = c.primal(e->input(1));
-  attentionScale(e, q, k);
+  attentionScale(e, q, k);  // refuses now what the expansion could not build
   const double scale = e->attr<double>("scale");
   Grads out(3, nullptr);
   const char* names[] = {"query", "key", "value"};
@@ -598,13 +598,14 @@ GradRule gradRuleOf(OpKind kind) { return kRules[static_cast<size_t>(kind)]; }
 AttentionGradients attentionGradients(const Expr* sdpa_grad, TensorView* q, TensorView* k, TensorView* v, TensorView* g,
                                       bool want_q, bool want_k, bool want_v) {
   const DataType dt = q->dtype();
+  const double scale = attentionScale(sdpa_grad, q, k);
   TensorView *qf = f32(q), *kf = f32(k), *gf = f32(g);
-  TensorView* p = attentionProbs(qf, kf, sdpa_grad->attr<bool>("is_causal"), attentionScale(sdpa_grad, q, k));
+  TensorView* p = attentionProbs(qf, kf, sdpa_grad->attr<bool>("is_causal"), scale);
   AttentionGradients out;
   if (want_v) out.dv = castTo(o::matmul(transposeLast(p), gf), dt);
   if (want_q || want_k) {
     TensorView* gp = o::matmul(gf, transposeLast(f32(v)));
-    TensorView* gs = o::mul(softmaxBackward(p, gp, 3), attentionScale(sdpa_grad, q, k));
+    TensorView* gs = o::mul(softmaxBackward(p, gp, 3), scale);
     if (want_q) out.dq = castTo(o::matmul(gs, kf), dt);
     if (want_k) out.dk = castTo(o::matmul(transposeLast(gs), qf), dt);
   }
