@@ -379,6 +379,17 @@ std::vector<OpCase> opCases(OpKind k) {
                  f.addOutput(ops::sdpaLse(q, kk, false, 0.3));
                  return in.values;
                }}};
+    case OpKind::SdpaGrad:  // expanded after propagation; dq, dk, dv of one attention share P
+      return {{n, [](Fusion& f, DataType dt) {
+                 Inputs in{f, dt, {}};
+                 TensorView* q = in.add({2, 2, 5, 4});
+                 TensorView* kk = in.add({2, 2, 6, 4});
+                 TensorView* v = in.add({2, 2, 6, 3});
+                 TensorView* g = in.add({2, 2, 5, 3});
+                 for (const char* wrt : {"query", "key", "value"}) f.addOutput(ops::sdpaGrad(q, kk, v, g, wrt, true));
+                 f.addOutput(ops::sdpaGrad(q, kk, v, g, "key", false, 0.3));
+                 return in.values;
+               }}};
   }
   return {};
 }
