@@ -389,6 +389,16 @@ void bindFusion(py::module_& m) {
       "fusion"_a, "outputs"_a, "wrt"_a, "layouts"_a, "save_all"_a = false,
       "(forward fusion with saves, backward fusion, backward input sources [(kind, index, why)], the policy's "
       "decisions as text): reverse-mode autodiff (docs/training.md).");
+  m.def(
+      "gradient_rules",
+      [] {
+        py::list rules;
+        for (const GradientRuleInfo& r : gradientRules())
+          rules.append(py::dict("op"_a = std::string(r.op), "rule"_a = std::string(r.rule),
+                                "formula"_a = std::string(r.formula)));
+        return rules;
+      },
+      "Every op's gradient rule, in op-table order: {op, rule ('none': no gradient), formula}.");
 }
 
 }  // namespace
