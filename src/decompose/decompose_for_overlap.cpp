@@ -104,11 +104,11 @@ struct OverlapPair {
   // the result a reduction produces (its shard, or all of it for an allreduce).
   const TensorView* chunkedRows() const { return pattern == Pattern::AllgatherGemm ? x() : y(); }
   // Rows of chunkedRows() per chunk: `s` chunks, except a ring over blocks: s / n per block.
-  int64_t unit(const std::string& algorithm, int64_t s) const {
-    return algorithm == "ring" && pattern != Pattern::GemmAllreduce ? s / devices : s;
+  int64_t unit(OverlapAlgorithm algorithm, int64_t s) const {
+    return algorithm == OverlapAlgorithm::Ring && pattern != Pattern::GemmAllreduce ? s / devices : s;
   }
-  bool fits(const std::string& algorithm, int64_t s, int64_t rows) const {
-    return (algorithm != "ring" || s % devices == 0) && rows % unit(algorithm, s) == 0;
+  bool fits(OverlapAlgorithm algorithm, int64_t s, int64_t rows) const {
+    return (algorithm != OverlapAlgorithm::Ring || s % devices == 0) && rows % unit(algorithm, s) == 0;
   }
   // "linear %up": the GEMM the gathered rows feed, or the one the reduced result comes from,
   // named by whichever of its output and the collective's output the user named.
@@ -130,7 +130,7 @@ struct OverlapPair {
 // A user-chosen chunk count that does not split the rows: one clear error, the same on every
 // rank (sizes are global), before anything runs. `schedule`: the count comes from a Stream split
 // of `p.gemm`'s output (else from the overlap option).
-[[noreturn]] void unevenChunks(const Fusion& f, const OverlapPair& p, const std::string& algorithm, int64_t s,
+[[noreturn]] void unevenChunks(const Fusion& f, const OverlapPair& p, OverlapAlgorithm algorithm, int64_t s,
                                int64_t rows, bool schedule) {
   const std::string gemm_out = f.displayName(p.gemm->output());
   const std::string origin = schedule ? fmt::format("the Stream split split(0, {}) in the schedule of {}", s, gemm_out)
@@ -138,14 +138,14 @@ struct OverlapPair {
   const std::string fix = schedule ? fmt::format("split the rows of {} into N stream chunks", gemm_out)
                                    : std::string("use --chunks=N (OverlapOptions::chunks)");
   const std::string which =
-      algorithm != "ring" ? fmt::format("N dividing {}", rows)
+      algorithm != OverlapAlgorithm::Ring ? fmt::format("N dividing {}", rows)
       : p.pattern == Pattern::GemmAllreduce
           ? fmt::format("N a multiple of the {} devices dividing {}", p.devices, rows)
           : fmt::format("N a multiple of the {} devices and N/{} dividing {}", p.devices, p.devices, rows);
   userError(ErrorKind::Value,
             "{}: {}-based overlap of its {} in {} chunks ({}) needs the {} rows of {} per rank (dim 0) to split into "
             "{} equal chunks; {} with {}: {}",
-            p.op(f), algorithm, p.collective(), s, origin, rows, f.displayName(p.rowsNamed()), p.unit(algorithm, s),
+            p.op(f), overlapAlgorithmName(algorithm), p.collective(), s, origin, rows, f.displayName(p.rowsNamed()), p.unit(algorithm, s),
             fix, which, someValid(p.devices * rows, [&](int64_t v) { return p.fits(algorithm, v, rows); }));
 }
 
@@ -210,8 +210,6 @@ void checkStreamChunkedRows(const Fusion& f, const Expr* gemm, const SymbolBindi
 }  // namespace
 
 void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolBindings& sizes) {
-  MF_USER_CHECK(options.algorithm == "none" || options.algorithm == "collective" || options.algorithm == "ring",
-                ErrorKind::Value, "overlap algorithm must be none, collective or ring but is '{}'", options.algorithm);
   MF_USER_CHECK(options.chunks >= 0, ErrorKind::Value, "overlap chunks must be >= 0 (0: one per device) but is {}",
                 options.chunks);
   MF_USER_CHECK(options.streams >= 1, ErrorKind::Value,
@@ -222,9 +220,9 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
   std::optional<int64_t> microbatches;
   for (const TensorView* in : f.inputs())
     if (std::optional<StreamSplit> s = streamSplitOf(in)) microbatches = s->chunks;
-  MF_USER_CHECK(!microbatches || options.algorithm == "none", ErrorKind::Unsupported,
+  MF_USER_CHECK(!microbatches || options.algorithm == OverlapAlgorithm::None, ErrorKind::Unsupported,
                 "overlap decomposition (--overlap={}) inside a microbatched pipeline is not supported",
-                options.algorithm);
+                overlapAlgorithmName(options.algorithm));
   checkStreamSplits(f, microbatches);
   if (microbatches) {
     checkMicrobatches(f, sizes);
@@ -242,11 +240,12 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
     if (p.devices == 1) continue;  // no communication to hide
     // The user's schedule (a Stream split of the GEMM's output rows) or the options decide.
     std::optional<StreamSplit> user = streamSplitOf(p.gemm->output());  // dim 0 (checkStreamSplits)
-    if (!user && options.algorithm == "none") continue;
-    const std::string algorithm = options.algorithm == "none" ? "collective" : options.algorithm;
+    if (!user && options.algorithm == OverlapAlgorithm::None) continue;
+    const OverlapAlgorithm algorithm =
+        options.algorithm == OverlapAlgorithm::None ? OverlapAlgorithm::Collective : options.algorithm;
     const bool chosen = user || options.chunks > 0;  // else the default: one chunk per device
     int64_t chunks = user ? user->chunks : options.chunks > 0 ? options.chunks : p.devices;
-    MF_USER_CHECK(algorithm != "ring" || chunks % p.devices == 0, ErrorKind::Value,
+    MF_USER_CHECK(algorithm != OverlapAlgorithm::Ring || chunks % p.devices == 0, ErrorKind::Value,
                   "{}: ring-based overlap needs the number of chunks ({}) to be a multiple of the {} devices on mesh "
                   "axis {}",
                   f.displayName(p.gemm->output()), chunks, p.devices, c.axis);
@@ -265,13 +264,13 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
                                         fitting, chunks, *rows)
                           : fmt::format("not overlapped: no {}-based chunk count from 2 to the default {} splits "
                                         "the {} rows of {{}} per rank",
-                                        algorithm, chunks, *rows),
+                                        overlapAlgorithmName(algorithm), chunks, *rows),
                       {p.rowsNamed()}};
       e->output()->setProvenance(Provenance::join({e->output()->provenanceNote(), note}));
       if (!overlapped) continue;
       chunks = fitting;
     }
-    f.setAttribute(e, "overlap", algorithm);
+    f.setAttribute(e, "overlap", std::string(overlapAlgorithmName(algorithm)));
     f.setAttribute(e, "chunks", chunks);
     paired.insert(p.gemm);
   }
@@ -280,7 +279,7 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
 }
 
 bool chunkingDependsOnSizes(const Fusion& f, const OverlapOptions& options) {
-  bool symbolic = false, chunked = options.algorithm != "none";
+  bool symbolic = false, chunked = options.algorithm != OverlapAlgorithm::None;
   for (const TensorView* in : f.inputs())
     for (const Extent& e : in->shape()) symbolic |= !e.isStatic();
   for (const TensorView* tv : f.tensorViews()) chunked |= streamSplitOf(tv).has_value();

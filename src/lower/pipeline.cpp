@@ -7,6 +7,7 @@
 #include "decompose/decompose_for_overlap.h"
 #include "decompose/decompose_reshardings.h"
 #include "decompose/decompose_ring_attention.h"
+#include "decompose/expand_attention_gradients.h"
 #include "decompose/expand_for_sharding.h"
 #include "decompose/layout_for_communication.h"
 #include "lower/check_aliases.h"
@@ -46,6 +47,8 @@ const std::vector<FusionPass>& fusionPasses() {
        plain(expandForSharding)},
       {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones",
        [](Fusion& f, const PipelineOptions& o) { propagateShardings(f, o.propagation); }},
+      {"expand-attention-gradients", "rewrite each placed sdpa_grad into GEMMs and a softmax backward, sharded alike",
+       plain(expandAttentionGradients), requirePropagated},
       {"decompose-reshardings", "split every op into local compute plus single-axis communications",
        plain(decomposeReshardings), requirePropagated},
       {"decompose-ring-attention",
@@ -105,7 +108,9 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   // decomposition compares each op's operand shardings with what its output's sharding needs.
   runPasses(*fusion, {"dead-code-elimination", "expand-for-sharding", "propagate-shardings"}, options);
   if (keep_stages) out.stages["propagated"] = printFusion(*fusion);
-  runPasses(*fusion, {"decompose-reshardings"}, options);
+  // expand-attention-gradients needs the sdpa_grad ops placed (as attention: batch and heads);
+  // decompose-reshardings then moves the operands of the ops it writes.
+  runPasses(*fusion, {"expand-attention-gradients", "decompose-reshardings"}, options);
   // decompose-ring-attention reads the allgathers decompose-reshardings makes, before
   // layout-for-communication would reorder them (a ring sends whole local blocks);
   // layout-for-communication needs the single-axis sets decompose-reshardings makes;

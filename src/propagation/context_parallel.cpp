@@ -1,6 +1,5 @@
-// Context parallelism: the strategy names (PropagationOptions::context_parallel, shared by the
-// CLI's --cp and Python's cp= so that neither maps them by hand) and the choice per mesh axis
-// (contract in context_parallel.h).
+// Context parallelism: the choice per mesh axis (contract in context_parallel.h; the option's
+// names are in src/ir/options.cpp).
 #include "propagation/context_parallel.h"
 
 #include <fmt/format.h>
@@ -9,19 +8,6 @@
 #include "meshfuse/ir/fusion.h"
 
 namespace meshfuse {
-
-const std::vector<std::string>& contextParallelNames() {
-  static const std::vector<std::string> names = {"auto", "ulysses", "ring", "gather"};
-  return names;
-}
-
-ContextParallel parseContextParallel(const std::string& name) {
-  if (name == "auto") return ContextParallel::Auto;
-  if (name == "ulysses") return ContextParallel::Ulysses;
-  if (name == "ring") return ContextParallel::Ring;
-  if (name == "gather") return ContextParallel::Gather;
-  userError(ErrorKind::Value, "context parallelism '{}': expected auto, ulysses, ring or gather", name);
-}
 
 namespace {
 

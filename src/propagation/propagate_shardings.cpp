@@ -197,7 +197,7 @@ class Propagator {
       // A Shard along a dim no operand dim becomes is not the op's to give (softmax's dim), nor
       // one that context parallelism did not choose (a set after the op makes it).
       if (!listed && (pin_state.kind != Placement::Shard || rule.fromOperands(as_pinned.out_logical)) &&
-          !contextParallel(e, mesh, a))
+          !contextParallel(e, rule, mesh, a))
         cands.push_back(as_pinned);
       std::optional<OutputChoice> best = choose(e, rule, mesh, a, cands, &pin_state);
       if (!best.has_value()) continue;  // a pinned pending sum the op cannot give: decomposition says why
@@ -596,7 +596,7 @@ class Propagator {
     // Attention whose keys and values arrive split along the sequence: context parallelism
     // decides (context_parallel.h) rather than the count of collectives, which would gather them
     // (n times the bytes of Ulysses, the whole sequence on every rank).
-    if (std::optional<OutputChoice> cp = contextParallel(e, mesh, a)) return {*cp};
+    if (std::optional<OutputChoice> cp = contextParallel(e, rule, mesh, a)) return {*cp};
     OutputChoice rep;
     rep.why = Provenance::literal(fmt::format("Replicate(): no cheaper sharding for {} on mesh axis {}", e->name(), a));
     add(rep);
@@ -606,8 +606,10 @@ class Propagator {
   // The candidate context parallelism gives attention `e` on axis `a` (context_parallel.h): the
   // output split by heads (Ulysses: q, k and v move there by all-to-all), or along the query's
   // sequence with k and v whole (ring attention rotates them, or they are gathered); nullopt when
-  // the keys' sequence is not split on `a`, or they are gathered for a query that is not split.
-  std::optional<OutputChoice> contextParallel(const Expr* e, const DeviceMesh& mesh, int64_t a) const {
+  // the keys' sequence is not split on `a`, or they are gathered for a query that is not split or
+  // whose rows the op's output does not keep (sdpa_grad: its rule then decides).
+  std::optional<OutputChoice> contextParallel(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
+                                              int64_t a) const {
     OperandStates operands;
     for (size_t i = 0; i < e->inputs().size(); ++i) {
       const TensorView* in = tensorAt(e, i);
@@ -618,7 +620,8 @@ class Propagator {
     if (!cp) return std::nullopt;
     constexpr int64_t kHeads = 1, kSeq = 2;
     const bool query_split = operands[0] && (*operands[0])[a] == Placement::shard(kSeq);
-    if (cp->strategy != CpStrategy::Ulysses && !query_split) return std::nullopt;
+    const bool query_rows = rule.operand_maps[0].size() > kSeq && rule.operand_maps[0][kSeq] == kSeq;
+    if (cp->strategy != CpStrategy::Ulysses && !(query_split && query_rows)) return std::nullopt;
     OutputChoice c;
     c.out_logical = cp->strategy == CpStrategy::Ulysses ? kHeads : kSeq;
     c.state = Placement::shard(dimIndexOfLogical(e->output(), c.out_logical));

@@ -21,7 +21,7 @@ TEST(Errors, MeshLargerThanTheWorld) {
   models::buildMlp(f, 16);
   std::vector<int64_t> ids(worldSize() * 2);
   std::iota(ids.begin(), ids.end(), 0);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   EXPECT_THAT(errorOf(ErrorKind::Mesh, [&] { exec.run(mlpInputs(DeviceMesh(ids), 4)); }),
               AllOf(HasSubstr(fmt::format("the world has {} ranks", worldSize())),
                     HasSubstr(fmt::format("mpirun -np {}", 2 * worldSize()))));
@@ -30,7 +30,7 @@ TEST(Errors, MeshLargerThanTheWorld) {
 TEST(Errors, WrongNumberOfPlacements) {
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in[1].placements = {S(0), R};
   EXPECT_THAT(errorOf(ErrorKind::Placement, [&] { exec.run(in); }),
@@ -40,7 +40,7 @@ TEST(Errors, WrongNumberOfPlacements) {
 TEST(Errors, WrongNumberOfInputs) {
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in.pop_back();
   EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
@@ -51,7 +51,7 @@ TEST(Errors, UnevenShardIsRejectedClearly) {
   if (worldSize() == 1) GTEST_SKIP() << "every size divides into one shard";
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({worldSize() + 1, 4}, DataType::Float, "x")));
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {1, 4}), worldMesh(), {S(0)}}};
   EXPECT_THAT(errorOf(ErrorKind::Unsupported, [&] { exec.run(in); }),
               HasSubstr(fmt::format("uneven sharding not supported: %x dim 0 has size {}", worldSize() + 1)));
@@ -63,7 +63,7 @@ TEST(Errors, UnevenShardOfASymbolicSizeIsRejectedClearly) {
   if (worldSize() == 1) GTEST_SKIP() << "every size divides into one shard";
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({-1, 4}, DataType::Float, "x")));
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   const int64_t rows = 2 * worldSize() + 1;  // torch.chunk would give rank 0 three rows
   std::vector<ShardedTensor> in = {
       {Tensor(DataType::Float, {worldRank() == 0 ? int64_t{3} : int64_t{2}, 4}), worldMesh(), {S(0)}, {rows, 4}}};
@@ -77,7 +77,7 @@ TEST(Errors, BlockThatDoesNotMatchTheGivenGlobalShape) {
   if (worldSize() == 1) GTEST_SKIP() << "one shard is the whole tensor";
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({-1, 4}, DataType::Float, "x")));
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {3, 4}), worldMesh(), {S(0)}, {2 * worldSize(), 4}}};
   EXPECT_THAT(errorOf(ErrorKind::Shape, [&] { exec.run(in); }),
               HasSubstr(fmt::format("input 0 (%x): the local tensor has shape [3, 4] but the global shape [{}, 4] in "
@@ -88,7 +88,7 @@ TEST(Errors, BlockThatDoesNotMatchTheGivenGlobalShape) {
 TEST(Errors, LocalShapeThatDoesNotMatchThePlacement) {
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in[1].local = Tensor(DataType::Float, {64, 16});  // the full weight, not this rank's shard
   if (worldSize() == 1) GTEST_SKIP() << "the full weight is the shard";
@@ -99,7 +99,7 @@ TEST(Errors, LocalShapeThatDoesNotMatchThePlacement) {
 TEST(Errors, WrongDtype) {
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in[0].local = Tensor(DataType::BFloat16, {4, 16});
   EXPECT_THAT(errorOf(ErrorKind::Dtype, [&] { exec.run(in); }),
@@ -123,7 +123,7 @@ TEST(Errors, DtypeThatDiffersOnOneRank) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   if (lastRank()) in[0].local = Tensor(DataType::BFloat16, {4, 16});
   // Every rank, the one given bf16 too, throws this before any collective (without the check the
@@ -136,7 +136,7 @@ TEST(Errors, PlacementsThatDifferOnOneRank) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   if (lastRank()) in[0] = {Tensor(DataType::Float, {4 / worldSize(), 16}), worldMesh(), {S(0)}};  // global [4, 16]
   const std::string mesh = worldMesh().toString();
@@ -148,7 +148,7 @@ TEST(Errors, MeshesThatDifferOnOneRank) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   std::vector<int64_t> reversed = worldMesh().devices();
   std::reverse(reversed.begin(), reversed.end());
@@ -162,7 +162,7 @@ TEST(Errors, GlobalShapesThatDifferOnOneRank) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), lastRank() ? 8 : 4);  // ?t = 8 on the last rank
   EXPECT_EQ(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
             disagreement("input 0 (%inp) global shape", "[8, 16]", "[4, 16]"));
@@ -175,7 +175,7 @@ TEST(Errors, EachNewSignatureIsCheckedAgain) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   exec.run(mlpInputs(worldMesh(), 4));
   exec.run(mlpInputs(worldMesh(), 4));
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 8);
@@ -194,7 +194,7 @@ TEST(Errors, TensorLargerThanMemory) {
   TensorView* a = f.defineTensor({-1, 1}, DataType::Float, "a");
   TensorView* b = f.defineTensor({1, -1}, DataType::Float, "b");
   f.addOutput(ops::relu(ops::matmul(a, b)));
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   const int64_t rows = int64_t{1} << 20, cols = int64_t{1} << 20;
   std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {rows, 1}), worldMesh(), {S(0)}},
                                    {Tensor(DataType::Float, {1, cols}), worldMesh(), {R}}};
