@@ -264,7 +264,7 @@ void bindCommunicator(py::module_& m) {
       "full"_a, "mesh"_a, "placements"_a, "rank"_a, "The block of `full` that `rank` holds (None outside the mesh).");
 }
 
-void bindPrograms(py::module_& m) {
+void bindCollectiveInfo(py::module_& m) {
   py::class_<CollectiveInfo>(m, "CollectiveInfo", "One communication of a rank's host program.")
       .def_property_readonly("kind", [](const CollectiveInfo& c) { return std::string(commKindName(c.kind)); })
       .def_readonly("mesh_axis", &CollectiveInfo::mesh_axis)
@@ -294,7 +294,9 @@ void bindPrograms(py::module_& m) {
         return fmt::format("AttentionBlocks({}, steps={}, chunk={}, attended={}, skipped={})", a.tensor, a.steps,
                            a.chunk, a.attended, a.skipped);
       });
+}
 
+void bindCompiledPrograms(py::module_& m) {
   py::class_<PyProgram>(m, "CompiledProgram", "What meshfuse compiled for one input signature.")
       .def(
           "host_ir",
@@ -372,6 +374,9 @@ void bindPrograms(py::module_& m) {
         return p.lastOf<std::vector<TraceEvent>>([](const MultiDeviceExecutor& e) { return e.lastTrace(); });
       });
 
+}
+
+void bindTraces(py::module_& m) {
   py::class_<TraceEvent>(m, "TraceEvent", "One task of a timeline: what ran, on which stream, when (us).")
       .def_readonly("name", &TraceEvent::name)
       .def_property_readonly("kind", [](const TraceEvent& e) { return std::string(taskKindName(e.kind)); })
@@ -410,6 +415,10 @@ void bindPrograms(py::module_& m) {
       },
       "events"_a, "How much of a timeline's communication time ran while compute was running.");
 
+}
+
+// The compile-option table (meshfuse/options.h), as the wrapper reads it.
+void bindCompileOptions(py::module_& m) {
   m.def(
       "compile_options",
       [] {
@@ -430,6 +439,9 @@ void bindPrograms(py::module_& m) {
       "check_compile_options", [](const py::dict& options) { (void)pipelineOptions(options); }, "options"_a,
       "Raises meshfuse.ValueError when a value is not one the option takes.");
 
+}
+
+void bindExecutor(py::module_& m) {
   py::class_<PyExecutor, std::shared_ptr<PyExecutor>>(m, "Executor")
       .def(py::init([](const Fusion& definition, const py::dict& compile_options, bool keep_stages, bool trace,
                        bool abort_on_failure, const std::string& device) {
@@ -476,7 +488,11 @@ void bindPrograms(py::module_& m) {
 
 void bindRuntime(py::module_& m) {
   bindCommunicator(m);
-  bindPrograms(m);
+  bindCollectiveInfo(m);
+  bindCompiledPrograms(m);
+  bindTraces(m);
+  bindCompileOptions(m);
+  bindExecutor(m);
 }
 
 }  // namespace meshfuse::python
