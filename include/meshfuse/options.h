@@ -10,8 +10,8 @@ namespace meshfuse {
 // How attention whose sequence dim arrives sharded is parallelized (docs/parallelisms.md
 // "Context parallelism").
 //   Auto:    Ulysses where the heads divide the mesh axis, else gather the sequence;
-//   Ulysses: Ulysses, an error where the heads do not divide (Auto is kept apart so that ring
-//            attention can join its choice);
+//   Ulysses: Ulysses, with heads the mesh does not divide split as torch.chunk splits them
+//            (Auto is kept apart so that ring attention can join its choice);
 //   Gather:  all-gather q, k and v (every rank holds the whole sequence).
 enum class ContextParallel { Auto, Ulysses, Gather };
 // "auto" | "ulysses" | "gather" (the CLI's --cp, Python's cp=); a ValueError names the others.

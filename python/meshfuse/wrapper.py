@@ -26,7 +26,7 @@ from ._agreement import check_same
 from ._locals import converter_like, empty_like_kind, require_bfloat16_support, to_cpp
 from .dtensor import DTensor, _placements_key
 from .fusion_definition import FusionDefinition
-from .mesh import check_even, check_in_world, from_cpp, global_shape, local_shape, mesh_from_cpp
+from .mesh import check_in_world, from_cpp, local_shape, mesh_from_cpp
 from . import torch_interop
 
 __all__ = ["FusionDefinitionWrapper", "Plan"]
@@ -84,8 +84,8 @@ class _Call:
             if self.torch_out:
                 torch_layout = torch_interop.TorchLayout(torch_interop.torch_mesh_for(mesh, torch_meshes),
                                                          torch_interop.placements_to_torch(ps), shape)
-            self.outputs.append((mesh, ps, shape, dtype, (local_shape(shape, mesh, ps), dtype, mesh._key, _placements_key(ps)),
-                                 torch_layout))
+            key = (local_shape(shape, mesh, ps, _world.rank()), dtype, mesh._key, _placements_key(ps), shape)
+            self.outputs.append((mesh, ps, shape, dtype, key, torch_layout))
 
 
 CHECK_INPUTS = ("first", "always", "never")
@@ -106,7 +106,7 @@ class FusionDefinitionWrapper:
         cp: context parallelism for attention (sdpa) whose q, k or v arrive sharded on the
             sequence dim: "auto" (default: Ulysses where the heads divide the mesh axis, else the
             sequence is gathered), "ulysses" (all-to-all to a split of the heads, attention on whole
-            sequences; meshfuse.UnsupportedError where the heads do not divide) or "gather"
+            sequences; heads the mesh does not divide are split unevenly, as torch.chunk) or "gather"
             (all-gather q, k and v). docs/parallelisms.md "Context parallelism".
         trace: record each call's timeline; see last_trace() and write_trace().
         check_inputs: whether the ranks first agree that they were given the same inputs (shapes,
@@ -316,8 +316,8 @@ class FusionDefinitionWrapper:
             dtype = local.dtype if inside else (tv.dtype if tv is not None else None)
             value = f"{dtype.short_name if dtype is not None else '?'}{list(shape)} {list(ps)} on mesh {mesh}"
             if inside:
-                want = local_shape(shape, mesh, ps)
-                if tuple(local.shape) != want and global_shape(want, mesh, ps) == tuple(shape):
+                want = local_shape(shape, mesh, ps, _world.rank())
+                if tuple(local.shape) != want:
                     value += f" with local shape {list(local.shape)} (not {list(want)})"
             fields.append((label, value))
         return fields
@@ -343,9 +343,6 @@ class FusionDefinitionWrapper:
             dtype = local.dtype if local is not None else _C.DataType.Float
             layouts.append((mesh, list(ps), list(shape), dtype))
         prepared = executor.prepare(layouts)  # checks the number of inputs, static sizes
-        # torch allows uneven shards; the compiler checks static sizes only, global -1 sizes here.
-        for i, (tv, (mesh, ps, shape, _)) in enumerate(zip(self.definition.inputs, layouts)):
-            check_even(shape, mesh, ps, f"input {i}", tv.name)
         call = _Call(prepared, torch_meshes)
         self._calls[key] = call
         return call

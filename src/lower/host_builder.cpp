@@ -12,16 +12,17 @@ HostNode node(HostNodeKind kind) {
 
 }  // namespace
 
-HostNode allocate(const TensorView* tv, int64_t chunk_blocks, int64_t slot) {
+HostNode allocate(const TensorView* tv, int64_t chunk_blocks, int64_t slot, int64_t row_blocks) {
   HostNode n = node(HostNodeKind::Allocate);
   n.tv = tv;
   n.chunk_blocks = chunk_blocks;
   n.slot = slot;
+  n.row_blocks = row_blocks;
   return n;
 }
 
-HostNode deallocate(const TensorView* tv, int64_t chunk_blocks, int64_t slot) {
-  HostNode n = allocate(tv, chunk_blocks, slot);
+HostNode deallocate(const TensorView* tv, int64_t chunk_blocks, int64_t slot, int64_t row_blocks) {
+  HostNode n = allocate(tv, chunk_blocks, slot, row_blocks);
   n.kind = HostNodeKind::Deallocate;
   return n;
 }
@@ -76,9 +77,10 @@ HostNode event(HostNodeKind kind, int64_t id, std::vector<int64_t> coeffs, int64
 HostNode sync() { return node(HostNodeKind::Synchronize); }
 
 BlockRef block(const TensorView* tv, int64_t blocks, std::vector<int64_t> coeffs, int64_t rank_coeff, int64_t offset,
-               int64_t mesh_axis, int64_t slot) {
+               int64_t mesh_axis, int64_t slot, int64_t sub_blocks) {
   BlockRef b = BlockRef::of(tv, slot);
   b.blocks = blocks;
+  b.sub_blocks = sub_blocks;
   b.loop_coeffs = std::move(coeffs);
   b.rank_coeff = rank_coeff;
   b.offset = offset;

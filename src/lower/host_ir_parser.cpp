@@ -172,6 +172,10 @@ class HostParser {
     }
     c.expect("of");
     b.blocks = c.integer();
+    if (c.eat("x")) {  // "of 2x4": 2 blocks of 4 sub-blocks
+      b.sub_blocks = c.integer();
+      b.blocks *= b.sub_blocks;
+    }
     c.expect("]");
     b.loop_coeffs = x.loop_coeffs;
     b.rank_coeff = x.rank_coeff;
@@ -291,8 +295,16 @@ HostNode HostParser::node(const Line& line, size_t depth) {
     if (!b.whole()) c.fail("an allocation is of a whole buffer");
     n.tv = b.tv;
     n.slot = b.slot;
-    if (std::string_view r = c.rest(); n.kind == HostNodeKind::Allocate && r.find("(one block of ") != r.npos)
+    if (std::string_view r = c.rest(); n.kind == HostNodeKind::Allocate && r.find("(one block of ") != r.npos) {
       n.chunk_blocks = std::stoll(std::string(r.substr(r.find("(one block of ") + 14)));
+    } else if (const size_t at = r.find("(chunk i of "); n.kind == HostNodeKind::Allocate && at != r.npos) {
+      // "(chunk i of 4 of each of 2 blocks)"
+      std::string_view counts = r.substr(at + 12);
+      n.chunk_blocks = std::stoll(std::string(counts));
+      const size_t each = counts.find(" of each of ");
+      if (each == counts.npos) c.fail("expected \"(chunk i of C of each of N blocks)\"");
+      n.row_blocks = std::stoll(std::string(counts.substr(each + 12)));
+    }
   } else if (head == "gemm" || head == "launch") {
     n.kind = head == "gemm" ? HostNodeKind::Gemm : HostNodeKind::LaunchKernel;
     segmentCall(c, n, depth);
