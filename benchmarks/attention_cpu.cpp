@@ -10,7 +10,7 @@
 #include <iostream>
 
 #include "kernels_common.h"
-#include "lower/kernel_lower.h"
+#include "codegen/kernel_lower.h"
 #include "meshfuse/ir/printer.h"
 #include "meshfuse/ops.h"
 

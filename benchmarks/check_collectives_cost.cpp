@@ -12,7 +12,7 @@
 #include "lower/check_collectives.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 using namespace meshfuse;
 using Clock = std::chrono::steady_clock;

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 #include "meshfuse/tensor.h"
 
 using namespace meshfuse;

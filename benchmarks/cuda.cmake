@@ -4,4 +4,4 @@ if(NOT MESHFUSE_HAVE_CUDA)  # the direct-cuBLASLt baseline needs the toolkit
   return()
 endif()
 add_executable(cuda_benchmarks ${CMAKE_CURRENT_LIST_DIR}/cuda_benchmarks.cpp)
-target_link_libraries(cuda_benchmarks PRIVATE meshfuse_core meshfuse_models CUDA::cublasLt nlohmann_json::nlohmann_json)
+target_link_libraries(cuda_benchmarks PRIVATE meshfuse_internal meshfuse_models CUDA::cublasLt nlohmann_json::nlohmann_json)

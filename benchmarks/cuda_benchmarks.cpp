@@ -33,7 +33,7 @@
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
 #include "models.h"
-#include "meshfuse/runtime/cuda.h"
+#include "runtime/cuda.h"
 
 using namespace meshfuse;
 using json = nlohmann::json;
@@ -110,7 +110,7 @@ json bandwidth(int64_t bytes) {
 }
 
 // The direct cuBLASLt call the runtime is measured against: the same problem (transposed
-// column-major, see src/runtime/cuda/gemm_plan.h), f32 accumulation, heuristic's first choice.
+// column-major, see src/codegen/cuda/gemm_plan.h), f32 accumulation, heuristic's first choice.
 struct DirectGemm {
   cublasLtHandle_t h = nullptr;
   cublasLtMatmulDesc_t op = nullptr;

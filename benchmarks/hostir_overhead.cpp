@@ -10,6 +10,8 @@
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
 #include "models.h"
+#include "lower/host_ir.h"
+#include "runtime/backend.h"
 
 using namespace meshfuse;
 
@@ -20,7 +22,7 @@ constexpr int kOps = 200;
 // Every node of a host program, loop bodies included.
 int64_t countNodes(const std::vector<HostNode>& nodes) {
   int64_t n = 0;
-  for (const HostNode& node : nodes) n += 1 + countNodes(node.body);
+  forEachNode(nodes, [&](const HostNode&) { ++n; });
   return n;
 }
 

@@ -8,7 +8,7 @@ endif()
 foreach(name pointwise gemm mlp decoder)
   add_executable(kernels_${name} ${CMAKE_CURRENT_LIST_DIR}/kernels_${name}.cpp)
   target_include_directories(kernels_${name} PRIVATE ${CBLAS_INCLUDE_DIR})
-  target_link_libraries(kernels_${name} PRIVATE meshfuse_core meshfuse_models ${BLAS_LIBRARIES})
+  target_link_libraries(kernels_${name} PRIVATE meshfuse_internal meshfuse_models ${BLAS_LIBRARIES})
   target_compile_definitions(kernels_${name} PRIVATE MESHFUSE_VENV_PYTHON="${MESHFUSE_BENCH_VENV_PYTHON}"
                              MESHFUSE_BENCH_DIR="${CMAKE_CURRENT_LIST_DIR}")
 endforeach()

@@ -21,8 +21,8 @@
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/placement.h"
-#include "meshfuse/pipeline.h"
-#include "meshfuse/runtime/backend.h"
+#include "lower/pipeline.h"
+#include "runtime/backend.h"
 
 namespace meshfuse::bench {
 

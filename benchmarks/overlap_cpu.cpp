@@ -20,7 +20,7 @@
 
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
-#include "meshfuse/runtime/host_ir_evaluator.h"
+#include "runtime/host_ir_evaluator.h"
 #include "models.h"
 
 using namespace meshfuse;

@@ -25,13 +25,14 @@
 #include <vector>
 
 #include "fuzz_target.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/ir/printer.h"
 #include "meshfuse/ops.h"
-#include "meshfuse/pipeline.h"
+#include "codegen/kernel_dump.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse::fuzz {
 namespace {

@@ -31,7 +31,8 @@
 #include <vector>
 
 #include "case_spec.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse::placement_fuzz {
 

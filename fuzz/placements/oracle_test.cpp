@@ -6,7 +6,7 @@
 
 #include "case_spec.h"
 #include "meshfuse/ir/fusion.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 #include "oracle.h"
 #include "run_case.h"
 #include "shrink.h"

@@ -9,10 +9,10 @@
 
 #include "meshfuse/error.h"
 #include "meshfuse/executor.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/reference.h"
-#include "meshfuse/runtime/host_ir_evaluator.h"
+#include "runtime/host_ir_evaluator.h"
 
 namespace meshfuse::placement_fuzz {
 namespace {

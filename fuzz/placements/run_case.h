@@ -10,7 +10,7 @@
 #include <string>
 
 #include "case_spec.h"
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 #include "oracle.h"
 
 namespace meshfuse::placement_fuzz {

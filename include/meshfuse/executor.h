@@ -26,13 +26,17 @@
 #include "meshfuse/ir/device_mesh.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
-#include "meshfuse/pipeline.h"
-#include "meshfuse/runtime/backend.h"
-#include "meshfuse/runtime/communicator.h"
-#include "meshfuse/runtime/streams.h"
+#include "meshfuse/communicator.h"
+#include "meshfuse/ir/collective.h"
+#include "meshfuse/options.h"
 #include "meshfuse/tensor.h"
+#include "meshfuse/trace.h"
 
 namespace meshfuse {
+
+class Backend;               // src/runtime/backend.h
+struct CompiledProgram;      // src/lower/pipeline.h
+struct HostProgram;          // src/lower/host_ir.h
 
 // One rank's block of a distributed tensor, with the layout that says where it belongs.
 struct ShardedTensor {
@@ -64,9 +68,11 @@ struct ExecutorOptions {
 class MultiDeviceExecutor {
  public:
   // `definition` is the single-device fusion; its inputs' placements come with each run. Any
-  // TensorView pinned with the schedule API keeps its pin. `backend` defaults to the CPU one.
-  MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Communicator& comm,
-                      std::unique_ptr<Backend> backend = nullptr, ExecutorOptions options = {});
+  // TensorView pinned with the schedule API keeps its pin. The programs run on the CPU backend.
+  MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Communicator& comm, ExecutorOptions options = {});
+  // The same on a given backend (src/driver/backends.h: makeBackend("cuda"), ...; nullptr: CPU).
+  MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Communicator& comm, std::unique_ptr<Backend> backend,
+                      ExecutorOptions options = {});
   ~MultiDeviceExecutor();
 
   // Runs this rank's program on its local blocks; returns this rank's output blocks with their
@@ -74,7 +80,8 @@ class MultiDeviceExecutor {
   // a mesh naming ranks the world lacks, a bad placement), identically on every rank.
   std::vector<ShardedTensor> run(const std::vector<ShardedTensor>& inputs);
 
-  // Compiles (or finds in the cache) the program for inputs with these layouts, without running.
+  // Compiles (or finds in the cache) the program for inputs with these layouts, without running
+  // (CompiledProgram and HostProgram are internals: src/lower/pipeline.h, src/lower/host_ir.h).
   const CompiledProgram& plan(const std::vector<ShardedTensor>& inputs);
   // This rank's host program for the given layouts.
   const HostProgram& programFor(const std::vector<ShardedTensor>& inputs);

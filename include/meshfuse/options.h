@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
+
+#include "meshfuse/ir/extent.h"
 
 namespace meshfuse {
 
@@ -31,6 +34,20 @@ struct OverlapOptions {
   std::string algorithm = "none";
   int64_t chunks = 0;   // 0: as many as devices on the collective's mesh axis
   int64_t streams = 2;  // the stream pool collective-based iterations rotate through
+};
+
+// Everything compile() (src/lower/pipeline.h) needs: the options of each pass, plus how to
+// verify, dump and time them.
+struct PipelineOptions {
+  PropagationOptions propagation;  // propagate-shardings (e.g. FSDP: gather parameters)
+  OverlapOptions overlap;          // decompose-for-overlap and the stream pool of its loops
+  // Symbolic sizes known at compile time (empty: bound at run time). Chunked loops (overlap,
+  // microbatches) are checked against them, and default chunk counts chosen to divide them.
+  SymbolBindings sizes;
+  bool verify = true;              // run the verifier after every pass
+  std::ostream* dump = nullptr;    // when set, print the IR after each pass here, each headed
+                                   // by "# ----- IR after <pass>" (readable with --split-input-file)
+  std::ostream* timing = nullptr;  // when set, print each pass's wall time here
 };
 
 }  // namespace meshfuse

@@ -14,15 +14,17 @@
 #include <mutex>
 
 #include "bindings.h"
+#include "driver/backends.h"
 #include "meshfuse/executor.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/printer.h"
-#include "meshfuse/runtime/cuda.h"
-#include "meshfuse/runtime/environment.h"
-#include "meshfuse/runtime/host_ir_evaluator.h"
-#include "meshfuse/runtime/streams.h"
+#include "runtime/cuda.h"
+#include "runtime/environment.h"
+#include "runtime/host_ir_evaluator.h"
+#include "runtime/streams.h"
 #include "tensor_conversion.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse::python {
 namespace {

@@ -6,7 +6,6 @@
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
-#include "meshfuse/pipeline.h"
 #include "propagation/sharding.h"
 #include "propagation/sharding_rule.h"
 

@@ -55,22 +55,28 @@ namespace meshfuse {
 namespace {
 
 // Whether `n` all-gathers a parameter (a fusion input a GEMM reads as its weight).
-bool gathersParameter(const Fusion& f, const HostNode& n) {
-  if (n.kind != HostNodeKind::Communication || n.comm != CommKind::Allgather || !n.in.whole() || !n.out.whole())
-    return false;
-  if (!f.isInput(n.in.tv)) return false;
-  for (const Expr* use : n.out.tv->uses())
-    if (use->info().category == OpCategory::Gemm && use->input(size_t{1}) == n.out.tv) return true;
-  return false;
+const hir::Communication* gathersParameter(const Fusion& f, const HostNode& node) {
+  const auto* n = node.as<hir::Communication>();
+  if (n == nullptr || n->kind != CommKind::Allgather || !n->in.whole() || !n->out.whole()) return nullptr;
+  if (!f.isInput(n->in.tv)) return nullptr;
+  for (const Expr* use : n->out.tv->uses())
+    if (use->info().category == OpCategory::Gemm && use->input(size_t{1}) == n->out.tv) return n;
+  return nullptr;
 }
 
-bool readsTensor(const HostProgram& p, const HostNode& n, const TensorView* tv) {
-  if (n.in.tv == tv) return true;
-  if (n.segment >= 0) {
-    const Segment& seg = p.segment(n);
-    return std::find(seg.inputs.begin(), seg.inputs.end(), tv) != seg.inputs.end();
-  }
-  return false;
+bool readsTensor(const HostProgram& p, const HostNode& node, const TensorView* tv) {
+  return node.visit([&](const auto& n) {
+    using T = std::decay_t<decltype(n)>;
+    if constexpr (std::is_base_of_v<hir::SegmentCall, T>) {
+      const Segment& seg = p.segment(n);
+      return std::find(seg.inputs.begin(), seg.inputs.end(), tv) != seg.inputs.end();
+    } else if constexpr (std::is_same_v<T, hir::Communication> || std::is_same_v<T, hir::ShardSlice> ||
+                         std::is_same_v<T, hir::Copy>) {
+      return n.in.tv == tv;
+    } else {
+      return false;
+    }
+  });
 }
 
 size_t firstReader(const HostProgram& p, const std::vector<HostNode>& nodes, const TensorView* tv, size_t from) {
@@ -86,19 +92,19 @@ HostNode hostWait(int64_t done, int64_t k) { return host::event(HostNodeKind::Ho
 // 1. (see the top): the loops of independent iterations on their stream pools.
 void placeStreamPools(std::vector<HostNode>& nodes, int64_t& events) {
   std::vector<HostNode> out;
-  for (HostNode& n : nodes) {
-    if (n.kind != HostNodeKind::ForLoop || n.stream_pool == 0) {
-      out.push_back(std::move(n));
+  for (HostNode& node : nodes) {
+    auto* n = node.as<hir::ForLoop>();
+    if (n == nullptr || n->stream_pool == 0) {
+      out.push_back(std::move(node));
       continue;
     }
     const int64_t start = events++, done = events++;
-    HostNode pool = host::onStream(1);
-    pool.stream_pool = n.stream_pool;
-    n.body.insert(n.body.begin(), {hostWait(done, n.stream_pool), pool, host::event(HostNodeKind::WaitEvent, start)});
-    n.body.push_back(host::event(HostNodeKind::RecordEvent, done, {1}));
-    n.stream_pool = 0;
+    n->body.insert(n->body.begin(), {hostWait(done, n->stream_pool), host::onStream(1, n->stream_pool),
+                                     host::event(HostNodeKind::WaitEvent, start)});
+    n->body.push_back(host::event(HostNodeKind::RecordEvent, done, {1}));
+    n->stream_pool = 0;
     out.push_back(host::event(HostNodeKind::RecordEvent, start));
-    out.push_back(std::move(n));
+    out.push_back(std::move(node));
     out.push_back(host::onStream(0));
     out.push_back(host::sync());
   }
@@ -111,12 +117,13 @@ void prefetchParameters(HostProgram& p, int64_t& events) {
   std::vector<HostNode>& nodes = p.nodes;
   int64_t previous_event = -1;  // the event of the last gathered parameter
   for (size_t c = 0; c < nodes.size(); ++c) {
-    if (!gathersParameter(f, nodes[c])) continue;
+    const hir::Communication* gather = gathersParameter(f, nodes[c]);
+    if (gather == nullptr) continue;
     // The group: allocate (just before), comm, wait (just after).
-    const TensorView* gathered = nodes[c].out.tv;
-    if (c == 0 || c + 1 >= nodes.size() || nodes[c - 1].kind != HostNodeKind::Allocate || nodes[c - 1].tv != gathered ||
-        nodes[c + 1].kind != HostNodeKind::Wait || nodes[c + 1].handle != nodes[c].handle)
-      continue;
+    const TensorView* gathered = gather->out.tv;
+    const hir::Allocate* alloc = c > 0 ? nodes[c - 1].as<hir::Allocate>() : nullptr;
+    const hir::Wait* wait = c + 1 < nodes.size() ? nodes[c + 1].as<hir::Wait>() : nullptr;
+    if (alloc == nullptr || alloc->tv != gathered || wait == nullptr || wait->handle != gather->handle) continue;
     std::vector<HostNode> group(nodes.begin() + static_cast<std::ptrdiff_t>(c - 1),
                                 nodes.begin() + static_cast<std::ptrdiff_t>(c + 2));
     nodes.erase(nodes.begin() + static_cast<std::ptrdiff_t>(c - 1), nodes.begin() + static_cast<std::ptrdiff_t>(c + 2));
@@ -127,7 +134,7 @@ void prefetchParameters(HostProgram& p, int64_t& events) {
     // so that it runs while the previous layer computes; the first one stays where it was.
     size_t at = c - 1;
     for (size_t i = 0; previous_event >= 0 && i < at; ++i)
-      if (nodes[i].kind == HostNodeKind::WaitEvent && nodes[i].event == previous_event) at = i;
+      if (const auto* w = nodes[i].as<hir::WaitEvent>(); w != nullptr && w->event == previous_event) at = i;
     nodes.insert(nodes.begin() + static_cast<std::ptrdiff_t>(at), issued.begin(), issued.end());
     size_t use = firstReader(p, nodes, gathered, at + issued.size());
     nodes.insert(nodes.begin() + static_cast<std::ptrdiff_t>(use), host::event(HostNodeKind::WaitEvent, event));
@@ -138,11 +145,18 @@ void prefetchParameters(HostProgram& p, int64_t& events) {
 
 // ---- 3. pipeline stage boundaries ------------------------------------------------------------
 
-bool stageBoundary(const HostNode& n) {
-  return n.kind == HostNodeKind::Communication && n.comm == CommKind::SendRecv && n.shift == 0 && n.mesh_axis < 0;
+const hir::Communication* stageBoundary(const HostNode& node) {
+  const auto* n = node.as<hir::Communication>();
+  return n != nullptr && n->kind == CommKind::SendRecv && n->shift == 0 && n->mesh_axis < 0 ? n : nullptr;
 }
-bool receivesOnly(const HostNode& n) { return stageBoundary(n) && n.recv_from >= 0 && n.send_to < 0; }
-bool sendsOnly(const HostNode& n) { return stageBoundary(n) && n.send_to >= 0 && n.recv_from < 0; }
+const hir::Communication* receivesOnly(const HostNode& n) {
+  const hir::Communication* s = stageBoundary(n);
+  return s != nullptr && s->recv_from >= 0 && s->send_to < 0 ? s : nullptr;
+}
+const hir::Communication* sendsOnly(const HostNode& n) {
+  const hir::Communication* s = stageBoundary(n);
+  return s != nullptr && s->send_to >= 0 && s->recv_from < 0 ? s : nullptr;
+}
 
 // Makes every whole reference to `tv` in `nodes` a reference to block `i of blocks`.
 void viewAsBlocks(std::vector<HostNode>& nodes, const TensorView* tv, int64_t blocks) {
@@ -151,44 +165,50 @@ void viewAsBlocks(std::vector<HostNode>& nodes, const TensorView* tv, int64_t bl
     b.blocks = blocks;
     b.loop_coeffs = {1};
   };
-  forEachNode(nodes, [&](HostNode& n) {
-    fix(n.in);
-    fix(n.out);
-    for (BlockRef& v : n.views) fix(v);
+  forEachNode(nodes, [&](HostNode& node) {
+    node.visit([&](auto& n) {
+      using T = std::decay_t<decltype(n)>;
+      if constexpr (std::is_base_of_v<hir::SegmentCall, T>) {
+        for (BlockRef& v : n.views) fix(v);
+      } else if constexpr (std::is_same_v<T, hir::Communication> || std::is_same_v<T, hir::ShardSlice> ||
+                           std::is_same_v<T, hir::Copy>) {
+        fix(n.in);
+        fix(n.out);
+      }
+    });
   });
 }
 
 // Rewrites one microbatch loop; `before` receives the nodes that go ahead of it, `after` those
 // that follow it.
-void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before, std::vector<HostNode>& after) {
+void pipelineLoop(hir::ForLoop& loop, int64_t& events, std::vector<HostNode>& before, std::vector<HostNode>& after) {
   const int64_t m = loop.trip_count;
   std::vector<HostNode> posts, waits, body;
   bool sends = false;
   auto waitOf = [&](size_t j, int64_t handle) {
-    MF_CHECK(
-        j + 1 < loop.body.size() && loop.body[j + 1].kind == HostNodeKind::Wait && loop.body[j + 1].handle == handle,
-        "a stage boundary's wait must follow it");
+    const hir::Wait* w = j + 1 < loop.body.size() ? loop.body[j + 1].as<hir::Wait>() : nullptr;
+    MF_CHECK(w != nullptr && w->handle == handle, "a stage boundary's wait must follow it");
     return loop.body[j + 1];
   };
   std::vector<const TensorView*> received;
   size_t last_send = 0;  // where body[] has the last send's wait, + 1
   for (size_t j = 0; j < loop.body.size(); ++j) {
     HostNode& n = loop.body[j];
-    if (receivesOnly(n)) {
+    if (const hir::Communication* recv = receivesOnly(n)) {
       const int64_t arrived = events++;
       posts.push_back(n);
-      waits.push_back(waitOf(j, n.handle));
+      waits.push_back(waitOf(j, recv->handle));
       waits.push_back(host::event(HostNodeKind::RecordEvent, arrived, {1}));
       body.push_back(host::event(HostNodeKind::WaitEvent, arrived, {1}));
-      received.push_back(n.out.tv);
+      received.push_back(recv->out.tv);
       ++j;  // (its wait went with it)
-    } else if (sendsOnly(n)) {
+    } else if (const hir::Communication* send = sendsOnly(n)) {
       const int64_t computed = events++;
       body.push_back(host::event(HostNodeKind::RecordEvent, computed, {1}));
       body.push_back(host::onStream(2));
       body.push_back(host::event(HostNodeKind::WaitEvent, computed, {1}));
       body.push_back(n);
-      body.push_back(waitOf(j, n.handle));
+      body.push_back(waitOf(j, send->handle));
       last_send = body.size();
       body.push_back(host::onStream(0));
       sends = true;
@@ -209,7 +229,9 @@ void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before
   // A received tensor becomes a buffer of every microbatch, allocated before the loop.
   for (const TensorView* tv : received) {
     std::erase_if(body, [&](const HostNode& n) {
-      return (n.kind == HostNodeKind::Allocate || n.kind == HostNodeKind::Deallocate) && n.tv == tv;
+      const auto* a = n.as<hir::Allocate>();
+      const auto* d = n.as<hir::Deallocate>();
+      return (a != nullptr && a->tv == tv) || (d != nullptr && d->tv == tv);
     });
     viewAsBlocks(body, tv, m);
     viewAsBlocks(posts, tv, m);
@@ -230,17 +252,17 @@ void pipelineLoop(HostNode& loop, int64_t& events, std::vector<HostNode>& before
 // loops allocate theirs before the loop).
 void placeMicrobatchLoops(std::vector<HostNode>& nodes, int64_t& events) {
   std::vector<HostNode> out;
-  for (HostNode& n : nodes) {
-    if (n.kind != HostNodeKind::ForLoop || n.stream_pool > 0 ||
-        std::none_of(n.body.begin(), n.body.end(),
-                     [](const HostNode& b) { return b.kind == HostNodeKind::Allocate; })) {
-      out.push_back(std::move(n));
+  for (HostNode& node : nodes) {
+    auto* n = node.as<hir::ForLoop>();
+    if (n == nullptr || n->stream_pool > 0 ||
+        std::none_of(n->body.begin(), n->body.end(), [](const HostNode& b) { return b.is<hir::Allocate>(); })) {
+      out.push_back(std::move(node));
       continue;
     }
     std::vector<HostNode> before, after;
-    pipelineLoop(n, events, before, after);
+    pipelineLoop(*n, events, before, after);
     out.insert(out.end(), before.begin(), before.end());
-    out.push_back(std::move(n));
+    out.push_back(std::move(node));
     out.insert(out.end(), after.begin(), after.end());
   }
   nodes = std::move(out);
@@ -250,7 +272,11 @@ void placeMicrobatchLoops(std::vector<HostNode>& nodes, int64_t& events) {
 
 void assignStreams(HostProgram& p) {
   int64_t events = 0;  // the next free event id
-  forEachNode(p.nodes, [&](const HostNode& n) { events = std::max(events, n.event + 1); });
+  forEachNode(p.nodes, [&](const HostNode& node) {
+    node.visit([&](const auto& n) {
+      if constexpr (std::is_base_of_v<hir::EventNode, std::decay_t<decltype(n)>>) events = std::max(events, n.event + 1);
+    });
+  });
   placeMicrobatchLoops(p.nodes, events);  // (first: it tells pool loops by their stream_pool)
   placeStreamPools(p.nodes, events);
   prefetchParameters(p, events);

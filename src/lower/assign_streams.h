@@ -2,7 +2,7 @@
 // streams; parameter all-gathers on a communication stream, prefetched one ahead of their use.
 #pragma once
 
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 
 namespace meshfuse {
 void assignStreams(HostProgram& program);

@@ -14,7 +14,7 @@
 
 #include <vector>
 
-#include "meshfuse/segment.h"
+#include "lower/segment.h"
 
 namespace meshfuse {
 

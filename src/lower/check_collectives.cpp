@@ -65,9 +65,9 @@ int64_t elementsOf(const RankWalk& w, const BlockRef& ref) {
 // member sends each other member (row i: member i's), found from its blocks along the dim it
 // scatters; the others' from the block each member contributes (allgather, gather: its input;
 // reduce-scatter, scatter: its output; the rest: the buffer, the same on every member).
-std::vector<int64_t> collectiveCounts(const RankWalk& w, const HostNode& n) {
+std::vector<int64_t> collectiveCounts(const RankWalk& w, const hir::Communication& n) {
   const std::vector<int64_t> loops = loopValues(w);
-  switch (n.comm) {
+  switch (n.kind) {
     case CommKind::Allgather:
     case CommKind::Gather: return memberElements(w.sizes, n, n.in, loops);
     case CommKind::ReduceScatter:
@@ -91,33 +91,35 @@ std::vector<int64_t> collectiveCounts(const RankWalk& w, const HostNode& n) {
 }
 
 void walk(RankWalk& w, const std::vector<HostNode>& nodes) {
-  for (const HostNode& n : nodes) {
-    if (n.kind == HostNodeKind::ForLoop) {
-      w.loops.push_back({0, n.trip_count});
-      for (int64_t i = 0; i < n.trip_count; ++i) {
+  for (const HostNode& node : nodes) {
+    if (const auto* l = node.as<hir::ForLoop>()) {
+      w.loops.push_back({0, l->trip_count});
+      for (int64_t i = 0; i < l->trip_count; ++i) {
         w.loops.back().first = i;
-        walk(w, n.body);
+        walk(w, l->body);
       }
       w.loops.pop_back();
       continue;
     }
-    if (n.kind == HostNodeKind::Wait) {
-      auto it = w.handles.find({n.handle, iterationOf(w)});
+    if (const auto* wait = node.as<hir::Wait>()) {
+      auto it = w.handles.find({wait->handle, iterationOf(w)});
       if (it == w.handles.end())
         fail({&w.program}, fmt::format("rank {}'s {} waits for handle h{}, which it has not issued", w.program.rank,
-                                       whereOf(w, n), n.handle));
-      w.steps.push_back({true, it->second, whereOf(w, n)});
+                                       whereOf(w, node), wait->handle));
+      w.steps.push_back({true, it->second, whereOf(w, node)});
       w.handles.erase(it);
       continue;
     }
-    if (n.kind != HostNodeKind::Communication) continue;
+    const auto* comm = node.as<hir::Communication>();
+    if (comm == nullptr) continue;
+    const hir::Communication& n = *comm;
     const int64_t me = w.program.rank;
     PlannedCommunication c;
     c.rank = me;
     c.node = &n;
-    c.where = whereOf(w, n);
+    c.where = whereOf(w, node);
     c.issue_index = static_cast<int64_t>(w.ops.size());
-    if (n.comm == CommKind::SendRecv) {
+    if (n.kind == CommKind::SendRecv) {
       c.tag = n.handle * 1024 + iterationOf(w) % 1024;  // as HostIrEvaluator::sendRecv tags it
       if (!(n.send_to == me && n.recv_from == me)) {     // both stages on this rank: a local copy
         c.send_to = n.send_to;
@@ -136,11 +138,11 @@ void walk(RankWalk& w, const std::vector<HostNode>& nodes) {
 }
 
 std::string collectiveSummary(const PlannedCommunication& c) {
-  const HostNode& n = *c.node;
+  const hir::Communication& n = *c.node;
   const bool one = c.counts.size() == 1;
-  std::string s = fmt::format("{} of {}{}{} {}", commKindName(n.comm), one ? "" : "[", fmt::join(c.counts, ", "),
+  std::string s = fmt::format("{} of {}{}{} {}", commKindName(n.kind), one ? "" : "[", fmt::join(c.counts, ", "),
                               one ? "" : "]", dtypeName(n.in.tv->dtype()));
-  if (n.comm == CommKind::Allreduce || n.comm == CommKind::ReduceScatter || n.comm == CommKind::Reduce)
+  if (n.kind == CommKind::Allreduce || n.kind == CommKind::ReduceScatter || n.kind == CommKind::Reduce)
     s += n.reduce_op == ReduceOp::Max ? ", max" : ", sum";
   if (n.root >= 0) s += fmt::format(", root {}", n.root);
   return s;
@@ -153,7 +155,7 @@ void matchCollectives(std::map<int64_t, RankWalk>& walks, std::map<Key, std::vec
   std::map<Team, std::map<int64_t, std::vector<int64_t>>> sequences;  // team -> rank -> ops
   for (const auto& [rank, w] : walks)
     for (const PlannedCommunication& c : w.ops)
-      if (c.node->comm != CommKind::SendRecv) sequences[c.team][rank].push_back(c.issue_index);
+      if (c.node->kind != CommKind::SendRecv) sequences[c.team][rank].push_back(c.issue_index);
   for (const auto& [team, per_rank] : sequences) {
     const std::string t = fmt::format("team [{}]", fmt::join(team, ", "));
     for (int64_t member : team)
@@ -178,8 +180,8 @@ void matchCollectives(std::map<int64_t, RankWalk>& walks, std::map<Key, std::vec
         const PlannedCommunication& x = a.ops[a_ops[k]];
         const PlannedCommunication& y = b.ops[b_ops[k]];
         auto sig = [](const PlannedCommunication& c) {
-          const HostNode& n = *c.node;
-          return std::make_tuple(n.comm, c.counts, n.in.tv->dtype(), n.reduce_op, n.root);
+          const hir::Communication& n = *c.node;
+          return std::make_tuple(n.kind, c.counts, n.in.tv->dtype(), n.reduce_op, n.root);
         };
         if (sig(x) != sig(y))
           fail({&a.program, &b.program},

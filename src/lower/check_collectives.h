@@ -32,15 +32,15 @@
 #include <string>
 #include <vector>
 
-#include "meshfuse/host_ir.h"
-#include "meshfuse/pipeline.h"
+#include "lower/host_ir.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse {
 
 // One communication one rank issues (a loop's node once per iteration).
 struct PlannedCommunication {
   int64_t rank = -1;
-  const HostNode* node = nullptr;  // during the check only (the plan outlives the programs)
+  const hir::Communication* node = nullptr;  // during the check only (the plan outlives the programs)
   std::string where;             // the node as printed, with the iteration inside loops
   int64_t issue_index = -1;      // position among this rank's communications, in issue order
   int64_t team_position = -1;    // collectives: position in this rank's sequence on `team`

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 
 namespace meshfuse::host {
 
@@ -17,7 +17,7 @@ HostNode allocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot =
 HostNode deallocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0, int64_t row_blocks = 1);
 // A communication of `kind` from `in` to `out` along `mesh_axis` (-1: between meshes) that
 // returns handle `handle`; the other fields (dims, root, peers, team) are the caller's.
-HostNode communication(CommKind kind, BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle);
+hir::Communication communication(CommKind kind, BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle);
 HostNode wait(int64_t handle);
 HostNode copy(BlockRef in, BlockRef out, bool accumulate);
 // A loop of `trips` iterations; `stream_pool` > 0: its iterations are independent and

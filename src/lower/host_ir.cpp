@@ -1,5 +1,5 @@
 // Host IR printing, reports and memory accounting.
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 
 #include <algorithm>
 #include <map>
@@ -9,16 +9,6 @@
 #include "meshfuse/ir/printer.h"
 
 namespace meshfuse {
-
-const char* commKindName(CommKind k) {
-  switch (k) {
-#define MESHFUSE_X(e, s) \
-  case CommKind::e: return s;
-    MESHFUSE_COMM_KINDS(MESHFUSE_X)
-#undef MESHFUSE_X
-  }
-  return "?";
-}
 
 namespace {
 
@@ -47,6 +37,16 @@ std::string indexExpr(const std::vector<int64_t>& loop_coeffs, int64_t rank_coef
 
 }  // namespace
 
+const char* hostNodeKeyword(HostNodeKind k) {
+  switch (k) {
+#define MESHFUSE_HOST_NODE(type, keyword) \
+  case HostNodeKind::type: return keyword;
+#include "lower/host_nodes.def"
+#undef MESHFUSE_HOST_NODE
+  }
+  return "?";
+}
+
 std::string BlockRef::toString(const Fusion& f) const {
   std::string name = f.displayName(tv) + (slot > 0 ? fmt::format("~{}", slot) : "");
   if (whole()) return name;
@@ -57,16 +57,6 @@ std::string BlockRef::toString(const Fusion& f) const {
 }
 
 namespace {
-
-const char* nodeName(HostNodeKind k) {
-  switch (k) {
-#define MESHFUSE_X(e, s) \
-  case HostNodeKind::e: return s;
-    MESHFUSE_HOST_NODES(MESHFUSE_X)
-#undef MESHFUSE_X
-  }
-  return "?";
-}
 
 // "f32[?t/4, 64]": the per-rank type of a TensorView (one block of `blocks` along dim 0: its
 // leading ranks' size).
@@ -79,7 +69,7 @@ std::string localType(const TensorView* tv, int64_t blocks = 1) {
 
 // "#2 %act = gelu(%up)" for a one-op segment; "#2 (%a, %b) -> (%c, %d) {add, gelu, sum}" else.
 // With views, the tensors are written as the blocks the node touches.
-std::string segmentCall(const Fusion& f, const HostNode& n, const Segment& seg) {
+std::string segmentCall(const Fusion& f, const hir::SegmentCall& n, const Segment& seg) {
   std::vector<std::string> ins, outs, ops;
   for (size_t i = 0; i < seg.inputs.size(); ++i)
     ins.push_back(n.views.empty() ? f.displayName(seg.inputs[i]) : n.views[i].toString(f));
@@ -92,19 +82,38 @@ std::string segmentCall(const Fusion& f, const HostNode& n, const Segment& seg) 
                      fmt::join(ops, ", "));
 }
 
-bool hasNestedLoop(const HostNode& loop) {
+bool hasNestedLoop(const hir::ForLoop& loop) {
   for (const HostNode& b : loop.body)
-    if (b.kind == HostNodeKind::ForLoop) return true;
+    if (b.is<hir::ForLoop>()) return true;
   return false;
 }
 
-void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const std::string& indent, std::string& s,
-                int depth = 0) {
+std::string communicationLine(const Fusion& f, const hir::Communication& n) {
+  std::string line =
+      fmt::format(" h{} {} {} -> {}", n.handle, commKindName(n.kind), n.in.toString(f), n.out.toString(f));
+  if (n.kind == CommKind::SendRecv) {
+    if (n.shift != 0) line += fmt::format(" shift {}", n.shift);
+    if (n.send_to >= 0) line += fmt::format(" to rank {}", n.send_to);
+    if (n.recv_from >= 0) line += fmt::format(" from rank {}", n.recv_from);
+  }
+  if (n.mesh_axis >= 0) line += fmt::format(" axis {}", n.mesh_axis);
+  if (n.in_dim >= 0) line += fmt::format(" from dim {}", n.in_dim);
+  if (n.out_dim >= 0) line += fmt::format(" to dim {}", n.out_dim);
+  if (n.root >= 0) line += fmt::format(" root {}", n.root);
+  if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
+  return line;
+}
+
+// What follows a node's keyword on its line (a loop's header is printed by printNodes).
+std::string nodeLine(const HostProgram& p, const HostNode& node) {
   const Fusion& f = *p.fusion;
-  for (const HostNode& n : nodes) {
-    std::string line = nodeName(n.kind);
-    switch (n.kind) {
-      case HostNodeKind::Allocate:
+  std::string line = hostNodeKeyword(node.kind());
+  auto event = [&](const hir::EventNode& e) {
+    bool wraps = false;
+    line += fmt::format(" e{}[{}]", e.event, indexExpr(e.coeffs, 0, e.offset, wraps));
+  };
+  node.visit(Overloaded{
+      [&](const hir::Allocate& n) {
         line += fmt::format(" {} : {}", BlockRef::of(n.tv, n.slot).toString(f), localType(n.tv, n.chunk_blocks));
         if (n.chunk_blocks > 1 && n.row_blocks > 1)
           line += fmt::format(" (chunk i of {} of each of {} blocks)", n.chunk_blocks, n.row_blocks);
@@ -113,51 +122,42 @@ void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const 
         // An in-place output takes its input's buffer (HostIrEvaluator): nothing is allocated.
         if (const TensorView* in = f.aliasedInput(n.tv); in != nullptr && n.slot == 0)
           line += fmt::format(" (in place: the buffer of {})", f.displayName(in));
-        break;
-      case HostNodeKind::Deallocate: line += " " + BlockRef::of(n.tv, n.slot).toString(f); break;
-      case HostNodeKind::LaunchKernel:
-      case HostNodeKind::Gemm: line += " " + segmentCall(f, n, p.segment(n)); break;
-      case HostNodeKind::Communication: {
-        line += fmt::format(" h{} {} {} -> {}", n.handle, commKindName(n.comm), n.in.toString(f), n.out.toString(f));
-        if (n.comm == CommKind::SendRecv) {
-          if (n.shift != 0) line += fmt::format(" shift {}", n.shift);
-          if (n.send_to >= 0) line += fmt::format(" to rank {}", n.send_to);
-          if (n.recv_from >= 0) line += fmt::format(" from rank {}", n.recv_from);
-        }
-        if (n.mesh_axis >= 0) line += fmt::format(" axis {}", n.mesh_axis);
-        if (n.in_dim >= 0) line += fmt::format(" from dim {}", n.in_dim);
-        if (n.out_dim >= 0) line += fmt::format(" to dim {}", n.out_dim);
-        if (n.root >= 0) line += fmt::format(" root {}", n.root);
-        if (!n.team.empty()) line += fmt::format(" team [{}]", fmt::join(n.team, ", "));
-        break;
-      }
-      case HostNodeKind::Wait: line += fmt::format(" h{}", n.handle); break;
-      case HostNodeKind::ShardSlice:
+      },
+      [&](const hir::Deallocate& n) { line += " " + BlockRef::of(n.tv, n.slot).toString(f); },
+      [&](const hir::LaunchKernel& n) { line += " " + segmentCall(f, n, p.segment(n)); },
+      [&](const hir::Gemm& n) { line += " " + segmentCall(f, n, p.segment(n)); },
+      [&](const hir::Communication& n) { line += communicationLine(f, n); },
+      [&](const hir::Wait& n) { line += fmt::format(" h{}", n.handle); },
+      [&](const hir::ShardSlice& n) {
         line += fmt::format(" {} = {} dim {} axis {}", n.out.toString(f), n.in.toString(f), n.out_dim, n.mesh_axis);
-        break;
-      case HostNodeKind::Copy:
+      },
+      [&](const hir::Copy& n) {
         line = fmt::format("{} {} -> {}", n.accumulate ? "add" : "copy", n.in.toString(f), n.out.toString(f));
-        break;
-      case HostNodeKind::ForLoop:
-        s += fmt::format("{}for {} in [0, {}){} {{\n", indent,
-                         depth == 0 && !hasNestedLoop(n) ? "i" : fmt::format("i{}", depth), n.trip_count,
-                         n.stream_pool > 0 ? fmt::format(" on {} streams", n.stream_pool) : "");
-        printNodes(p, n.body, indent + "  ", s, depth + 1);
-        s += indent + "}\n";
-        continue;
-      case HostNodeKind::SetCurrentStream:
+      },
+      [&](const hir::ForLoop&) {},
+      [&](const hir::SetCurrentStream& n) {
         line += n.stream_pool > 0 ? fmt::format(" {} + i % {}", n.stream, n.stream_pool) : fmt::format(" {}", n.stream);
-        break;
-      case HostNodeKind::RecordEvent:
-      case HostNodeKind::WaitEvent:
-      case HostNodeKind::HostWaitEvent: {
-        bool wraps = false;
-        line += fmt::format(" e{}[{}]", n.event, indexExpr(n.event_coeffs, 0, n.event_offset, wraps));
-        break;
-      }
-      case HostNodeKind::Synchronize: break;
+      },
+      [&](const hir::RecordEvent& n) { event(n); },
+      [&](const hir::WaitEvent& n) { event(n); },
+      [&](const hir::HostWaitEvent& n) { event(n); },
+      [&](const hir::Synchronize&) {},
+  });
+  return line;
+}
+
+void printNodes(const HostProgram& p, const std::vector<HostNode>& nodes, const std::string& indent, std::string& s,
+                int depth = 0) {
+  for (const HostNode& n : nodes) {
+    if (const hir::ForLoop* loop = n.as<hir::ForLoop>()) {
+      s += fmt::format("{}for {} in [0, {}){} {{\n", indent,
+                       depth == 0 && !hasNestedLoop(*loop) ? "i" : fmt::format("i{}", depth), loop->trip_count,
+                       loop->stream_pool > 0 ? fmt::format(" on {} streams", loop->stream_pool) : "");
+      printNodes(p, loop->body, indent + "  ", s, depth + 1);
+      s += indent + "}\n";
+      continue;
     }
-    s += indent + line + "\n";
+    s += indent + nodeLine(p, n) + "\n";
   }
 }
 
@@ -185,54 +185,54 @@ namespace {
 int64_t iterationBytes(const std::vector<HostNode>& body, const BufferSizes& sizes, int64_t rank) {
   int64_t bytes = 0;
   for (const HostNode& n : body) {
-    if (n.kind == HostNodeKind::Allocate) bytes += sizes.allocationBytes(n, rank);
-    if (n.kind == HostNodeKind::ForLoop) bytes += n.trip_count * iterationBytes(n.body, sizes, rank);
+    if (const auto* a = n.as<hir::Allocate>()) bytes += sizes.allocationBytes(*a, rank);
+    if (const auto* l = n.as<hir::ForLoop>()) bytes += l->trip_count * iterationBytes(l->body, sizes, rank);
   }
   return bytes;
 }
 
 // How many iterations of `loop` may hold their buffers at once: the host runs ahead of the
 // streams unless the body starts by waiting for the iteration k before (host_wait e[i - k]).
-int64_t iterationsInFlight(const HostNode& loop) {
+int64_t iterationsInFlight(const hir::ForLoop& loop) {
   if (!loop.body.empty()) {
-    const HostNode& first = loop.body.front();
-    if (first.kind == HostNodeKind::HostWaitEvent && first.event_coeffs == std::vector<int64_t>{1} &&
-        first.event_offset < 0)
-      return std::min(loop.trip_count, -first.event_offset);
+    const auto* first = loop.body.front().as<hir::HostWaitEvent>();
+    if (first != nullptr && first->coeffs == std::vector<int64_t>{1} && first->offset < 0)
+      return std::min(loop.trip_count, -first->offset);
   }
   return loop.trip_count;
 }
 
+// An output that updates an input in place lives in the input's buffer: it costs nothing.
+bool inPlace(const hir::BufferNode& n) { return n.slot == 0 && n.tv->fusion()->aliasedInput(n.tv) != nullptr; }
+
 void accountMemory(const std::vector<HostNode>& nodes, const BufferSizes& sizes, int64_t rank, int64_t& live,
                    int64_t& peak) {
   for (const HostNode& n : nodes) {
-    // An output that updates an input in place lives in the input's buffer: it costs nothing.
-    bool buffer_node = n.kind == HostNodeKind::Allocate || n.kind == HostNodeKind::Deallocate;
-    if (buffer_node && n.slot == 0 && n.tv->fusion()->aliasedInput(n.tv) != nullptr) continue;
-    if (n.kind == HostNodeKind::Allocate) peak = std::max(peak, live += sizes.allocationBytes(n, rank));
-    if (n.kind == HostNodeKind::Deallocate) live -= sizes.allocationBytes(n, rank);
+    if (const auto* a = n.as<hir::Allocate>(); a && !inPlace(*a))
+      peak = std::max(peak, live += sizes.allocationBytes(*a, rank));
+    if (const auto* d = n.as<hir::Deallocate>(); d && !inPlace(*d)) live -= sizes.allocationBytes(*d, rank);
     // An iteration's buffers are freed by its body but live until its tasks ran (see
     // peakMemoryBytes): the iterations in flight hold theirs at once.
-    if (n.kind == HostNodeKind::ForLoop)
-      peak = std::max(peak, live + iterationsInFlight(n) * iterationBytes(n.body, sizes, rank));
+    if (const auto* l = n.as<hir::ForLoop>())
+      peak = std::max(peak, live + iterationsInFlight(*l) * iterationBytes(l->body, sizes, rank));
   }
 }
 
 }  // namespace
 
-std::vector<int64_t> memberElements(const BufferSizes& sizes, const HostNode& n, const BlockRef& ref,
+std::vector<int64_t> memberElements(const BufferSizes& sizes, const hir::Communication& n, const BlockRef& ref,
                                     const std::vector<int64_t>& loops) {
   std::vector<int64_t> out;
   for (int64_t member : n.team) out.push_back(sizes.elements(ref, member, loops));
   return out;
 }
 
-int64_t paddedBytes(const BufferSizes& sizes, const HostNode& n, const std::vector<int64_t>& loops) {
-  if ((n.comm != CommKind::Allgather && n.comm != CommKind::ReduceScatter) || n.team.empty()) return 0;
-  std::vector<int64_t> counts = memberElements(sizes, n, n.comm == CommKind::Allgather ? n.in : n.out, loops);
+int64_t paddedBytes(const BufferSizes& sizes, const hir::Communication& n, const std::vector<int64_t>& loops) {
+  if ((n.kind != CommKind::Allgather && n.kind != CommKind::ReduceScatter) || n.team.empty()) return 0;
+  std::vector<int64_t> counts = memberElements(sizes, n, n.kind == CommKind::Allgather ? n.in : n.out, loops);
   const int64_t largest = *std::max_element(counts.begin(), counts.end());
   if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == largest; })) return 0;
-  const int64_t blocks = n.comm == CommKind::Allgather ? 1 : static_cast<int64_t>(counts.size());
+  const int64_t blocks = n.kind == CommKind::Allgather ? 1 : static_cast<int64_t>(counts.size());
   return blocks * largest * dtypeSize(n.in.tv->dtype());
 }
 
@@ -243,30 +243,32 @@ namespace {
 // a send/recv lists it (as the evaluator does).
 void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const BufferSizes& sizes,
              std::vector<int64_t>& loops, std::vector<CollectiveInfo>& out) {
-  for (const HostNode& n : nodes) {
-    if (n.kind == HostNodeKind::ForLoop) {
+  for (const HostNode& node : nodes) {
+    if (const auto* l = node.as<hir::ForLoop>()) {
       loops.push_back(0);
-      for (int64_t t = 0; t < n.trip_count; ++t) {
+      for (int64_t t = 0; t < l->trip_count; ++t) {
         loops.back() = t;
-        collect(p, n.body, sizes, loops, out);
+        collect(p, l->body, sizes, loops, out);
       }
       loops.pop_back();
       continue;
     }
-    if (n.kind != HostNodeKind::Communication) continue;
+    const auto* c = node.as<hir::Communication>();
+    if (c == nullptr) continue;
+    const hir::Communication& n = *c;
     Team team = n.team;
     int64_t bytes = 0;
-    if (n.comm == CommKind::SendRecv && p.rank >= 0) {
+    if (n.kind == CommKind::SendRecv && p.rank >= 0) {
       // The pair (sender, receiver), as specialize-for-rank resolved it: a ring step counts once
       // per rank (each sends); a stage boundary on both sides, with the bytes that cross.
       const bool sends = n.send_to >= 0;
       team = sends ? Team{p.rank, n.send_to} : Team{n.recv_from, p.rank};
       bytes = sizes.bytes(sends ? n.in : n.out, p.rank, loops);
-    } else if ((n.comm != CommKind::Broadcast && n.comm != CommKind::Scatter) || n.root == p.rank) {
+    } else if ((n.kind != CommKind::Broadcast && n.kind != CommKind::Scatter) || n.root == p.rank) {
       // What this rank contributes (a broadcast's or scatter's non-root contributes nothing).
       bytes = sizes.bytes(n.in, p.rank, loops);
     }
-    CollectiveInfo c{n.comm,
+    CollectiveInfo c{n.kind,
                      n.mesh_axis,
                      team,
                      bytes,
@@ -294,10 +296,11 @@ int64_t peakMemoryBytes(const HostProgram& p, const SymbolBindings& b) {
 
 BufferSizes::BufferSizes(const HostProgram& p, const SymbolBindings& b) : bindings_(b) {
   forEachNode(p.nodes, [&](const HostNode& n) {
-    if (n.kind != HostNodeKind::Allocate || n.chunk_blocks <= 1) return;
-    auto [it, fresh] = chunked_.emplace(std::make_pair(n.tv, n.slot), Chunking{n.chunk_blocks, n.row_blocks});
-    MF_CHECK(fresh || (it->second.chunk_blocks == n.chunk_blocks && it->second.row_blocks == n.row_blocks),
-             "{} is allocated per iteration in two ways", BlockRef::of(n.tv, n.slot).toString(*p.fusion));
+    const auto* a = n.as<hir::Allocate>();
+    if (a == nullptr || a->chunk_blocks <= 1) return;
+    auto [it, fresh] = chunked_.emplace(std::make_pair(a->tv, a->slot), Chunking{a->chunk_blocks, a->row_blocks});
+    MF_CHECK(fresh || (it->second.chunk_blocks == a->chunk_blocks && it->second.row_blocks == a->row_blocks),
+             "{} is allocated per iteration in two ways", BlockRef::of(a->tv, a->slot).toString(*p.fusion));
   });
 }
 
@@ -373,7 +376,7 @@ int64_t BufferSizes::bytes(const BlockRef& ref, int64_t rank, const std::vector<
   return elements(ref, rank, loops) * dtypeSize(ref.tv->dtype());
 }
 
-int64_t BufferSizes::allocationBytes(const HostNode& allocate, int64_t rank) const {
+int64_t BufferSizes::allocationBytes(const hir::BufferNode& allocate, int64_t rank) const {
   return numel(bufferShape(allocate.tv, allocate.slot, rank, {})) * dtypeSize(allocate.tv->dtype());
 }
 
@@ -387,11 +390,12 @@ std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindin
 std::string printHostModule(const HostProgram& p) { return printFusion(*p.fusion) + p.toString(); }
 
 std::string printHostNode(const HostProgram& p, const HostNode& n) {
-  HostNode header = n;
-  header.body.clear();
-  std::string s;
-  printNodes(p, {header}, "", s);
-  return s.substr(0, s.find('\n'));
+  if (const auto* loop = n.as<hir::ForLoop>()) {
+    std::string s;
+    printNodes(p, {hir::ForLoop{loop->trip_count, {}, loop->stream_pool}}, "", s);
+    return s.substr(0, s.find('\n'));
+  }
+  return nodeLine(p, n);
 }
 
 }  // namespace meshfuse

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 
 #include "lower/lower_segment.h"
 #include "meshfuse/error.h"
@@ -184,18 +185,20 @@ class HostParser {
     return b;
   }
 
-  void event(Cursor& c, HostNode& n, size_t depth) {
+  hir::EventNode event(Cursor& c, size_t depth) {
+    hir::EventNode n;
     c.expect("e");
     n.event = c.integer();
     c.expect("[");
     Index x = parseIndex(c, depth);
     if (x.rank_coeff != 0) c.fail("an event index cannot use the rank index r");
-    n.event_coeffs = x.loop_coeffs;
-    n.event_offset = x.offset;
+    n.coeffs = x.loop_coeffs;
+    n.offset = x.offset;
     c.expect("]");
+    return n;
   }
 
-  void segmentCall(Cursor& c, HostNode& n, size_t depth) {
+  void segmentCall(Cursor& c, hir::SegmentCall& n, size_t depth) {
     c.expect("#");
     n.segment = c.integer();
     if (n.segment < 0 || n.segment >= static_cast<int64_t>(p_.segments->size()))
@@ -224,14 +227,15 @@ class HostParser {
     c.rest();  // "{ops}": checked by printing the node again
   }
 
-  void communication(Cursor& c, HostNode& n, size_t depth) {
+  hir::Communication communication(Cursor& c, size_t depth) {
+    hir::Communication n;
     c.expect("h");
     n.handle = c.integer();
     std::string kind = c.word();
     bool known = false;
 #define MESHFUSE_X(e, s)      \
   if (kind == s) {            \
-    n.comm = CommKind::e;     \
+    n.kind = CommKind::e;     \
     known = true;             \
   }
     MESHFUSE_COMM_KINDS(MESHFUSE_X)
@@ -256,11 +260,11 @@ class HostParser {
         }
       } else c.fail("unexpected text");
     }
+    return n;
   }
 
   HostNode loop(Cursor& c, size_t depth) {
-    HostNode n;
-    n.kind = HostNodeKind::ForLoop;
+    hir::ForLoop n;
     c.word();  // the variable's name: the printer derives it from the nesting
     c.expect("in [0,");
     n.trip_count = c.integer();
@@ -276,6 +280,31 @@ class HostParser {
     return n;
   }
 
+  HostNode buffer(Cursor& c, const std::string& head, size_t depth) {
+    BlockRef b = ref(c, depth);
+    if (!b.whole()) c.fail("an allocation is of a whole buffer");
+    hir::BufferNode n{b.tv, b.slot, 1, 1};
+    if (head == "deallocate") return hir::Deallocate{n};
+    if (std::string_view r = c.rest(); r.find("(one block of ") != r.npos) {
+      n.chunk_blocks = std::stoll(std::string(r.substr(r.find("(one block of ") + 14)));
+    } else if (const size_t at = r.find("(chunk i of "); at != r.npos) {
+      // "(chunk i of 4 of each of 2 blocks)"
+      std::string_view counts = r.substr(at + 12);
+      n.chunk_blocks = std::stoll(std::string(counts));
+      const size_t each = counts.find(" of each of ");
+      if (each == counts.npos) c.fail("expected \"(chunk i of C of each of N blocks)\"");
+      n.row_blocks = std::stoll(std::string(counts.substr(each + 12)));
+    }
+    return hir::Allocate{n};
+  }
+
+  template <typename Call>
+  HostNode call(Cursor& c, size_t depth) {
+    Call n;
+    segmentCall(c, n, depth);
+    return n;
+  }
+
   HostNode node(const Line& line, size_t depth);
 
   HostProgram& p_;
@@ -286,67 +315,56 @@ class HostParser {
 
 HostNode HostParser::node(const Line& line, size_t depth) {
   Cursor c(line, path_);
-  HostNode n;
   std::string head = c.word();
   if (head == "for") return loop(c, depth);
+  std::optional<HostNode> n;
   if (head == "allocate" || head == "deallocate") {
-    n.kind = head == "allocate" ? HostNodeKind::Allocate : HostNodeKind::Deallocate;
-    BlockRef b = ref(c, depth);
-    if (!b.whole()) c.fail("an allocation is of a whole buffer");
-    n.tv = b.tv;
-    n.slot = b.slot;
-    if (std::string_view r = c.rest(); n.kind == HostNodeKind::Allocate && r.find("(one block of ") != r.npos) {
-      n.chunk_blocks = std::stoll(std::string(r.substr(r.find("(one block of ") + 14)));
-    } else if (const size_t at = r.find("(chunk i of "); n.kind == HostNodeKind::Allocate && at != r.npos) {
-      // "(chunk i of 4 of each of 2 blocks)"
-      std::string_view counts = r.substr(at + 12);
-      n.chunk_blocks = std::stoll(std::string(counts));
-      const size_t each = counts.find(" of each of ");
-      if (each == counts.npos) c.fail("expected \"(chunk i of C of each of N blocks)\"");
-      n.row_blocks = std::stoll(std::string(counts.substr(each + 12)));
-    }
-  } else if (head == "gemm" || head == "launch") {
-    n.kind = head == "gemm" ? HostNodeKind::Gemm : HostNodeKind::LaunchKernel;
-    segmentCall(c, n, depth);
+    n = buffer(c, head, depth);
+  } else if (head == "gemm") {
+    n = call<hir::Gemm>(c, depth);
+  } else if (head == "launch") {
+    n = call<hir::LaunchKernel>(c, depth);
   } else if (head == "comm") {
-    n.kind = HostNodeKind::Communication;
-    communication(c, n, depth);
+    n = communication(c, depth);
   } else if (head == "wait") {
-    n.kind = HostNodeKind::Wait;
     c.expect("h");
-    n.handle = c.integer();
+    n = hir::Wait{c.integer()};
   } else if (head == "slice") {
-    n.kind = HostNodeKind::ShardSlice;
-    n.out = ref(c, depth);
+    hir::ShardSlice s;
+    s.out = ref(c, depth);
     c.expect("=");
-    n.in = ref(c, depth);
+    s.in = ref(c, depth);
     c.expect("dim");
-    n.out_dim = c.integer();
+    s.out_dim = c.integer();
     c.expect("axis");
-    n.mesh_axis = c.integer();
+    s.mesh_axis = c.integer();
+    n = s;
   } else if (head == "copy" || head == "add") {
-    n.kind = HostNodeKind::Copy;
-    n.accumulate = head == "add";
-    n.in = ref(c, depth);
+    hir::Copy s;
+    s.accumulate = head == "add";
+    s.in = ref(c, depth);
     c.expect("->");
-    n.out = ref(c, depth);
+    s.out = ref(c, depth);
+    n = s;
   } else if (head == "stream") {
-    n.kind = HostNodeKind::SetCurrentStream;
-    n.stream = c.integer();
-    if (c.eat("+ i %")) n.stream_pool = c.integer();
-  } else if (head == "record" || head == "wait_event" || head == "host_wait") {
-    n.kind = head == "record"       ? HostNodeKind::RecordEvent
-             : head == "wait_event" ? HostNodeKind::WaitEvent
-                                    : HostNodeKind::HostWaitEvent;
-    event(c, n, depth);
+    hir::SetCurrentStream s;
+    s.stream = c.integer();
+    if (c.eat("+ i %")) s.stream_pool = c.integer();
+    n = s;
+  } else if (head == "record") {
+    n = hir::RecordEvent{event(c, depth)};
+  } else if (head == "wait_event") {
+    n = hir::WaitEvent{event(c, depth)};
+  } else if (head == "host_wait") {
+    n = hir::HostWaitEvent{event(c, depth)};
   } else if (head == "sync") {
-    n.kind = HostNodeKind::Synchronize;
+    n = hir::Synchronize{};
   } else {
     c.fail(fmt::format("unknown host node '{}'", head));
   }
-  if (std::string printed = printHostNode(p_, n); printed != line.text)
+  if (std::string printed = printHostNode(p_, *n); printed != line.text)
     c.fail(fmt::format("the node reads as `{}`, which is not what is written", printed));
-  return n;
+  return std::move(*n);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The host-IR verifier (rules in host_ir_verifier.h): a symbolic run of the program, loops
 // unrolled, that tracks which buffers are alive, which handles are in flight and which event
 // instances were recorded -- the state the evaluator keeps, without data.
-#include "meshfuse/host_ir_verifier.h"
+#include "lower/host_ir_verifier.h"
 
 #include <map>
 #include <set>
@@ -18,7 +18,7 @@ using Buffer = std::pair<const TensorView*, int64_t>;  // a tensor and its slot 
 std::set<Buffer> allocatedIn(const std::vector<HostNode>& body) {
   std::set<Buffer> out;
   forEachNode(body, [&](const HostNode& n) {
-    if (n.kind == HostNodeKind::Allocate) out.insert({n.tv, n.slot});
+    if (const auto* a = n.as<hir::Allocate>()) out.insert({a->tv, a->slot});
   });
   return out;
 }
@@ -75,19 +75,19 @@ class Checker {
     fail(n, fmt::format("uses {}, which is not allocated before it", name(b)));
   }
 
-  void useAll(const HostNode& n) {
-    if (n.segment >= 0) {
-      const Segment& seg = p_.segment(n);
-      if (!n.views.empty()) {
-        for (const BlockRef& v : n.views) use(n, v);
-        return;
-      }
-      for (const TensorView* tv : seg.inputs) use(n, BlockRef::of(tv));
-      for (const TensorView* tv : seg.outputs) use(n, BlockRef::of(tv));
+  void useAll(const HostNode& n, const hir::SegmentCall& call) {
+    if (!call.views.empty()) {
+      for (const BlockRef& v : call.views) use(n, v);
       return;
     }
-    use(n, n.in);
-    use(n, n.out);
+    const Segment& seg = p_.segment(call);
+    for (const TensorView* tv : seg.inputs) use(n, BlockRef::of(tv));
+    for (const TensorView* tv : seg.outputs) use(n, BlockRef::of(tv));
+  }
+
+  void useBoth(const HostNode& n, const BlockRef& in, const BlockRef& out) {
+    use(n, in);
+    use(n, out);
   }
 
   int64_t iteration() const {  // the evaluator's key for handles: loops flattened
@@ -96,78 +96,79 @@ class Checker {
     return it;
   }
 
-  int64_t eventInstance(const HostNode& n) const {
-    checkIndex(n, n.event_coeffs.size(), fmt::format("event e{}", n.event));
-    int64_t index = n.event_offset;
-    const size_t first = loops_.size() - n.event_coeffs.size();
-    for (size_t j = 0; j < n.event_coeffs.size(); ++j) index += n.event_coeffs[j] * loops_[first + j].i;
+  int64_t eventInstance(const HostNode& n, const hir::EventNode& e) const {
+    checkIndex(n, e.coeffs.size(), fmt::format("event e{}", e.event));
+    int64_t index = e.offset;
+    const size_t first = loops_.size() - e.coeffs.size();
+    for (size_t j = 0; j < e.coeffs.size(); ++j) index += e.coeffs[j] * loops_[first + j].i;
     return index;
   }
 
-  void allocate(const HostNode& n) {
-    const Buffer b{n.tv, n.slot};
+  void allocate(const hir::Allocate& a) {
+    const Buffer b{a.tv, a.slot};
     alive_.insert(b);
     freed_.erase(b);
     for (Loop& l : loops_) l.allocated_this_trip.insert(b);
   }
 
-  void deallocate(const HostNode& n) {
-    const Buffer b{n.tv, n.slot};
+  void deallocate(const HostNode& n, const hir::Deallocate& d) {
+    const Buffer b{d.tv, d.slot};
     if (!alive_.count(b)) fail(n, fmt::format("deallocates {}, which is not allocated", name(b)));
     alive_.erase(b);
     freed_.insert(b);
   }
 
-  void loop(const HostNode& n) {
-    if (options_.streams_assigned && n.stream_pool > 0)
+  void loop(const HostNode& n, const hir::ForLoop& l) {
+    if (options_.streams_assigned && l.stream_pool > 0)
       fail(n, "is still marked for a stream pool: assign-streams must place its iterations before the program "
               "runs");
-    if (n.trip_count < 1) fail(n, "has no iterations");
-    loops_.push_back({0, allocatedIn(n.body), {}});
-    trips_.push_back(n.trip_count);
-    for (int64_t i = 0; i < n.trip_count; ++i) {
+    if (l.trip_count < 1) fail(n, "has no iterations");
+    loops_.push_back({0, allocatedIn(l.body), {}});
+    trips_.push_back(l.trip_count);
+    for (int64_t i = 0; i < l.trip_count; ++i) {
       loops_.back().i = i;
       loops_.back().allocated_this_trip.clear();
-      run(n.body);
+      run(l.body);
     }
     loops_.pop_back();
     trips_.pop_back();
   }
 
+  void wait(const HostNode& n, int64_t handle) {
+    auto it = handles_.find({handle, iteration()});
+    if (it == handles_.end() || it->second == 0)
+      fail(n, fmt::format("waits for h{}, which no communication issued before it in this iteration (or which "
+                          "was waited for already)",
+                          handle));
+    --it->second;
+  }
+
+  void waitEvent(const HostNode& n, const hir::EventNode& e) {
+    const int64_t instance = eventInstance(n, e);
+    if (instance >= 0 && !recorded_.count({e.event, instance}))
+      fail(n, fmt::format("waits for instance {} of event e{}, which is not recorded before it", instance, e.event));
+  }
+
   void node(const HostNode& n) {
-    switch (n.kind) {
-      case HostNodeKind::Allocate: allocate(n); break;
-      case HostNodeKind::Deallocate: deallocate(n); break;
-      case HostNodeKind::LaunchKernel:
-      case HostNodeKind::Gemm:
-      case HostNodeKind::ShardSlice:
-      case HostNodeKind::Copy: useAll(n); break;
-      case HostNodeKind::Communication:
-        useAll(n);
-        ++handles_[{n.handle, iteration()}];
-        break;
-      case HostNodeKind::Wait: {
-        auto it = handles_.find({n.handle, iteration()});
-        if (it == handles_.end() || it->second == 0)
-          fail(n, fmt::format("waits for h{}, which no communication issued before it in this iteration (or which "
-                              "was waited for already)",
-                              n.handle));
-        --it->second;
-        break;
-      }
-      case HostNodeKind::ForLoop: loop(n); break;
-      case HostNodeKind::RecordEvent: recorded_.insert({n.event, eventInstance(n)}); break;
-      case HostNodeKind::WaitEvent:
-      case HostNodeKind::HostWaitEvent: {
-        const int64_t instance = eventInstance(n);
-        if (instance >= 0 && !recorded_.count({n.event, instance}))
-          fail(n, fmt::format("waits for instance {} of event e{}, which is not recorded before it", instance,
-                              n.event));
-        break;
-      }
-      case HostNodeKind::SetCurrentStream:
-      case HostNodeKind::Synchronize: break;
-    }
+    n.visit(Overloaded{
+        [&](const hir::Allocate& a) { allocate(a); },
+        [&](const hir::Deallocate& d) { deallocate(n, d); },
+        [&](const hir::LaunchKernel& k) { useAll(n, k); },
+        [&](const hir::Gemm& g) { useAll(n, g); },
+        [&](const hir::ShardSlice& c) { useBoth(n, c.in, c.out); },
+        [&](const hir::Copy& c) { useBoth(n, c.in, c.out); },
+        [&](const hir::Communication& c) {
+          useBoth(n, c.in, c.out);
+          ++handles_[{c.handle, iteration()}];
+        },
+        [&](const hir::Wait& w) { wait(n, w.handle); },
+        [&](const hir::ForLoop& l) { loop(n, l); },
+        [&](const hir::RecordEvent& e) { recorded_.insert({e.event, eventInstance(n, e)}); },
+        [&](const hir::WaitEvent& e) { waitEvent(n, e); },
+        [&](const hir::HostWaitEvent& e) { waitEvent(n, e); },
+        [&](const hir::SetCurrentStream&) {},
+        [&](const hir::Synchronize&) {},
+    });
   }
 
   const HostProgram& p_;

@@ -8,10 +8,10 @@
 #include <chrono>
 
 #include "lower/assign_streams.h"
-#include "meshfuse/host_ir_verifier.h"
+#include "lower/host_ir_verifier.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse {
 namespace {
@@ -22,12 +22,18 @@ bool lowered(const HostProgram& p) { return p.segments != nullptr; }
 // only per-iteration buffers, in loop bodies, and a ring's second slot after its loop.)
 bool deallocationsInserted(const HostProgram& p) {
   return std::any_of(p.nodes.begin(), p.nodes.end(),
-                     [](const HostNode& n) { return n.kind == HostNodeKind::Deallocate && n.slot == 0; });
+                     [](const HostNode& n) {
+                       const auto* d = n.as<hir::Deallocate>();
+                       return d != nullptr && d->slot == 0;
+                     });
 }
 
 bool hasStreamPool(const std::vector<HostNode>& nodes) {
   bool found = false;
-  forEachNode(nodes, [&](const HostNode& n) { found |= n.kind == HostNodeKind::ForLoop && n.stream_pool > 0; });
+  forEachNode(nodes, [&](const HostNode& n) {
+    const auto* l = n.as<hir::ForLoop>();
+    found |= l != nullptr && l->stream_pool > 0;
+  });
   return found;
 }
 

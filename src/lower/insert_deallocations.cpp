@@ -13,21 +13,28 @@
 #include <set>
 
 #include "lower/host_builder.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 
 namespace meshfuse {
 namespace {
 
-void touches(const HostProgram& p, const HostNode& n, std::set<const TensorView*>& out) {
-  if (n.in.tv) out.insert(n.in.tv);
-  if (n.out.tv) out.insert(n.out.tv);
-  if (n.segment >= 0) {
-    const Segment& seg = p.segment(n);
-    out.insert(seg.inputs.begin(), seg.inputs.end());
-    out.insert(seg.outputs.begin(), seg.outputs.end());
-  }
-  for (const HostNode& b : n.body) touches(p, b, out);
+// The tensors a node reads or writes (an Allocate or Deallocate is not a use).
+void touches(const HostProgram& p, const HostNode& node, std::set<const TensorView*>& out) {
+  node.visit([&](const auto& n) {
+    using T = std::decay_t<decltype(n)>;
+    if constexpr (std::is_base_of_v<hir::SegmentCall, T>) {
+      const Segment& seg = p.segment(n);
+      out.insert(seg.inputs.begin(), seg.inputs.end());
+      out.insert(seg.outputs.begin(), seg.outputs.end());
+    } else if constexpr (std::is_same_v<T, hir::Communication> || std::is_same_v<T, hir::ShardSlice> ||
+                         std::is_same_v<T, hir::Copy>) {
+      out.insert(n.in.tv);
+      out.insert(n.out.tv);
+    } else if constexpr (std::is_same_v<T, hir::ForLoop>) {
+      for (const HostNode& b : n.body) touches(p, b, out);
+    }
+  });
 }
 
 }  // namespace
@@ -37,13 +44,14 @@ void insertDeallocations(HostProgram& p) {
   std::map<const TensorView*, size_t> last_use;
   std::map<int64_t, size_t> wait_of;  // a communication's buffers live until its wait
   for (size_t i = 0; i < p.nodes.size(); ++i)
-    if (p.nodes[i].kind == HostNodeKind::Wait) wait_of[p.nodes[i].handle] = i;
+    if (const auto* w = p.nodes[i].as<hir::Wait>()) wait_of[w->handle] = i;
   std::set<const TensorView*> allocated;  // at top level (loop-local buffers are the loop's)
   for (const HostNode& n : p.nodes)
-    if (n.kind == HostNodeKind::Allocate) allocated.insert(n.tv);
+    if (const auto* a = n.as<hir::Allocate>()) allocated.insert(a->tv);
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     const HostNode& n = p.nodes[i];
-    size_t until = n.kind == HostNodeKind::Communication ? wait_of.at(n.handle) : i;
+    const auto* c = n.as<hir::Communication>();
+    size_t until = c != nullptr ? wait_of.at(c->handle) : i;
     std::set<const TensorView*> used;
     touches(p, n, used);
     for (const TensorView* tv : used) last_use[tv] = std::max(last_use[tv], until);

@@ -52,12 +52,16 @@ class MicrobatchLowering {
         }
       }
       for (HostNode& n : segmentNodes(seg, static_cast<int64_t>(i), handles_)) {
-        if (n.segment >= 0) {
-          for (const TensorView* tv : seg.inputs) n.views.push_back(view(tv));
-          for (const TensorView* tv : seg.outputs) n.views.push_back(view(tv));
-        }
-        if (n.in.tv) n.in = view(n.in.tv);
-        if (n.out.tv) n.out = view(n.out.tv);
+        n.visit([&](auto& node) {
+          using T = std::decay_t<decltype(node)>;
+          if constexpr (std::is_base_of_v<hir::SegmentCall, T>) {
+            for (const TensorView* tv : seg.inputs) node.views.push_back(view(tv));
+            for (const TensorView* tv : seg.outputs) node.views.push_back(view(tv));
+          } else if constexpr (std::is_same_v<T, hir::Communication> || std::is_same_v<T, hir::ShardSlice>) {
+            node.in = view(node.in.tv);
+            node.out = view(node.out.tv);
+          }
+        });
         body.push_back(std::move(n));
       }
     }

@@ -11,7 +11,7 @@
 
 #include <vector>
 
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 
 namespace meshfuse {
 

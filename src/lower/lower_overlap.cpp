@@ -57,7 +57,7 @@ class PairLowering {
   const TensorView* gemmOut() const { return gemm_seg_.outputs.at(0); }
 
   HostNode comm(CommKind kind, BlockRef in, BlockRef out, int64_t* handle) const {
-    HostNode n = host::communication(kind, std::move(in), std::move(out), axis_, *handle = state_.handles++);
+    hir::Communication n = host::communication(kind, std::move(in), std::move(out), axis_, *handle = state_.handles++);
     if (kind == CommKind::Allgather) n.in_dim = 0;
     if (kind == CommKind::ReduceScatter) n.out_dim = 0;
     if (kind == CommKind::SendRecv) n.shift = 1;

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 
 namespace meshfuse {
 

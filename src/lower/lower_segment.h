@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/device_mesh.h"
 
 namespace meshfuse {
@@ -19,7 +19,7 @@ HostNode gemmOnRows(const Segment& seg, int64_t index, const BlockRef& row_in, c
 // or reduce, the target mesh of everything else. The team is that mesh's slice along
 // `mesh_axis` through the root (through this rank when there is none), or the whole mesh when
 // mesh_axis < 0.
-const DeviceMesh& teamMesh(const HostNode& n);
+const DeviceMesh& teamMesh(const hir::Communication& n);
 // The segments lower-to-host-ir runs: segmentFusion's, with a resharding that moves no data (a
 // team of one device) made a local copy kernel. (The host-IR parser segments a parsed fusion
 // the same way.)

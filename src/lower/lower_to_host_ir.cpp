@@ -18,13 +18,14 @@
 //           allocate %up : f32[?t, 64] ; gemm #1 %up = linear(%0, %up_w)
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "lower/host_builder.h"
 #include "lower/lower_microbatches.h"
 #include "lower/lower_overlap.h"
 #include "lower/lower_segment.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
 #include "propagation/sharding.h"
@@ -48,9 +49,8 @@ int64_t soleNonReplicateAxis(const Sharding& s) {
 // scatter (to Shard on one axis); to one device, a gather (from Shard on one axis), a reduce
 // (from Partial), or a send/recv of a replicated value from the source mesh's first device.
 void classifyRooted(const TensorView* in, const TensorView* out, const Sharding& from, const Sharding& to,
-                    HostNode& n) {
+                    hir::Communication& n) {
   const DeviceMesh &a = *in->mesh(), &b = *out->mesh();
-  n.kind = HostNodeKind::Communication;
   if (a.size() == 1) {
     MF_CHECK(soleNonReplicateAxis(from) < 0, "a broadcast or scatter of {}, which is not whole on its device",
              toString(from));
@@ -58,11 +58,11 @@ void classifyRooted(const TensorView* in, const TensorView* out, const Sharding&
     MF_CHECK(b.contains(n.root), "a broadcast or scatter whose root {} is outside mesh {}", n.root, b.toString());
     n.mesh_axis = soleNonReplicateAxis(to);
     if (n.mesh_axis < 0) {
-      n.comm = CommKind::Broadcast;  // over every device of b
+      n.kind = CommKind::Broadcast;  // over every device of b
       return;
     }
     MF_CHECK(to.axes[n.mesh_axis].kind == Placement::Shard, "a move from one device to {}", toString(to));
-    n.comm = CommKind::Scatter;
+    n.kind = CommKind::Scatter;
     n.out_dim = to.axes[n.mesh_axis].dim;
     return;
   }
@@ -71,34 +71,35 @@ void classifyRooted(const TensorView* in, const TensorView* out, const Sharding&
   MF_CHECK(soleNonReplicateAxis(to) < 0, "a gather or reduce to {}", toString(to));
   n.mesh_axis = soleNonReplicateAxis(from);
   if (n.mesh_axis < 0) {
-    n.comm = CommKind::SendRecv;  // a replicated value: specialize-for-rank picks the sender
+    n.kind = CommKind::SendRecv;  // a replicated value: specialize-for-rank picks the sender
     return;
   }
   n.root = b.devices()[0];
   MF_CHECK(a.contains(n.root), "a gather or reduce whose root {} is outside mesh {}", n.root, a.toString());
   const Placement& p = from.axes[n.mesh_axis];
-  n.comm = p.kind == Placement::Partial ? CommKind::Reduce : CommKind::Gather;
+  n.kind = p.kind == Placement::Partial ? CommKind::Reduce : CommKind::Gather;
   if (p.kind == Placement::Shard) n.in_dim = p.dim;
 }
 
-// Fills `n` for the resharding set `e`; returns false when the set moves no data (a copy).
-bool classifySet(const Expr* e, HostNode& n) {
+// The node of the resharding set `e`: a Communication, or a ShardSlice (a local block); nullopt
+// when the set moves no data (a copy).
+std::optional<HostNode> classifySet(const Expr* e) {
   const TensorView* in = static_cast<const TensorView*>(e->input(size_t{0}));
   const TensorView* out = e->output();
   Sharding from = readSharding(in), to = readSharding(out);
   MF_CHECK(in->mesh() && out->mesh(), "a resharding set without meshes");
+  hir::Communication n;
   n.in = BlockRef::of(in);
   n.out = BlockRef::of(out);
   if (*in->mesh() != *out->mesh()) {
     if (in->mesh()->shape() != out->mesh()->shape()) {
       classifyRooted(in, out, from, to, n);
-      return true;
+      return n;
     }
     // A stage boundary: the same sharding, on another mesh (decompose-reshardings guarantees it).
     MF_CHECK(from.axes == to.axes, "a set that changes both the mesh and the sharding");
-    n.kind = HostNodeKind::Communication;
-    n.comm = CommKind::SendRecv;  // send_to / recv_from are per rank: specialize-for-rank fills them
-    return true;
+    n.kind = CommKind::SendRecv;  // send_to / recv_from are per rank: specialize-for-rank fills them
+    return n;
   }
   int64_t axis = -1;
   for (size_t a = 0; a < to.axes.size(); ++a) {
@@ -106,36 +107,37 @@ bool classifySet(const Expr* e, HostNode& n) {
     MF_CHECK(axis < 0, "set changes several mesh axes: run decompose-reshardings first");
     axis = static_cast<int64_t>(a);
   }
-  if (axis < 0) return false;
+  if (axis < 0) return std::nullopt;
   n.mesh_axis = axis;
   const Placement& f = from.axes[axis];
   const Placement& t = to.axes[axis];
-  n.kind = HostNodeKind::Communication;
   if (f.kind == Placement::Shard && t.kind == Placement::Replicate) {
-    n.comm = CommKind::Allgather;
+    n.kind = CommKind::Allgather;
     n.in_dim = f.dim;
   } else if (f.kind == Placement::Replicate && t.kind == Placement::Shard) {
-    n.kind = HostNodeKind::ShardSlice;
-    n.out_dim = t.dim;
+    return hir::ShardSlice{n.in, n.out, axis, t.dim};
   } else if (f.kind == Placement::Shard && t.kind == Placement::Shard) {
-    n.comm = CommKind::AllToAll;
+    n.kind = CommKind::AllToAll;
     n.in_dim = f.dim;
     n.out_dim = t.dim;
   } else if (f.kind == Placement::Partial && t.kind == Placement::Replicate) {
-    n.comm = CommKind::Allreduce;
+    n.kind = CommKind::Allreduce;
   } else if (f.kind == Placement::Partial && t.kind == Placement::Shard) {
-    n.comm = CommKind::ReduceScatter;
+    n.kind = CommKind::ReduceScatter;
     n.out_dim = t.dim;
   } else {
     MF_CHECK(false, "no communication turns {} into {}", f.toString(), t.toString());
   }
-  return true;
+  return n;
 }
 
-// Whether the communication `n` moves no data: its team is one device (a size-1 mesh axis), or
-// the device sending a replicated value to a single-device mesh is that device itself.
-bool movesNoData(const HostNode& n) {
-  if (n.kind == HostNodeKind::Communication && n.comm == CommKind::SendRecv) {
+// Whether the set's node moves no data: a communication whose team is one device (a size-1 mesh
+// axis), or where the device sending a replicated value to a single-device mesh is that device
+// itself; a local slice among one device.
+bool movesNoData(const HostNode& node) {
+  if (const auto* s = node.as<hir::ShardSlice>()) return s->out.tv->mesh()->size(s->mesh_axis) == 1;
+  const auto& n = std::get<hir::Communication>(node.node);
+  if (n.kind == CommKind::SendRecv) {
     const DeviceMesh &a = *n.in.tv->mesh(), &b = *n.out.tv->mesh();
     return a.shape() != b.shape() && a.contains(b.devices()[0]);
   }
@@ -145,13 +147,12 @@ bool movesNoData(const HostNode& n) {
 
 }  // namespace
 
-const DeviceMesh& teamMesh(const HostNode& n) {
-  return n.comm == CommKind::Gather || n.comm == CommKind::Reduce ? *n.in.tv->mesh() : *n.out.tv->mesh();
+const DeviceMesh& teamMesh(const hir::Communication& n) {
+  return n.kind == CommKind::Gather || n.kind == CommKind::Reduce ? *n.in.tv->mesh() : *n.out.tv->mesh();
 }
 
 HostNode gemmOnRows(const Segment& seg, int64_t index, const BlockRef& row_in, const BlockRef& row_out) {
-  HostNode n;
-  n.kind = HostNodeKind::Gemm;
+  hir::Gemm n;
   n.segment = index;
   const Expr* gemm = seg.exprs.at(0);
   MF_CHECK(gemm->info().category == OpCategory::Gemm &&
@@ -167,18 +168,14 @@ HostNode gemmOnRows(const Segment& seg, int64_t index, const BlockRef& row_in, c
 }
 
 std::vector<HostNode> segmentNodes(const Segment& seg, int64_t index, int64_t& handles) {
-  HostNode n;
-  n.segment = index;
-  if (seg.kind != Segment::Kind::Communication) {
-    n.kind = seg.kind == Segment::Kind::Gemm ? HostNodeKind::Gemm : HostNodeKind::LaunchKernel;
-    return {n};
-  }
-  bool moves_data = classifySet(seg.exprs.at(0), n);
-  MF_CHECK(moves_data, "a communication segment whose set moves no data");
-  n.segment = -1;
-  if (n.kind != HostNodeKind::Communication) return {n};  // a local slice
-  n.handle = handles++;
-  return {n, host::wait(n.handle)};
+  if (seg.kind == Segment::Kind::Gemm) return {hir::Gemm{{index, {}}}};
+  if (seg.kind == Segment::Kind::Kernel) return {hir::LaunchKernel{{index, {}}}};
+  std::optional<HostNode> n = classifySet(seg.exprs.at(0));
+  MF_CHECK(n.has_value(), "a communication segment whose set moves no data");
+  auto* c = n->as<hir::Communication>();
+  if (c == nullptr) return {*n};  // a local slice
+  c->handle = handles++;
+  return {*n, host::wait(c->handle)};
 }
 
 namespace {
@@ -221,9 +218,9 @@ std::vector<Segment> hostSegments(const Fusion& fusion) {
   std::vector<Segment> segments = segmentFusion(fusion);
   // A resharding among one device moves no data: a local copy kernel.
   for (Segment& seg : segments) {
-    HostNode n;
-    if (seg.kind == Segment::Kind::Communication && classifySet(seg.exprs.at(0), n) && movesNoData(n))
-      seg.kind = Segment::Kind::Kernel;
+    if (seg.kind != Segment::Kind::Communication) continue;
+    std::optional<HostNode> n = classifySet(seg.exprs.at(0));
+    if (n && movesNoData(*n)) seg.kind = Segment::Kind::Kernel;
   }
   return segments;
 }

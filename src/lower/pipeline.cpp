@@ -1,6 +1,6 @@
 // The pipeline: passes in order, verified (and optionally dumped and timed) between passes.
 // Ordering constraints between passes are stated here and asserted by each pass's checks.
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 #include <chrono>
 

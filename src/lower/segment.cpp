@@ -22,7 +22,7 @@
 //   %b = broadcast_in_dim(%bias)              gemm   #0 (%x, %w) -> (%a): linear
 //   %a = linear(%x, %w)                  =>   kernel #1 (%bias, %a, %r) -> (%y):
 //   %y = add(gelu(add(%a, %b)), %r)                broadcast_in_dim, add, gelu, add
-#include "meshfuse/segment.h"
+#include "lower/segment.h"
 
 #include <algorithm>
 #include <map>

@@ -1,5 +1,5 @@
 // What every Backend shares.
-#include "meshfuse/runtime/backend.h"
+#include "runtime/backend.h"
 
 #include <cstring>
 
@@ -64,15 +64,6 @@ void checkSegmentBuffersDisjoint(const Segment& seg, const std::vector<const Ten
 Streams& Backend::streams() {
   if (!streams_) streams_ = makeCpuStreams();
   return *streams_;
-}
-
-std::unique_ptr<Backend> makeBackend(const std::string& device) {
-  if (device == "cpu") return makeCpuBackend();
-  if (device == "cuda") return makeCudaBackend();
-  if (device == "reference") return makeReferenceBackend();
-  MF_USER_CHECK(device == "auto", ErrorKind::Value, "unknown device '{}' (expected cpu, cuda, auto or reference)",
-                device);
-  return cudaDeviceAvailable() ? makeCudaBackend() : makeCpuBackend();
 }
 
 }  // namespace meshfuse

@@ -1,5 +1,5 @@
 // The Communicator interface's default implementations (communicator.h).
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 
 #include "meshfuse/error.h"
 

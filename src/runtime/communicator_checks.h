@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 
 namespace meshfuse {
 

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/streams.h"
+#include "runtime/streams.h"
 
 namespace meshfuse {
 namespace {

@@ -1,5 +1,5 @@
 // Reads the environment (see environment.h for the variables).
-#include "meshfuse/runtime/environment.h"
+#include "runtime/environment.h"
 
 #include <cstdlib>
 

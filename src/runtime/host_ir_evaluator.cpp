@@ -1,5 +1,5 @@
 // The host-IR interpreter (see host_ir_evaluator.h).
-#include "meshfuse/runtime/host_ir_evaluator.h"
+#include "runtime/host_ir_evaluator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -40,18 +40,20 @@ std::string currentExceptionMessage() {
 }
 
 bool hasCommunication(const std::vector<HostNode>& nodes) {
-  return std::any_of(nodes.begin(), nodes.end(), [](const HostNode& n) {
-    return n.kind == HostNodeKind::Communication || hasCommunication(n.body);
-  });
+  bool found = false;
+  forEachNode(nodes, [&](const HostNode& n) { found |= n.is<hir::Communication>(); });
+  return found;
 }
 
 }  // namespace
 
 std::vector<Team> communicationTeams(const HostProgram& program, const Team& program_ranks) {
   std::set<Team> teams;
-  forEachNode(program.nodes, [&](const HostNode& n) {
-    if (n.kind != HostNodeKind::Communication) return;
-    if (n.comm != CommKind::SendRecv) {
+  forEachNode(program.nodes, [&](const HostNode& node) {
+    const auto* c = node.as<hir::Communication>();
+    if (c == nullptr) return;
+    const hir::Communication& n = *c;
+    if (n.kind != CommKind::SendRecv) {
       if (n.team.size() > 1) teams.insert(n.team);
       return;
     }
@@ -138,12 +140,12 @@ Tensor& HostIrEvaluator::value(const TensorView* tv, int64_t slot) {
   return it->second;
 }
 
-int64_t HostIrEvaluator::eventInstance(const HostNode& n) const {
-  MF_CHECK(n.event_coeffs.size() <= loops_.size(), "an event index over {} loops inside {} loops",
-           n.event_coeffs.size(), loops_.size());
-  int64_t index = n.event_offset;
-  const size_t first = loops_.size() - n.event_coeffs.size();
-  for (size_t j = 0; j < n.event_coeffs.size(); ++j) index += n.event_coeffs[j] * loops_[first + j].i;
+int64_t HostIrEvaluator::eventInstance(const hir::EventNode& n) const {
+  MF_CHECK(n.coeffs.size() <= loops_.size(), "an event index over {} loops inside {} loops", n.coeffs.size(),
+           loops_.size());
+  int64_t index = n.offset;
+  const size_t first = loops_.size() - n.coeffs.size();
+  for (size_t j = 0; j < n.coeffs.size(); ++j) index += n.coeffs[j] * loops_[first + j].i;
   return index;
 }
 
@@ -168,26 +170,24 @@ Tensor HostIrEvaluator::view(const BlockRef& ref) {
   return t.slice0(rows.begin, rows.size);
 }
 
-Counts HostIrEvaluator::memberCounts(const HostNode& n, const BlockRef& ref) const {
+Counts HostIrEvaluator::memberCounts(const hir::Communication& n, const BlockRef& ref) const {
   return memberElements(*sizes_, n, ref, loopValues());
 }
 
-std::string HostIrEvaluator::describe(const HostNode& n) const {
-  const Fusion& f = *program_.fusion;
-  if (n.segment >= 0) {
-    const Segment& seg = program_.segment(n);
-    std::string s = segmentKindName(seg.kind);
-    for (const Expr* e : seg.exprs) s += " " + std::string(e->name());
-    return s;
-  }
-  return fmt::format("{} {}", commKindName(n.comm), f.displayName(n.out.tv));
+std::string HostIrEvaluator::describe(const hir::SegmentCall& n) const {
+  const Segment& seg = program_.segment(n);
+  std::string s = segmentKindName(seg.kind);
+  for (const Expr* e : seg.exprs) s += " " + std::string(e->name());
+  return s;
 }
 
-// Task names matter only in timelines; building them costs on every node.
-std::string HostIrEvaluator::taskName(const HostNode& n) const { return tracing_ ? describe(n) : std::string(); }
+std::string HostIrEvaluator::describe(const hir::Communication& n) const {
+  return fmt::format("{} {}", commKindName(n.kind), program_.fusion->displayName(n.out.tv));
+}
 
 // The report of a communication node: its names and provenance are the same on every run.
-CollectiveInfo HostIrEvaluator::collectiveInfo(const HostNode& n, CommKind kind, const Team& team, int64_t bytes) {
+CollectiveInfo HostIrEvaluator::collectiveInfo(const hir::Communication& n, CommKind kind, const Team& team,
+                                               int64_t bytes) {
   auto it = info_.find(&n);
   if (it == info_.end()) {
     const Fusion& f = *program_.fusion;
@@ -272,117 +272,123 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
   return outs;
 }
 
-void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
-  for (const HostNode& n : nodes) {
-    switch (n.kind) {
-      case HostNodeKind::Allocate: {
-        std::vector<int64_t> shape = sizes_->bufferShape(n.tv, n.slot, comm_.rank(), loopValues());
-        // An output that updates an input in place (Fusion::aliasOutputToInput) is that input's
-        // buffer: lower/check_aliases.h guarantees the program may write it there.
-        if (const TensorView* in = program_.fusion->aliasedInput(n.tv); in && n.slot == 0 && n.chunk_blocks == 1) {
-          values_[{n.tv, 0}] = value(in);
-          break;
-        }
-        try {
-          values_[{n.tv, n.slot}] = backend_.allocate(n.tv->dtype(), shape);
-        } catch (const UserError& e) {  // e.g. out of memory: say which tensor
-          throw UserError(e.kind(), fmt::format("{}: {}", program_.fusion->displayName(n.tv), e.message()));
-        }
-        break;
-      }
-      case HostNodeKind::Deallocate:
-        values_.erase({n.tv, n.slot});  // tasks already submitted keep the memory alive until they ran
-        break;
-      case HostNodeKind::LaunchKernel:
-      case HostNodeKind::Gemm: launch(n); break;
-      case HostNodeKind::Communication:
-        if (n.comm == CommKind::SendRecv) {
-          sendRecv(n);
-        } else {
-          communicate(n);
-        }
-        break;
-      case HostNodeKind::Wait: {
-        auto key = std::make_pair(n.handle, iteration());
-        auto it = handles_.find(key);
-        MF_CHECK(it != handles_.end(), "wait on unknown handle h{}", n.handle);
-        std::shared_ptr<Handle> h = it->second;
-        handles_.erase(it);
-        submit(TaskKind::Communication, "wait", [this, h] {
-          WaitContext context([this, ticket = h->ticket] { return describeWait(ticket); });
-          if (h->work) h->work->wait();
-          if (h->finish) h->finish();
-          h->buffers.clear();
-        });
-        break;
-      }
-      case HostNodeKind::ShardSlice: {
-        Tensor in = view(n.in), out = view(n.out);
-        std::vector<int64_t> off = zeros(out.shape().size());
-        // The slice adds the innermost split of its dim (resharding_steps.h): this rank's
-        // torch.chunk block of what the input holds.
-        const DeviceMesh& mesh = *n.out.tv->mesh();
-        const Span block = chunkSpan(in.shape().at(n.out_dim), mesh.size(n.mesh_axis),
-                                     mesh.indexAlong(comm_.rank(), n.mesh_axis));
-        MF_CHECK(block.size == out.shape()[n.out_dim], "slice of {}: rank {}'s block of {} has {} rows, its buffer {}",
-                 program_.fusion->displayName(n.out.tv), comm_.rank(), in.shape()[n.out_dim], block.size,
-                 out.shape()[n.out_dim]);
-        off[n.out_dim] = block.begin;
-        Backend* backend = &backend_;
-        submit(TaskKind::Copy, "slice",
-               [backend, in, out, off]() mutable { backend->copyBlock(in, off, out, zeros(off.size()), out.shape()); });
-        break;
-      }
-      case HostNodeKind::Copy: {
-        Tensor in = view(n.in), out = view(n.out);
-        Backend* backend = &backend_;
-        bool add = n.accumulate;
-        submit(add ? TaskKind::Compute : TaskKind::Copy, add ? "add" : "copy", [=]() mutable {
-          if (add) {
-            backend->accumulate(out, in);
-          } else {
-            backend->copy(out, in);
-          }
-        });
-        break;
-      }
-      case HostNodeKind::ForLoop:
-        loops_.push_back({0, n.trip_count});
-        for (int64_t i = 0; i < n.trip_count; ++i) {
-          loops_.back().i = i;
-          execute(n.body);
-        }
-        loops_.pop_back();
-        break;
-      case HostNodeKind::SetCurrentStream:
-        stream_ = n.stream + (n.stream_pool > 0 && !loops_.empty() ? loops_.back().i % n.stream_pool : 0);
-        break;
-      case HostNodeKind::RecordEvent: events_[{n.event, eventInstance(n)}] = streams_.record(stream_); break;
-      case HostNodeKind::WaitEvent: {
-        int64_t instance = eventInstance(n);
-        if (instance < 0) break;  // before the first instance: nothing to wait for
-        auto it = events_.find({n.event, instance});
-        MF_CHECK(it != events_.end(), "wait for instance {} of event e{}, which was never recorded", instance, n.event);
-        streams_.wait(stream_, it->second);
-        break;
-      }
-      case HostNodeKind::HostWaitEvent: {
-        int64_t instance = eventInstance(n);
-        if (instance < 0) break;
-        auto it = events_.find({n.event, instance});
-        MF_CHECK(it != events_.end(), "host wait for instance {} of event e{}, which was never recorded", instance,
-                 n.event);
-        it->second->wait();  // blocks this (the host) thread; the streams go on
-        break;
-      }
-      case HostNodeKind::Synchronize:
-        for (const auto& [key, event] : events_) streams_.wait(0, event);
-        break;
+// One operator() per node kind: a kind execute() does not handle fails to compile.
+struct HostIrEvaluator::Executor {
+  HostIrEvaluator& e;
+  void operator()(const hir::Allocate& n) { e.allocate(n); }
+  void operator()(const hir::Deallocate& n) {
+    e.values_.erase({n.tv, n.slot});  // tasks already submitted keep the memory alive until they ran
+  }
+  void operator()(const hir::LaunchKernel& n) { e.launch(n); }
+  void operator()(const hir::Gemm& n) { e.launch(n); }
+  void operator()(const hir::Communication& n) {
+    if (n.kind == CommKind::SendRecv) {
+      e.sendRecv(n);
+    } else {
+      e.communicate(n);
     }
+  }
+  void operator()(const hir::Wait& n) { e.wait(n); }
+  void operator()(const hir::ShardSlice& n) { e.slice(n); }
+  void operator()(const hir::Copy& n) { e.copy(n); }
+  void operator()(const hir::ForLoop& n) { e.loop(n); }
+  void operator()(const hir::SetCurrentStream& n) {
+    e.stream_ = n.stream + (n.stream_pool > 0 && !e.loops_.empty() ? e.loops_.back().i % n.stream_pool : 0);
+  }
+  void operator()(const hir::RecordEvent& n) { e.events_[{n.event, e.eventInstance(n)}] = e.streams_.record(e.stream_); }
+  void operator()(const hir::WaitEvent& n) { e.waitEvent(n, /*host=*/false); }
+  void operator()(const hir::HostWaitEvent& n) { e.waitEvent(n, /*host=*/true); }
+  void operator()(const hir::Synchronize&) {
+    for (const auto& [key, event] : e.events_) e.streams_.wait(0, event);
+  }
+};
+
+void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
+  for (const HostNode& n : nodes) n.visit(Executor{*this});
+}
+
+void HostIrEvaluator::allocate(const hir::Allocate& n) {
+  std::vector<int64_t> shape = sizes_->bufferShape(n.tv, n.slot, comm_.rank(), loopValues());
+  // An output that updates an input in place (Fusion::aliasOutputToInput) is that input's
+  // buffer: lower/check_aliases.h guarantees the program may write it there.
+  if (const TensorView* in = program_.fusion->aliasedInput(n.tv); in && n.slot == 0 && n.chunk_blocks == 1) {
+    values_[{n.tv, 0}] = value(in);
+    return;
+  }
+  try {
+    values_[{n.tv, n.slot}] = backend_.allocate(n.tv->dtype(), shape);
+  } catch (const UserError& e) {  // e.g. out of memory: say which tensor
+    throw UserError(e.kind(), fmt::format("{}: {}", program_.fusion->displayName(n.tv), e.message()));
   }
 }
 
-void HostIrEvaluator::launch(const HostNode& n) {
+void HostIrEvaluator::wait(const hir::Wait& n) {
+  auto key = std::make_pair(n.handle, iteration());
+  auto it = handles_.find(key);
+  MF_CHECK(it != handles_.end(), "wait on unknown handle h{}", n.handle);
+  std::shared_ptr<Handle> h = it->second;
+  handles_.erase(it);
+  submit(TaskKind::Communication, "wait", [this, h] {
+    WaitContext context([this, ticket = h->ticket] { return describeWait(ticket); });
+    if (h->work) h->work->wait();
+    if (h->finish) h->finish();
+    h->buffers.clear();
+  });
+}
+
+void HostIrEvaluator::slice(const hir::ShardSlice& n) {
+  Tensor in = view(n.in), out = view(n.out);
+  std::vector<int64_t> off = zeros(out.shape().size());
+  // The slice adds the innermost split of its dim (resharding_steps.h): this rank's
+  // torch.chunk block of what the input holds.
+  const DeviceMesh& mesh = *n.out.tv->mesh();
+  const Span block =
+      chunkSpan(in.shape().at(n.out_dim), mesh.size(n.mesh_axis), mesh.indexAlong(comm_.rank(), n.mesh_axis));
+  MF_CHECK(block.size == out.shape()[n.out_dim], "slice of {}: rank {}'s block of {} has {} rows, its buffer {}",
+           program_.fusion->displayName(n.out.tv), comm_.rank(), in.shape()[n.out_dim], block.size,
+           out.shape()[n.out_dim]);
+  off[n.out_dim] = block.begin;
+  Backend* backend = &backend_;
+  submit(TaskKind::Copy, "slice",
+         [backend, in, out, off]() mutable { backend->copyBlock(in, off, out, zeros(off.size()), out.shape()); });
+}
+
+void HostIrEvaluator::copy(const hir::Copy& n) {
+  Tensor in = view(n.in), out = view(n.out);
+  Backend* backend = &backend_;
+  bool add = n.accumulate;
+  submit(add ? TaskKind::Compute : TaskKind::Copy, add ? "add" : "copy", [=]() mutable {
+    if (add) {
+      backend->accumulate(out, in);
+    } else {
+      backend->copy(out, in);
+    }
+  });
+}
+
+void HostIrEvaluator::loop(const hir::ForLoop& n) {
+  loops_.push_back({0, n.trip_count});
+  for (int64_t i = 0; i < n.trip_count; ++i) {
+    loops_.back().i = i;
+    execute(n.body);
+  }
+  loops_.pop_back();
+}
+
+void HostIrEvaluator::waitEvent(const hir::EventNode& n, bool host) {
+  int64_t instance = eventInstance(n);
+  if (instance < 0) return;  // before the first instance: nothing to wait for
+  auto it = events_.find({n.event, instance});
+  MF_CHECK(it != events_.end(), "{}wait for instance {} of event e{}, which was never recorded", host ? "host " : "",
+           instance, n.event);
+  if (host) {
+    it->second->wait();  // blocks this (the host) thread; the streams go on
+  } else {
+    streams_.wait(stream_, it->second);
+  }
+}
+
+void HostIrEvaluator::launch(const hir::SegmentCall& n) {
   const Segment& seg = program_.segment(n);
   const size_t ni = seg.inputs.size();
   std::vector<Tensor> ins, outs;
@@ -429,7 +435,7 @@ bool holds(const TensorView* tv, int64_t rank) { return tv->mesh() == nullptr ||
 
 }  // namespace
 
-void HostIrEvaluator::communicate(const HostNode& n) {
+void HostIrEvaluator::communicate(const hir::Communication& n) {
   const int64_t me = comm_.rank();
   // Where this rank holds no buffer, an empty tensor: the Communicator reads or writes only the
   // root's (its null data pointer is what MPI and NCCL ignore on the other ranks).
@@ -438,7 +444,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
   auto h = std::make_shared<Handle>();
   h->buffers = {in, out};
   handles_[{n.handle, iteration()}] = h;
-  CollectiveInfo info = collectiveInfo(n, n.comm, n.team, in.defined() ? static_cast<int64_t>(in.nbytes()) : 0);
+  CollectiveInfo info = collectiveInfo(n, n.kind, n.team, in.defined() ? static_cast<int64_t>(in.nbytes()) : 0);
   info.root = n.root;
   info.padded_bytes = paddedBytes(*sizes_, n, loopValues());
   executed_.push_back(std::move(info));
@@ -450,7 +456,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
     MF_CHECK(totalCount(counts) == t.numel(), "{} {}: the members' blocks [{}] do not fill its {} elements", what,
              program_.fusion->displayName(n.out.tv), fmt::join(counts, ", "), t.numel());
   };
-  switch (n.comm) {
+  switch (n.kind) {
     case CommKind::Allreduce:
       issue = [=]() mutable {
         h->work = comm->allreduce(in.data(), out.data(), in.numel(), dt, n.reduce_op, n.team);
@@ -519,7 +525,7 @@ void HostIrEvaluator::communicate(const HostNode& n) {
 // out_dim, and sends back its block along in_dim. The blocks run along different dims, so the
 // runtime packs them into staging buffers, block j after block j - 1; with uneven shards each
 // block has its own size (all_to_allv).
-std::function<void()> HostIrEvaluator::allToAll(const HostNode& n, const std::shared_ptr<Handle>& h, const Tensor& in,
+std::function<void()> HostIrEvaluator::allToAll(const hir::Communication& n, const std::shared_ptr<Handle>& h, const Tensor& in,
                                                 const Tensor& out) {
   const int64_t team = static_cast<int64_t>(n.team.size());
   const int64_t out_dim = n.out_dim, in_dim = n.in_dim;
@@ -599,7 +605,7 @@ void HostIrEvaluator::submit(TaskKind kind, const std::string& name, std::functi
   });
 }
 
-void HostIrEvaluator::sendRecv(const HostNode& n) {
+void HostIrEvaluator::sendRecv(const hir::Communication& n) {
   auto h = std::make_shared<Handle>();
   handles_[{n.handle, iteration()}] = h;
   const int64_t to = n.send_to, from = n.recv_from;  // resolved by specialize-for-rank (ring steps too)

@@ -1,5 +1,5 @@
 // Allocations that cannot succeed (see memory.h).
-#include "meshfuse/runtime/memory.h"
+#include "runtime/memory.h"
 
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -12,7 +12,7 @@
 #include <set>
 
 #include "meshfuse/error.h"
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/extent.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
@@ -99,8 +99,10 @@ void checkProgramAllocations(const HostProgram& program, const SymbolBindings& s
   if (limit.bytes <= 0) return;
   std::set<std::pair<const TensorView*, int64_t>> seen;  // a loop's buffers, allocated per iteration
   const BufferSizes buffers(program, sizes);
-  forEachNode(program.nodes, [&](const HostNode& n) {
-    if (n.kind != HostNodeKind::Allocate || !seen.insert({n.tv, n.slot}).second) return;
+  forEachNode(program.nodes, [&](const HostNode& node) {
+    const auto* a = node.as<hir::Allocate>();
+    if (a == nullptr || !seen.insert({a->tv, a->slot}).second) return;
+    const hir::Allocate& n = *a;
     std::vector<int64_t> shape;
     try {
       // The largest block of any rank (rank -1: coordinate 0 on every mesh axis), in the first

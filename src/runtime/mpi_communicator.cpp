@@ -27,8 +27,8 @@
 #include <thread>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/communicator.h"
-#include "meshfuse/runtime/environment.h"
+#include "meshfuse/communicator.h"
+#include "runtime/environment.h"
 #include "runtime/communicator_checks.h"
 
 namespace meshfuse {

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 #include "runtime/communicator_checks.h"
 
 namespace meshfuse {

@@ -6,7 +6,7 @@
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
-#include "meshfuse/runtime/host_ir_evaluator.h"
+#include "runtime/host_ir_evaluator.h"
 #include "runtime/tensor_blocks.h"
 
 namespace meshfuse {

@@ -11,7 +11,7 @@
 
 #include "meshfuse/error.h"
 #include "meshfuse/ir/extent.h"
-#include "meshfuse/runtime/memory.h"
+#include "runtime/memory.h"
 
 namespace meshfuse {
 

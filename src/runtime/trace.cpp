@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <sstream>
 
-#include "meshfuse/runtime/communicator.h"
-#include "meshfuse/runtime/streams.h"
+#include "meshfuse/communicator.h"
+#include "runtime/streams.h"
 
 namespace meshfuse {
 

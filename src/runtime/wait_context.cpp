@@ -1,7 +1,7 @@
 // WaitContext: what a thread is waiting for, for the watchdog's hang report (communicator.h).
 #include <exception>
 
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 
 namespace meshfuse {
 namespace {

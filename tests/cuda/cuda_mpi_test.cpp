@@ -13,9 +13,10 @@
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
-#include "meshfuse/runtime/cuda.h"
-#include "meshfuse/runtime/host_ir_evaluator.h"
+#include "runtime/cuda.h"
+#include "runtime/host_ir_evaluator.h"
 #include "models.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse {
 namespace {

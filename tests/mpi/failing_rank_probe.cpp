@@ -8,6 +8,7 @@
 #include "meshfuse/executor.h"
 #include "meshfuse/ops.h"
 #include "models.h"
+#include "runtime/backend.h"
 
 using namespace meshfuse;
 

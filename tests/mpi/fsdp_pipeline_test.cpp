@@ -42,8 +42,8 @@ TEST(Fsdp, ThreeLayerMlpGathersOneParameterPerLayerAndFreesIt) {
   const HostProgram& program = exec.programFor(in);
   std::vector<const TensorView*> gathered, freed;
   for (const HostNode& n : program.nodes) {
-    if (n.kind == HostNodeKind::Communication) gathered.push_back(n.out.tv);
-    if (n.kind == HostNodeKind::Deallocate) freed.push_back(n.tv);
+    if (const auto* c = n.as<hir::Communication>()) gathered.push_back(c->out.tv);
+    if (const auto* d = n.as<hir::Deallocate>()) freed.push_back(d->tv);
   }
   for (const TensorView* g : gathered) EXPECT_NE(std::find(freed.begin(), freed.end(), g), freed.end());
   // ... so the peak is the "params/N + one layer's gathered params + activations": every
@@ -132,9 +132,10 @@ TEST(Pipeline, ThreeStagesFourMicrobatches) {
   const HostProgram& program = exec.programFor(inputs);
   int64_t compute_loops = 0, gemms = 0;
   for (const HostNode& n : program.nodes) {
-    if (n.kind != HostNodeKind::ForLoop || n.trip_count != 4) continue;
+    const auto* loop = n.as<hir::ForLoop>();
+    if (loop == nullptr || loop->trip_count != 4) continue;
     int64_t here = 0;
-    for (const HostNode& b : n.body) here += b.kind == HostNodeKind::Gemm;
+    for (const HostNode& b : loop->body) here += b.is<hir::Gemm>();
     compute_loops += here > 0;
     gemms += here;
   }

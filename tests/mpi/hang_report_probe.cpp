@@ -8,8 +8,9 @@
 #include <thread>
 
 #include "meshfuse/executor.h"
-#include "meshfuse/runtime/environment.h"
+#include "runtime/environment.h"
 #include "models.h"
+#include "lower/pipeline.h"
 
 using namespace meshfuse;
 

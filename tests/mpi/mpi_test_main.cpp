@@ -9,6 +9,8 @@
 #include <cmath>
 
 #include "meshfuse/ir/parser.h"
+#include "lower/pipeline.h"
+#include "runtime/backend.h"
 
 namespace meshfuse::testing {
 namespace {

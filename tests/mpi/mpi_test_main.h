@@ -17,8 +17,8 @@
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/reference.h"
-#include "meshfuse/runtime/communicator.h"
-#include "meshfuse/runtime/host_ir_evaluator.h"
+#include "meshfuse/communicator.h"
+#include "runtime/host_ir_evaluator.h"
 
 namespace meshfuse::testing {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 
 int main(int argc, char** argv) {
   int provided = MPI_THREAD_SINGLE;

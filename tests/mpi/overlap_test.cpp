@@ -7,6 +7,7 @@
 #include <map>
 #include <thread>
 
+#include "driver/backends.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
 #include "models.h"

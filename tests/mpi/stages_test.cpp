@@ -7,6 +7,7 @@
 
 #include "meshfuse/ir/parser.h"
 #include "mpi_test_main.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse::testing {
 namespace {

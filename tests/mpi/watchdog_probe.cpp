@@ -3,7 +3,7 @@
 #include <chrono>
 #include <thread>
 
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 
 int main() {
   std::unique_ptr<meshfuse::Communicator> comm = meshfuse::makeMpiCommunicator();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -10,7 +11,7 @@
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse {
 namespace {
@@ -53,10 +54,16 @@ std::string mismatch(const Compiled& c) {
 }
 
 // Pointers to the top-level communication nodes of a program, in order (loops not entered).
-std::vector<HostNode*> comms(HostProgram& p, CommKind kind) {
-  std::vector<HostNode*> out;
+// The communication of `n` when it is one of `kind` (any kind: nullopt), else nullptr.
+hir::Communication* commOf(HostNode& n, std::optional<CommKind> kind = std::nullopt) {
+  auto* c = n.as<hir::Communication>();
+  return c != nullptr && (!kind || c->kind == *kind) ? c : nullptr;
+}
+
+std::vector<hir::Communication*> comms(HostProgram& p, CommKind kind) {
+  std::vector<hir::Communication*> out;
   for (HostNode& n : p.nodes)
-    if (n.kind == HostNodeKind::Communication && n.comm == kind) out.push_back(&n);
+    if (hir::Communication* c = commOf(n, kind)) out.push_back(c);
   return out;
 }
 
@@ -93,14 +100,9 @@ TEST(CheckCollectives, OverlapRingAndMicrobatchLoopsMatch) {
 TEST(CheckCollectives, SwappedOrderIsCaught) {
   Compiled c = compileFile("examples/sp_mlp.mf", {{"t", 64}});  // allgather, then reduce_scatter
   HostProgram& r1 = c.ranks[1];
-  auto ag = std::find_if(r1.nodes.begin(), r1.nodes.end(), [](const HostNode& n) {
-    return n.kind == HostNodeKind::Communication && n.comm == CommKind::Allgather;
-  });
-  auto rs = std::find_if(r1.nodes.begin(), r1.nodes.end(), [](const HostNode& n) {
-    return n.kind == HostNodeKind::Communication && n.comm == CommKind::ReduceScatter;
-  });
-  ASSERT_TRUE(ag != r1.nodes.end() && rs != r1.nodes.end());
-  std::swap(ag->comm, rs->comm);  // rank 1 issues a reduce-scatter where its peers allgather
+  std::vector<hir::Communication*> ag = comms(r1, CommKind::Allgather), rs = comms(r1, CommKind::ReduceScatter);
+  ASSERT_TRUE(!ag.empty() && !rs.empty());
+  std::swap(ag[0]->kind, rs[0]->kind);  // rank 1 issues a reduce-scatter where its peers allgather
   std::string m = mismatch(c);
   EXPECT_NE(m.find("team [0, 1]: collective #0 differs: rank 0 issues `comm h"), std::string::npos) << m;
   EXPECT_NE(m.find("(allgather of "), std::string::npos) << m;
@@ -111,7 +113,7 @@ TEST(CheckCollectives, SwappedOrderIsCaught) {
 
 TEST(CheckCollectives, WrongSizeIsCaught) {
   Compiled c = compileFile("examples/tp_mlp.mf", {{"t", 128}});  // one allreduce of [128, 64]
-  HostNode* ar = comms(c.ranks[2], CommKind::Allreduce).at(0);
+  hir::Communication* ar = comms(c.ranks[2], CommKind::Allreduce).at(0);
   ar->in.blocks = 2;  // rank 2 reduces half the buffer
   std::string m = mismatch(c);
   EXPECT_NE(m.find("team [0, 1, 2, 3]: collective #0 differs: rank 0 issues"), std::string::npos) << m;
@@ -125,9 +127,9 @@ TEST(CheckCollectives, WrongRootIsCaught) {
   bool corrupted = false;
   for (HostProgram& p : c.ranks) {
     if (p.rank != 3) continue;
-    for (HostNode& n : p.nodes)
-      if (!corrupted && n.kind == HostNodeKind::Communication && n.root >= 0 && n.team.size() > 1) {
-        n.root = n.team.back() == n.root ? n.team.front() : n.team.back();
+    for (HostNode& node : p.nodes)
+      if (hir::Communication* n = commOf(node); !corrupted && n && n->root >= 0 && n->team.size() > 1) {
+        n->root = n->team.back() == n->root ? n->team.front() : n->team.back();
         corrupted = true;
       }
   }
@@ -149,10 +151,11 @@ TEST(CheckCollectives, ReduceOpMismatchIsCaught) {
 TEST(CheckCollectives, MissingCollectiveIsCaught) {
   Compiled c = compileFile("examples/tp_mlp.mf", {{"t", 128}});
   HostProgram& r3 = c.ranks[3];
-  HostNode* ar = comms(r3, CommKind::Allreduce).at(0);
-  const int64_t h = ar->handle;
+  const int64_t h = comms(r3, CommKind::Allreduce).at(0)->handle;
   std::erase_if(r3.nodes, [&](const HostNode& n) {
-    return (n.kind == HostNodeKind::Communication || n.kind == HostNodeKind::Wait) && n.handle == h;
+    const auto* c = n.as<hir::Communication>();
+    const auto* w = n.as<hir::Wait>();
+    return (c != nullptr && c->handle == h) || (w != nullptr && w->handle == h);
   });
   std::string m = mismatch(c);
   EXPECT_NE(m.find("team [0, 1, 2, 3]: rank 0 issues 1 collectives but rank 3 issues 0: rank 0's collective #0 "
@@ -168,9 +171,9 @@ TEST(CheckCollectives, SendWithoutRecvIsCaught) {
   HostProgram& r1 = c.ranks[1];
   // Rank 1 stops receiving from rank 0: drop the receiving side of its stage-boundary nodes.
   int dropped = 0;
-  forEachNode(r1.nodes, [&](HostNode& n) {
-    if (n.kind == HostNodeKind::Communication && n.comm == CommKind::SendRecv && n.recv_from == 0) {
-      n.recv_from = -1;
+  forEachNode(r1.nodes, [&](HostNode& node) {
+    if (hir::Communication* n = commOf(node, CommKind::SendRecv); n && n->recv_from == 0) {
+      n->recv_from = -1;
       ++dropped;
     }
   });
@@ -186,8 +189,8 @@ TEST(CheckCollectives, SendWithoutRecvIsCaught) {
 // iteration 2 none of it.
 TEST(CheckCollectives, SendRecvSizeMismatchIsCaught) {
   Compiled c = compileFile("examples/pipeline_mlp.mf", {{"t", 64}});
-  forEachNode(c.ranks[0].nodes, [&](HostNode& n) {
-    if (n.kind == HostNodeKind::Communication && n.comm == CommKind::SendRecv && n.send_to == 1) n.in.blocks *= 2;
+  forEachNode(c.ranks[0].nodes, [&](HostNode& node) {
+    if (hir::Communication* n = commOf(node, CommKind::SendRecv); n && n->send_to == 1) n->in.blocks *= 2;
   });
   std::string m = mismatch(c);
   EXPECT_NE(m.find("(iteration 2) sends 0 f32 to rank 1, but rank 1's `comm h"), std::string::npos) << m;
@@ -198,10 +201,10 @@ TEST(CheckCollectives, WaitForAnUnissuedHandleIsCaught) {
   Compiled c = compileFile("examples/tp_mlp.mf", {{"t", 128}});
   HostProgram& r0 = c.ranks[0];
   auto it = std::find_if(r0.nodes.begin(), r0.nodes.end(), [](const HostNode& n) {
-    return n.kind == HostNodeKind::Communication;
+    return n.is<hir::Communication>();
   });
   ASSERT_NE(it, r0.nodes.end());
-  it->handle += 100;  // issued as h100+, waited for as the original handle
+  commOf(*it)->handle += 100;  // issued as h100+, waited for as the original handle
   std::string m = mismatch(c);
   EXPECT_NE(m.find("rank 0's `wait h"), std::string::npos) << m;
   EXPECT_NE(m.find("which it has not issued"), std::string::npos) << m;
@@ -211,9 +214,9 @@ TEST(CheckCollectives, WaitForAnUnissuedHandleIsCaught) {
 TEST(CheckCollectives, RecvBeforeSendRingDeadlockIsCaught) {
   Compiled c = compileFile("examples/pipeline_mlp.mf", {{"t", 64}});
   // A template send/recv node (stage 0 -> stage 1) and its tensors, rebuilt as two programs.
-  const HostNode* sr = nullptr;
-  forEachNode(c.ranks[0].nodes, [&](const HostNode& n) {
-    if (sr == nullptr && n.kind == HostNodeKind::Communication && n.comm == CommKind::SendRecv) sr = &n;
+  const hir::Communication* sr = nullptr;
+  forEachNode(c.ranks[0].nodes, [&](HostNode& n) {
+    if (sr == nullptr) sr = commOf(n, CommKind::SendRecv);
   });
   ASSERT_NE(sr, nullptr);
   auto exchange = [&](int64_t rank, int64_t peer) {
@@ -221,17 +224,12 @@ TEST(CheckCollectives, RecvBeforeSendRingDeadlockIsCaught) {
     p.fusion = c.program.fusion;
     p.segments = c.program.host.segments;
     p.rank = rank;
-    HostNode recv = *sr, send = *sr, wait;
-    recv.body.clear();
+    hir::Communication recv = *sr, send = *sr;
     recv.in = recv.out = BlockRef::of(sr->in.tv);
     send.in = send.out = BlockRef::of(sr->in.tv);
     recv.send_to = -1, recv.recv_from = peer, recv.handle = rank == 0 ? 0 : 1;
     send.recv_from = -1, send.send_to = peer, send.handle = rank == 0 ? 1 : 0;
-    wait.kind = HostNodeKind::Wait;
-    HostNode wait_recv = wait, wait_send = wait;
-    wait_recv.handle = recv.handle;
-    wait_send.handle = send.handle;
-    p.nodes = {recv, wait_recv, send, wait_send};
+    p.nodes = {recv, hir::Wait{recv.handle}, send, hir::Wait{send.handle}};
     return p;
   };
   c.ranks = {exchange(0, 1), exchange(1, 0)};

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "meshfuse/ir/parser.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 #include "test_helpers.h"
 
 namespace meshfuse {

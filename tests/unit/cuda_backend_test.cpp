@@ -5,7 +5,7 @@
 #include "cuda_test_helpers.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
-#include "meshfuse/runtime/cuda.h"
+#include "runtime/cuda.h"
 #include "runtime/tensor_blocks.h"
 
 namespace meshfuse {

@@ -16,13 +16,13 @@
 #include "cuda_test_helpers.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
-#include "meshfuse/kernel_ir.h"
+#include "codegen/kernel_ir.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
-#include "meshfuse/segment.h"
+#include "lower/segment.h"
 #include "models.h"
 #include "random_chains.h"
-#include "runtime/cuda/cuda_emitter.h"
+#include "codegen/cuda/cuda_emitter.h"
 
 namespace meshfuse {
 namespace {

@@ -26,11 +26,11 @@
 #include "meshfuse/ir/dtype.h"
 #include "meshfuse/ir/expr.h"
 #include "meshfuse/ir/fusion.h"
-#include "meshfuse/kernel_ir.h"
-#include "meshfuse/segment.h"
+#include "codegen/kernel_ir.h"
+#include "lower/segment.h"
 #include "meshfuse/tensor.h"
-#include "runtime/cuda/cuda_emitter.h"
-#include "runtime/cuda/gemm_plan.h"
+#include "codegen/cuda/cuda_emitter.h"
+#include "codegen/cuda/gemm_plan.h"
 
 namespace meshfuse::cuda_testing {
 

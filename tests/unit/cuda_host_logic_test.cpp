@@ -12,14 +12,14 @@
 #include <set>
 
 #include "meshfuse/ops.h"
-#include "meshfuse/runtime/backend.h"
-#include "meshfuse/runtime/cuda.h"
+#include "runtime/backend.h"
+#include "runtime/cuda.h"
 #include "runtime/cuda/caching_allocator.h"
-#include "runtime/cuda/gemm_plan.h"
+#include "codegen/cuda/gemm_plan.h"
 #include "runtime/cuda/host_staged_communicator.h"
 #include "runtime/cuda/nccl_support.h"
 #include "runtime/cuda/nvrtc_compiler.h"
-#include "runtime/cuda/runtime_kernels.h"
+#include "codegen/cuda/runtime_kernels.h"
 #include "test_helpers.h"
 
 namespace meshfuse {

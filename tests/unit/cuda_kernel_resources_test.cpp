@@ -15,11 +15,12 @@
 #include "cuda_emulation.h"
 #include "cuda_test_helpers.h"
 #include "meshfuse/ir/parser.h"
-#include "meshfuse/pipeline.h"
+#include "codegen/kernel_dump.h"
+#include "lower/pipeline.h"
 #include "models.h"
-#include "runtime/cuda/cuda_emitter.h"
+#include "codegen/cuda/cuda_emitter.h"
 #include "runtime/cuda/nvrtc_compiler.h"
-#include "runtime/cuda/runtime_kernels.h"
+#include "codegen/cuda/runtime_kernels.h"
 
 namespace meshfuse {
 namespace {

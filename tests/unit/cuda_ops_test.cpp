@@ -10,7 +10,7 @@
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/npy.h"
 #include "meshfuse/ops.h"
-#include "meshfuse/runtime/cuda.h"
+#include "runtime/cuda.h"
 
 namespace meshfuse {
 namespace {

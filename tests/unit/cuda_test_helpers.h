@@ -14,8 +14,8 @@
 
 #include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
-#include "meshfuse/runtime/backend.h"
-#include "meshfuse/runtime/cuda.h"
+#include "runtime/backend.h"
+#include "runtime/cuda.h"
 #include "meshfuse/tensor.h"
 
 namespace meshfuse::cuda_testing {

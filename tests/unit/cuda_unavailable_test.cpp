@@ -3,9 +3,10 @@
 // "no CUDA device: <reason>" as a RuntimeError, and "auto" falls back to the CPU.
 #include <gtest/gtest.h>
 
-#include "meshfuse/runtime/backend.h"
-#include "meshfuse/runtime/communicator.h"
-#include "meshfuse/runtime/cuda.h"
+#include "driver/backends.h"
+#include "runtime/backend.h"
+#include "meshfuse/communicator.h"
+#include "runtime/cuda.h"
 #include "test_helpers.h"
 
 namespace meshfuse {

@@ -5,10 +5,11 @@
 #include <gtest/gtest.h>
 
 #include "meshfuse/ir/parser.h"
-#include "meshfuse/pipeline.h"
-#include "meshfuse/runtime/backend.h"
-#include "meshfuse/runtime/memory.h"
-#include "runtime/input_agreement.h"
+#include "lower/pipeline.h"
+#include "driver/backends.h"
+#include "runtime/backend.h"
+#include "runtime/memory.h"
+#include "driver/input_agreement.h"
 #include "test_helpers.h"
 
 namespace meshfuse {

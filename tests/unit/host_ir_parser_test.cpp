@@ -9,10 +9,10 @@
 #include <sstream>
 
 #include "meshfuse/error.h"
-#include "meshfuse/host_ir_verifier.h"
+#include "lower/host_ir_verifier.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse {
 namespace {

@@ -6,10 +6,10 @@
 #include <sstream>
 
 #include "meshfuse/error.h"
-#include "meshfuse/host_ir_verifier.h"
+#include "lower/host_ir_verifier.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse {
 namespace {
@@ -37,10 +37,12 @@ std::string violation(const HostProgram& p, HostVerifyOptions o = {}) {
   return "";
 }
 
-HostNode* find(std::vector<HostNode>& nodes, HostNodeKind kind, int nth = 0) {
-  HostNode* found = nullptr;
+// The first node of kind T (in pre-order), and its position in `nodes` when it is at top level.
+template <typename T>
+T* find(std::vector<HostNode>& nodes, std::ptrdiff_t* at = nullptr) {
+  T* found = nullptr;
   forEachNode(nodes, [&](HostNode& n) {
-    if (!found && n.kind == kind && nth-- == 0) found = &n;
+    if (!found && (found = n.as<T>()) && at) *at = &n - nodes.data();
   });
   return found;
 }
@@ -58,9 +60,9 @@ TEST(HostIrVerifier, AcceptsEveryRankOfTheExamples) {
 
 TEST(HostIrVerifier, UseBeforeAllocate) {
   HostProgram p = programForRank(compileFile("examples/tp_mlp.mf"), 0);
-  HostNode* first = find(p.nodes, HostNodeKind::Allocate);
-  ASSERT_TRUE(first);
-  p.nodes.erase(p.nodes.begin() + (first - p.nodes.data()));  // `allocate %up` goes
+  std::ptrdiff_t at = -1;
+  ASSERT_TRUE(find<hir::Allocate>(p.nodes, &at));
+  p.nodes.erase(p.nodes.begin() + at);  // `allocate %up` goes
   EXPECT_EQ(violation(p),
             "host IR verifier: `gemm #0 %up = linear(%inp, %up_w, bias=%up_b)` uses %up, which is not allocated "
             "before it");
@@ -68,12 +70,11 @@ TEST(HostIrVerifier, UseBeforeAllocate) {
 
 TEST(HostIrVerifier, UseAfterDeallocate) {
   HostProgram p = programForRank(compileFile("examples/tp_mlp.mf"), 0);
-  HostNode* launch = find(p.nodes, HostNodeKind::LaunchKernel);
+  std::ptrdiff_t at = -1;
+  hir::LaunchKernel* launch = find<hir::LaunchKernel>(p.nodes, &at);
   ASSERT_TRUE(launch);
-  HostNode free_up;
-  free_up.kind = HostNodeKind::Deallocate;
-  free_up.tv = p.segment(*launch).inputs.at(0);
-  p.nodes.insert(p.nodes.begin() + (launch - p.nodes.data()), free_up);
+  hir::Deallocate free_up{{p.segment(*launch).inputs.at(0)}};
+  p.nodes.insert(p.nodes.begin() + at, free_up);
   std::string m = violation(p);
   EXPECT_NE(m.find("host IR verifier: `launch #1 %act = gelu(%up, approximate=\"tanh\")` uses %up after its "
                    "deallocate"),
@@ -83,7 +84,7 @@ TEST(HostIrVerifier, UseAfterDeallocate) {
 
 TEST(HostIrVerifier, WaitWithoutItsCommunication) {
   HostProgram p = programForRank(compileFile("examples/tp_mlp.mf"), 0);
-  HostNode* wait = find(p.nodes, HostNodeKind::Wait);
+  hir::Wait* wait = find<hir::Wait>(p.nodes);
   ASSERT_TRUE(wait);
   wait->handle = 7;
   EXPECT_EQ(violation(p),
@@ -95,7 +96,7 @@ TEST(HostIrVerifier, EventWaitedForBeforeItIsRecorded) {
   PipelineOptions o;
   o.propagation.gather_parameters = true;  // FSDP: prefetched gathers, ordered by events
   HostProgram p = programForRank(compileFile("examples/fsdp_mlp.mf", o), 0);
-  HostNode* record = find(p.nodes, HostNodeKind::RecordEvent);
+  hir::RecordEvent* record = find<hir::RecordEvent>(p.nodes);
   ASSERT_TRUE(record);
   const int64_t event = record->event;
   record->event = 99;
@@ -125,12 +126,12 @@ TEST(HostIrVerifier, LoopCarriedValueInABufferOfOneIteration) {
   o.overlap.chunks = 2;
   o.sizes = {{"t", 64}};
   HostProgram p = programForRank(compileFile("examples/sp_mlp.mf", o), 0);
-  HostNode* loop = find(p.nodes, HostNodeKind::ForLoop);
+  hir::ForLoop* loop = find<hir::ForLoop>(p.nodes);
   ASSERT_TRUE(loop);
   // The loop's first use of a per-iteration buffer moves ahead of its allocate: its value would
   // have to come from the previous iteration's buffer.
   auto& body = loop->body;
-  auto alloc = std::find_if(body.begin(), body.end(), [](const HostNode& n) { return n.kind == HostNodeKind::Allocate; });
+  auto alloc = std::find_if(body.begin(), body.end(), [](const HostNode& n) { return n.is<hir::Allocate>(); });
   ASSERT_TRUE(alloc != body.end());
   HostNode a = *alloc;
   body.erase(alloc);
@@ -144,7 +145,7 @@ TEST(HostIrVerifier, LoopCarriedValueInABufferOfOneIteration) {
 
 TEST(HostIrVerifier, BlockIndexOverMoreLoopsThanEncloseIt) {
   HostProgram p = programForRank(compileFile("examples/tp_mlp.mf"), 0);
-  HostNode* comm = find(p.nodes, HostNodeKind::Communication);
+  hir::Communication* comm = find<hir::Communication>(p.nodes);
   ASSERT_TRUE(comm);
   comm->in.blocks = 2;
   comm->in.loop_coeffs = {1};

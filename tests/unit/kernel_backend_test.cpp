@@ -8,8 +8,8 @@
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
-#include "meshfuse/runtime/backend.h"
-#include "meshfuse/segment.h"
+#include "runtime/backend.h"
+#include "lower/segment.h"
 
 namespace meshfuse {
 namespace {

@@ -14,6 +14,7 @@
 #include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
 #include "random_chains.h"
+#include "runtime/backend.h"
 
 namespace meshfuse {
 namespace {

@@ -3,9 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "meshfuse/ir/fusion.h"
-#include "meshfuse/kernel_ir.h"
+#include "codegen/kernel_ir.h"
 #include "meshfuse/ops.h"
-#include "meshfuse/segment.h"
+#include "lower/segment.h"
 
 namespace meshfuse {
 namespace {

@@ -1,5 +1,5 @@
 // segment: which ops share a segment, the order of segments, and their exact inputs/outputs.
-#include "meshfuse/segment.h"
+#include "lower/segment.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse {
 namespace {

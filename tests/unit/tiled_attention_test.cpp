@@ -11,12 +11,13 @@
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/printer.h"
-#include "meshfuse/kernel_ir.h"
+#include "codegen/kernel_ir.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
-#include "meshfuse/segment.h"
-#include "lower/kernel_lower.h"
+#include "lower/segment.h"
+#include "codegen/kernel_lower.h"
 #include "runtime/cpu/attention_kernel.h"
+#include "runtime/backend.h"
 
 namespace meshfuse {
 namespace {

@@ -13,7 +13,7 @@
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/ir/printer.h"
 #include "meshfuse/ops.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 #include "meshfuse/reference.h"
 #include "propagation/sharding_rule.h"
 #include "test_helpers.h"

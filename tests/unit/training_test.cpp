@@ -12,6 +12,8 @@
 #include "meshfuse/optimizer.h"
 #include "meshfuse/training_executor.h"
 #include "test_helpers.h"
+#include "runtime/backend.h"
+#include "lower/host_ir.h"
 
 namespace meshfuse {
 namespace {

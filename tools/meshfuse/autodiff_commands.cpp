@@ -7,7 +7,7 @@
 
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/printer.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse::cli {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "meshfuse/grad_check.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse::cli {
 

@@ -8,11 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "meshfuse/host_ir.h"
+#include "lower/host_ir.h"
 #include "meshfuse/ir/fusion.h"
-#include "meshfuse/pipeline.h"
-#include "meshfuse/runtime/backend.h"
-#include "meshfuse/runtime/communicator.h"
+#include "lower/pipeline.h"
+#include "driver/backends.h"
+#include "runtime/backend.h"
+#include "meshfuse/communicator.h"
 #include "meshfuse/tensor.h"
 
 namespace meshfuse::cli {

@@ -17,9 +17,10 @@
 #include "meshfuse/ir/printer.h"
 #include "meshfuse/ir/verifier.h"
 #include "meshfuse/npy.h"
-#include "meshfuse/pipeline.h"
+#include "codegen/kernel_dump.h"
+#include "lower/pipeline.h"
 #include "meshfuse/reference.h"
-#include "meshfuse/runtime/host_ir_evaluator.h"
+#include "runtime/host_ir_evaluator.h"
 
 namespace mf = meshfuse;
 namespace cli = meshfuse::cli;

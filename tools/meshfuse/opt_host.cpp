@@ -10,11 +10,11 @@
 
 #include "cli_common.h"
 #include "meshfuse/error.h"
-#include "meshfuse/host_ir_verifier.h"
+#include "lower/host_ir_verifier.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ir/verifier.h"
-#include "meshfuse/pipeline.h"
+#include "lower/pipeline.h"
 
 namespace meshfuse::cli {
 namespace {

@@ -18,10 +18,10 @@
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/npy.h"
 #include "meshfuse/reference.h"
-#include "meshfuse/runtime/communicator.h"
-#include "meshfuse/runtime/cuda.h"
-#include "meshfuse/runtime/host_ir_evaluator.h"
-#include "meshfuse/runtime/memory.h"
+#include "meshfuse/communicator.h"
+#include "runtime/cuda.h"
+#include "runtime/host_ir_evaluator.h"
+#include "runtime/memory.h"
 
 namespace meshfuse::cli {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "meshfuse/kernel_ir.h"
+#include "codegen/kernel_ir.h"
 
 namespace meshfuse::cpu {
 

@@ -16,11 +16,11 @@
 #include <unordered_map>
 
 #include "meshfuse/ir/fusion.h"
-#include "meshfuse/kernel_ir.h"
-#include "meshfuse/runtime/backend.h"
+#include "codegen/kernel_ir.h"
+#include "runtime/backend.h"
 #include "runtime/cpu/attention_kernel.h"
 #include "runtime/cpu/host_allocator.h"
-#include "runtime/cpu/jit.h"
+#include "codegen/llvm/jit.h"
 #include "runtime/cpu/segment_key.h"
 
 namespace meshfuse {
@@ -158,10 +158,5 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> makeCpuBackend() { return std::make_unique<CpuBackend>(); }
-
-std::string cpuLlvmIr(const kir::Program& program) {
-  cpu::Jit jit;
-  return jit.optimizedIr(cpu::emitModule(program, "mf"));
-}
 
 }  // namespace meshfuse

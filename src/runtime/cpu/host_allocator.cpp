@@ -7,7 +7,7 @@
 
 #include "meshfuse/error.h"
 #include "meshfuse/ir/extent.h"
-#include "meshfuse/runtime/memory.h"
+#include "runtime/memory.h"
 
 namespace meshfuse::cpu {
 

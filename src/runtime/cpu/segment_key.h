@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "meshfuse/runtime/backend.h"
+#include "runtime/backend.h"
 
 namespace meshfuse::cpu {
 

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <string>
 
-#include "runtime/cuda/gemm_plan.h"
+#include "codegen/cuda/gemm_plan.h"
 
 namespace meshfuse::cuda {
 

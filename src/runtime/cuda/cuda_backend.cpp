@@ -15,18 +15,18 @@
 #include "meshfuse/error.h"
 #include "meshfuse/ir/expr.h"
 #include "meshfuse/ir/fusion.h"
-#include "meshfuse/kernel_ir.h"
-#include "meshfuse/runtime/cuda.h"
-#include "meshfuse/runtime/environment.h"
+#include "codegen/kernel_ir.h"
+#include "runtime/cuda.h"
+#include "runtime/environment.h"
 #include "runtime/cpu/segment_key.h"
 #include "runtime/cuda/cublaslt_gemm.h"
-#include "runtime/cuda/cuda_emitter.h"
+#include "codegen/cuda/cuda_emitter.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/cuda_error.h"
 #include "runtime/cuda/cuda_streams.h"
 #include "runtime/cuda/nccl_support.h"
 #include "runtime/cuda/nvrtc_compiler.h"
-#include "runtime/cuda/runtime_kernels.h"
+#include "codegen/cuda/runtime_kernels.h"
 
 namespace meshfuse {
 namespace {

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/cuda.h"
+#include "runtime/cuda.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/cuda/nvrtc_compiler.h"
 

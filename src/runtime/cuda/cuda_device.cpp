@@ -5,7 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/environment.h"
+#include "runtime/environment.h"
 #include "runtime/cuda/cuda_error.h"
 
 namespace meshfuse::cuda {

@@ -12,7 +12,7 @@
 
 #include <memory>
 
-#include "meshfuse/runtime/streams.h"
+#include "runtime/streams.h"
 #include "runtime/cuda/cuda_context.h"
 
 namespace meshfuse::cuda {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/cuda.h"
+#include "runtime/cuda.h"
 #include "runtime/communicator_checks.h"
 
 namespace meshfuse::cuda {

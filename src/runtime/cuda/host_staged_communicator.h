@@ -23,7 +23,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "meshfuse/runtime/communicator.h"
+#include "meshfuse/communicator.h"
 
 namespace meshfuse::cuda {
 

@@ -33,8 +33,8 @@
 #include <thread>
 
 #include "meshfuse/error.h"
-#include "meshfuse/runtime/cuda.h"
-#include "meshfuse/runtime/environment.h"
+#include "runtime/cuda.h"
+#include "runtime/environment.h"
 #include "runtime/communicator_checks.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/cuda_error.h"

@@ -3,9 +3,8 @@
 // machine without a GPU ("no CUDA device: <reason>", see docs/cuda.md), so callers, the CLI's
 // --device=cuda and the GPU tests' skips need no second code path.
 #include "meshfuse/error.h"
-#include "meshfuse/kernel_ir.h"
-#include "meshfuse/runtime/backend.h"
-#include "meshfuse/runtime/cuda.h"
+#include "runtime/backend.h"
+#include "runtime/cuda.h"
 #include "meshfuse_cuda_absent.h"  // MESHFUSE_CUDA_ABSENT_REASON, written by CMake
 
 namespace meshfuse {
@@ -34,7 +33,5 @@ std::unique_ptr<Communicator> makeHostStagedCommunicator(std::unique_ptr<Communi
 }
 
 std::unique_ptr<Communicator> makeCudaCommunicator(std::unique_ptr<Communicator>) { unavailable("GPU communicator"); }
-
-std::string cudaSource(const kir::Program&, const std::string&, int, bool) { unavailable("CUDA emitter"); }
 
 }  // namespace meshfuse
