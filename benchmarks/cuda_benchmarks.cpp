@@ -70,7 +70,7 @@ struct OnGpu {
   std::unique_ptr<MultiDeviceExecutor> exec;
   std::vector<ShardedTensor> inputs;
   OnGpu(const Fusion& def, const std::vector<Tensor>& host_inputs) {
-    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(def), *self, makeCudaBackend());
+    exec = std::make_unique<MultiDeviceExecutor>(def.clone(), *self, makeCudaBackend());
     for (const Tensor& t : host_inputs)
       inputs.push_back({exec->backend().upload(t), DeviceMesh({0}), {Placement::replicate()}});
   }

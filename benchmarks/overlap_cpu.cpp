@@ -87,9 +87,9 @@ int main(int argc, char** argv) {
       std::tie(variants[v].name, variants[v].algorithm, variants[v].chunks) = kinds[v];
     for (Variant& v : variants) {
       ExecutorOptions o;
-      o.pipeline.overlap.algorithm = v.algorithm;
+      o.pipeline.overlap.algorithm = parseOverlapAlgorithm(v.algorithm);
       o.pipeline.overlap.chunks = v.chunks;
-      v.exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(def), *comm, nullptr, o);
+      v.exec = std::make_unique<MultiDeviceExecutor>(def.clone(), *comm, nullptr, o);
       v.exec->run(in);  // compile and warm up
       v.exec->run(in);
     }
@@ -118,10 +118,10 @@ int main(int argc, char** argv) {
     for (Variant& v : variants) {
       // The hidden fraction of a traced run of the same program, after a warm-up.
       ExecutorOptions o;
-      o.pipeline.overlap.algorithm = v.algorithm;
+      o.pipeline.overlap.algorithm = parseOverlapAlgorithm(v.algorithm);
       o.pipeline.overlap.chunks = v.chunks;
       o.trace = true;
-      MultiDeviceExecutor traced(cloneFusion(def), *comm, nullptr, o);
+      MultiDeviceExecutor traced(def.clone(), *comm, nullptr, o);
       traced.run(in);
       traced.run(in);
       OverlapSummary s = summarizeOverlap(traced.lastTrace());

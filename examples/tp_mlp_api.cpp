@@ -20,7 +20,7 @@ int main() {
     TensorView* up_w = def->defineTensor({256, 64}, DataType::Float, "up_w");
     TensorView* down_w = def->defineTensor({64, 256}, DataType::Float, "down_w");
     def->addOutput(ops::linear(ops::gelu(ops::linear(inp, up_w), "tanh"), down_w));
-    std::unique_ptr<Fusion> reference_def = cloneFusion(*def);
+    std::unique_ptr<Fusion> reference_def = def->clone();
 
     std::unique_ptr<Communicator> comm = makeDefaultCommunicator();  // MPI under mpirun
     const int64_t n = comm->size(), r = comm->rank();

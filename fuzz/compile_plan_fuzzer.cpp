@@ -226,7 +226,7 @@ Program decodeProgram(Decoder& d) {
   for (TensorView* tv : outputs) p.fusion->addOutput(tv);
 
   OverlapOptions& overlap = p.options.overlap;
-  overlap.algorithm = d.from(std::vector<std::string>{"none", "none", "collective", "ring"});
+  overlap.algorithm = parseOverlapAlgorithm(d.from(std::vector<std::string>{"none", "none", "collective", "ring"}));
   overlap.chunks = d.pick(5);
   overlap.streams = 1 + d.pick(3);
   p.options.propagation.gather_parameters = d.chance(20);
@@ -268,7 +268,7 @@ void compileAndPlan(Program p) {
 
   if (tracing())
     trace(fmt::format("{}options: overlap {} chunks {} streams {} fsdp {} sizes {}", printFusion(*p.fusion),
-                      options.overlap.algorithm, options.overlap.chunks, options.overlap.streams,
+                      overlapAlgorithmName(options.overlap.algorithm), options.overlap.chunks, options.overlap.streams,
                       options.propagation.gather_parameters, fmt::join(options.sizes, ", ")));
   CompiledProgram compiled = compile(std::move(p.fusion), options, /*keep_stages=*/true);
 

@@ -30,22 +30,42 @@ class Config:
 LAYER_PARAMS = ["ln1_w", "ln1_b", "wq", "wk", "wv", "wo", "ln2_w", "ln2_b", "up_w", "up_b", "down_w", "down_b"]
 
 
+def layer_param_shapes(c: Config) -> dict:
+    """One decoder layer's parameters (LAYER_PARAMS) and their shapes."""
+    h = c.hidden
+    return dict(zip(LAYER_PARAMS, [[h], [h], [h, h], [h, h], [h, h], [h, h], [h], [h], [4 * h, h], [4 * h], [h, 4 * h],
+                                   [h]]))
+
+
 def param_shapes(c: Config) -> dict:
     h = c.hidden
     shapes = {"wte": [c.vocab, h], "wpe": [c.seq, h]}
     for layer in range(c.layers):
-        for name, shape in zip(LAYER_PARAMS, [[h], [h], [h, h], [h, h], [h, h], [h, h], [h], [h], [4 * h, h], [4 * h],
-                                              [h, 4 * h], [h]]):
-            shapes[f"l{layer}.{name}"] = shape
+        shapes.update({f"l{layer}.{name}": shape for name, shape in layer_param_shapes(c).items()})
     shapes.update({"lnf_w": [h], "lnf_b": [h], "head": [c.vocab, h]})
     return shapes
+
+
+def decoder_layer(ops, c: Config, x, w: dict):
+    """One pre-norm decoder layer on x [batch, seq, hidden] (w: LAYER_PARAMS by name): causal
+    multi-head attention and a GELU MLP, each added to the residual."""
+    b, s, h, heads = c.batch, c.seq, c.hidden, c.heads
+
+    def to_heads(t):  # [b, s, h] -> [b, heads, s, e]
+        return ops.permute(ops.reshape(t, [b, s, heads, h // heads]), [0, 2, 1, 3])
+
+    a = ops.layer_norm(x, w["ln1_w"], w["ln1_b"])
+    q, k, v = (to_heads(ops.linear(a, w[n])) for n in ("wq", "wk", "wv"))
+    attn = ops.reshape(ops.permute(ops.sdpa(q, k, v, is_causal=True), [0, 2, 1, 3]), [b, s, h])
+    x = ops.add(x, ops.linear(attn, w["wo"]))
+    m = ops.gelu(ops.linear(ops.layer_norm(x, w["ln2_w"], w["ln2_b"]), w["up_w"], w["up_b"]), approximate="tanh")
+    return ops.add(x, ops.linear(m, w["down_w"], w["down_b"]))
 
 
 def define_tiny_gpt(c: Config):
     """The definition: inputs are the parameters (in param_shapes' order), then the tokens and
     the targets (i64 [batch, seq]); the output is the mean cross-entropy."""
-    b, s, h, heads = c.batch, c.seq, c.hidden, c.heads
-    e = h // heads
+    b, s, h = c.batch, c.seq, c.hidden
 
     def define(fd):
         p = {name: fd.define_tensor(shape, name=name.replace(".", "_")) for name, shape in param_shapes(c).items()}
@@ -53,19 +73,8 @@ def define_tiny_gpt(c: Config):
         targets = fd.define_tensor([b, s], DataType.Int64, name="targets")
         ops = fd.ops
         x = ops.add(ops.embedding(p["wte"], tokens), ops.broadcast_in_dim(p["wpe"], [1, s, h], [1, 2]))
-
-        def to_heads(t):  # [b, s, h] -> [b, heads, s, e]
-            return ops.permute(ops.reshape(t, [b, s, heads, e]), [0, 2, 1, 3])
-
         for layer in range(c.layers):
-            w = {n: p[f"l{layer}.{n}"] for n in LAYER_PARAMS}
-            a = ops.layer_norm(x, w["ln1_w"], w["ln1_b"])
-            q, k, v = (to_heads(ops.linear(a, w[n])) for n in ("wq", "wk", "wv"))
-            attn = ops.reshape(ops.permute(ops.sdpa(q, k, v, is_causal=True), [0, 2, 1, 3]), [b, s, h])
-            x = ops.add(x, ops.linear(attn, w["wo"]))
-            m = ops.gelu(ops.linear(ops.layer_norm(x, w["ln2_w"], w["ln2_b"]), w["up_w"], w["up_b"]),
-                         approximate="tanh")
-            x = ops.add(x, ops.linear(m, w["down_w"], w["down_b"]))
+            x = decoder_layer(ops, c, x, {n: p[f"l{layer}.{n}"] for n in LAYER_PARAMS})
         logits = ops.linear(ops.layer_norm(x, p["lnf_w"], p["lnf_b"]), p["head"])
         fd.add_output(ops.cross_entropy(ops.reshape(logits, [b * s, c.vocab]), ops.reshape(targets, [b * s])))
 
@@ -94,21 +103,27 @@ def batch(c: Config, seed: int = 1):
     return tokens, targets
 
 
-def torch_loss(c: Config, params: dict, tokens, targets):
-    """The same model in PyTorch (params: torch tensors by name)."""
-    import torch
+def torch_decoder_layer(c: Config, x, w: dict):
+    """decoder_layer in PyTorch (w: torch tensors by name)."""
     import torch.nn.functional as F
 
     b, s, h, heads = c.batch, c.seq, c.hidden, c.heads
+    a = F.layer_norm(x, (h,), w["ln1_w"], w["ln1_b"])
+    q, k, v = (F.linear(a, w[n]).reshape(b, s, heads, h // heads).transpose(1, 2) for n in ("wq", "wk", "wv"))
+    attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
+    x = x + F.linear(attn, w["wo"])
+    m = F.gelu(F.linear(F.layer_norm(x, (h,), w["ln2_w"], w["ln2_b"]), w["up_w"], w["up_b"]), approximate="tanh")
+    return x + F.linear(m, w["down_w"], w["down_b"])
+
+
+def torch_loss(c: Config, params: dict, tokens, targets):
+    """The same model in PyTorch (params: torch tensors by name)."""
+    import torch.nn.functional as F
+
+    b, s, h = c.batch, c.seq, c.hidden
     x = F.embedding(tokens, params["wte"]) + params["wpe"]
     for layer in range(c.layers):
-        w = {n: params[f"l{layer}.{n}"] for n in LAYER_PARAMS}
-        a = F.layer_norm(x, (h,), w["ln1_w"], w["ln1_b"])
-        q, k, v = (F.linear(a, w[n]).reshape(b, s, heads, h // heads).transpose(1, 2) for n in ("wq", "wk", "wv"))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
-        x = x + F.linear(attn, w["wo"])
-        m = F.gelu(F.linear(F.layer_norm(x, (h,), w["ln2_w"], w["ln2_b"]), w["up_w"], w["up_b"]), approximate="tanh")
-        x = x + F.linear(m, w["down_w"], w["down_b"])
+        x = torch_decoder_layer(c, x, {n: params[f"l{layer}.{n}"] for n in LAYER_PARAMS})
     logits = F.linear(F.layer_norm(x, (h,), params["lnf_w"], params["lnf_b"]), params["head"])
     return F.cross_entropy(logits.reshape(b * s, c.vocab), targets.reshape(b * s))
 

@@ -80,6 +80,15 @@ class MultiDeviceExecutor {
   // a mesh naming ranks the world lacks, a bad placement), identically on every rank.
   std::vector<ShardedTensor> run(const std::vector<ShardedTensor>& inputs);
 
+  // A compiled program of the cache, for one input layout (opaque; it lives as long as the
+  // executor). prepare() compiles it (or finds it) once; run(program, inputs) then skips the
+  // lookup of the inputs' signature, as a front end that keeps one handle per call signature
+  // does (Python's Prepared). Inputs the program was not compiled for (other placements, or other
+  // sizes where the program depends on them) fall back to the lookup: a handle is never wrong.
+  struct Program;
+  Program& prepare(const std::vector<ShardedTensor>& inputs);
+  std::vector<ShardedTensor> run(Program& program, const std::vector<ShardedTensor>& inputs);
+
   // Compiles (or finds in the cache) the program for inputs with these layouts, without running
   // (CompiledProgram and HostProgram are internals: src/lower/pipeline.h, src/lower/host_ir.h).
   const CompiledProgram& plan(const std::vector<ShardedTensor>& inputs);
@@ -97,14 +106,19 @@ class MultiDeviceExecutor {
   const Fusion& definition() const { return *definition_; }
 
  private:
-  struct Entry;
+  using Entry = Program;
   struct Layout;
   Entry& entryFor(const std::vector<ShardedTensor>& inputs);
+  // Whether `e` is the program for `inputs` (their placements, and sizes where they matter).
+  bool serves(const Entry& e, const std::vector<ShardedTensor>& inputs) const;
   // The world has every rank the inputs' and the definition's meshes name (a MeshError if not).
   void checkWorld(const std::vector<ShardedTensor>& inputs) const;
   Entry& entryFor(const std::vector<ShardedTensor>& inputs, const std::string& key, const SymbolBindings& sizes,
                   bool sized);
-  std::vector<ShardedTensor> runChecked(const std::vector<ShardedTensor>& inputs);
+  // run() with a program that may serve the inputs (nullptr: look it up); raw std:: exceptions
+  // from inside become InternalErrors.
+  std::vector<ShardedTensor> runGuarded(Entry* hint, const std::vector<ShardedTensor>& inputs);
+  std::vector<ShardedTensor> runChecked(Entry* hint, const std::vector<ShardedTensor>& inputs);
   // ExecutorOptions::check_inputs (input_agreement.cpp).
   void agreeOnInputs(const std::vector<ShardedTensor>& inputs);
 

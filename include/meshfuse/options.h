@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "meshfuse/ir/extent.h"
 
@@ -19,6 +21,7 @@ namespace meshfuse {
 enum class ContextParallel { Auto, Ulysses, Gather };
 // "auto" | "ulysses" | "gather" (the CLI's --cp, Python's cp=); a ValueError names the others.
 ContextParallel parseContextParallel(const std::string& name);
+const char* contextParallelName(ContextParallel cp);
 
 struct PropagationOptions {
   // Fully sharded data parallelism: parameters are all-gathered where they are used and the
@@ -27,11 +30,20 @@ struct PropagationOptions {
   ContextParallel context_parallel = ContextParallel::Auto;
 };
 
+// decompose-for-overlap: how every allgather+GEMM, GEMM+reduce-scatter and GEMM+allreduce pair
+// is pipelined.
+//   None:       only the pairs whose GEMM the user's schedule chunks (collective-based);
+//   Collective: each pair in chunks, a smaller collective per chunk beside the GEMM of the last;
+//   Ring:       the blocks travel around the ring by send/recv beside the GEMMs.
+enum class OverlapAlgorithm { None, Collective, Ring };
+// "none" | "collective" | "ring" (the CLI's --overlap, Python's overlap=, the IR's overlap=
+// attribute); a ValueError names the others.
+OverlapAlgorithm parseOverlapAlgorithm(const std::string& name);
+const char* overlapAlgorithmName(OverlapAlgorithm algorithm);
+
 // decompose-for-overlap and the streams of its loops.
 struct OverlapOptions {
-  // Applied to every allgather+GEMM, GEMM+reduce-scatter and GEMM+allreduce pair:
-  //   "none" (only pairs the user's schedule chunks), "collective" or "ring".
-  std::string algorithm = "none";
+  OverlapAlgorithm algorithm = OverlapAlgorithm::None;
   int64_t chunks = 0;   // 0: as many as devices on the collective's mesh axis
   int64_t streams = 2;  // the stream pool collective-based iterations rotate through
 };
@@ -49,5 +61,23 @@ struct PipelineOptions {
                                    // by "# ----- IR after <pass>" (readable with --split-input-file)
   std::ostream* timing = nullptr;  // when set, print each pass's wall time here
 };
+
+// The compile options a user sets, listed once: the CLI makes its flags (--overlap ...) and
+// Python's FusionDefinitionWrapper its keyword arguments (overlap= ...) from this table, so no
+// front end maps options by hand and a new option reaches both. (src/ir/options.cpp)
+struct CompileOption {
+  enum class Type { Choice, Count, Flag };
+  std::string name;                  // --NAME on the CLI, NAME= in Python
+  std::string help;                  // one line
+  Type type;
+  std::vector<std::string> choices;  // Choice: the values it takes
+  // The value in `o` as text ("ring", "4", "true"); of a default PipelineOptions: the default.
+  std::function<std::string(const PipelineOptions& o)> get;
+  // Sets it from text; a ValueError names the option, the value and what it takes.
+  std::function<void(PipelineOptions& o, const std::string& value)> set;
+};
+const std::vector<CompileOption>& compileOptions();
+// The option called `name`; a ValueError lists the options.
+const CompileOption& findCompileOption(const std::string& name);
 
 }  // namespace meshfuse

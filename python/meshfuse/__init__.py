@@ -24,7 +24,7 @@ from ._world import barrier, communicator_name, cuda_available, init, is_initial
 from .dtensor import DTensor, distribute_tensor
 from .fusion_definition import DataType, FusionDefinition, ParallelType, TensorView
 from .mesh import DeviceMesh, Partial, Placement, Replicate, Shard
-from .wrapper import FusionDefinitionWrapper, Plan
+from .wrapper import FusionDefinitionWrapper, Plan, compile_options
 from . import optim, torch_interop  # noqa: E402  (meshfuse.optim.SGD/AdamW, torch_interop.autograd)
 
 _world.install_excepthook()  # an uncaught exception on one rank aborts the job, not just that rank
@@ -33,5 +33,5 @@ __all__ = [
     "Error", "init", "is_initialized", "rank", "world_size", "barrier", "communicator_name", "cuda_available",
     "DataType", "ParallelType", "FusionDefinition", "TensorView",
     "DeviceMesh", "Placement", "Shard", "Replicate", "Partial", "DTensor", "distribute_tensor",
-    "FusionDefinitionWrapper", "Plan", *_C.ERROR_KINDS,
+    "FusionDefinitionWrapper", "Plan", "compile_options", *_C.ERROR_KINDS,
 ]

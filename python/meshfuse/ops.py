@@ -24,7 +24,7 @@ _ATTR_ALIASES = {"reshape": {"new_shape": "shape"}, "permute": {"permutation": "
                  **{r: {"dim": "dims"} for r in _REDUCTIONS}}
 # Attributes whose table default is a sentinel meaning "derive it": Python shows torch's None, and
 # refuses the sentinel itself, which a user would read literally (scale=0: every score 0).
-_NONE_DEFAULTS = {"sdpa": {"scale": "1/sqrt(head size)"}, "sdpa_lse": {"scale": "1/sqrt(head size)"}}
+_NONE_DEFAULTS = {op: {"scale": "1/sqrt(head size)"} for op in ("sdpa", "sdpa_lse", "sdpa_grad")}
 
 
 def _signature(schema) -> inspect.Signature:

@@ -11,7 +11,8 @@ of pointwise ops whose outputs are aliased to the parameter and state buffers (d
 no copy, no allocation, state placed like its parameter (ZeRO-style sharding follows from
 sharded parameters), compiled once (the step count and learning rate enter as scalar inputs).
 bf16/f16 parameters keep an f32 master copy and f32 state. Semantics: torch.optim.SGD (dampening
-0) and torch.optim.AdamW (amsgrad off).
+0) and torch.optim.AdamW (amsgrad off). A learning-rate schedule sets ``group["lr"]`` of
+``opt.param_groups`` between steps, as in torch, without recompiling.
 """
 
 from __future__ import annotations
@@ -92,16 +93,31 @@ def _scalar_like(p, value: float):
 
 
 class _Group:
-    """One parameter group: its options, its fused update program and its state."""
+    """One parameter group: its options, its fused update program and its state. Reads like a
+    torch.optim parameter group (``group["lr"]``, ``group["params"]``); only "lr" can be set, since
+    it enters the program as a scalar input each step while the other options are compiled in."""
 
-    def __init__(self, kind: str, params: list, options: dict):
+    def __init__(self, kind: str, name: str, params: list, user_options: dict, options: dict):
         from .wrapper import _wrapper_of
-        self.kind, self.params, self.options = kind, params, options
+        self.kind, self.name, self.params, self.options = kind, name, params, options
+        self._user_options = user_options
         types = [(list(p.shape), p.dtype if isinstance(p, DTensor) else _torch_dtype(p)) for p in params]
         fusion, self.layout, self.state_names, self.scalar_names = _C.optimizer_step(kind, options, types)
         self.program = _wrapper_of(fusion, None)
         self.state = []  # per parameter: {"master": ..., "exp_avg": ...}, made at the first step
         self.steps = 0
+
+    def __getitem__(self, key: str):
+        return self.params if key == "params" else self._user_options[key]
+
+    def __setitem__(self, key: str, value):
+        if key != "lr":
+            raise _C.ValueError(f"{self.name}: only a parameter group's 'lr' can change between steps (the other "
+                                f"options are compiled into its update program), not {key!r}")
+        self._user_options["lr"] = self.options["lr"] = float(value)
+
+    def keys(self):
+        return ["params"] + list(self._user_options)
 
     def _init_state(self):
         for p, (has_master, _, _) in zip(self.params, self.layout):
@@ -152,7 +168,7 @@ class _Optimizer:
                 index += 1
             options = dict(defaults)
             options.update({k: v for k, v in g.items() if k != "params"})
-            self.param_groups.append(_Group(self._kind, ps, self._cpp_options(options)))
+            self.param_groups.append(_Group(self._kind, self._name, ps, options, self._cpp_options(options)))
 
     @staticmethod
     def _cpp_options(options: dict) -> dict:

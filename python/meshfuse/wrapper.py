@@ -93,21 +93,13 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 class FusionDefinitionWrapper:
-    def __init__(self, define_fusion, *, overlap: str = "none", chunks: int = 0, streams: int = 2,
-                 fsdp: bool = False, cp: str = "auto", trace: bool = False, check_inputs: str = "first",
-                 abort_on_failure: bool = True, device: str = "auto"):
+    def __init__(self, define_fusion, *, trace: bool = False, check_inputs: str = "first",
+                 abort_on_failure: bool = True, device: str = "auto", **compile_options):
         """`define_fusion(fd)` defines the single-device program (called once, lazily).
 
-        overlap: "collective" or "ring" pipelines every allgather+GEMM, GEMM+reduce-scatter and
-            GEMM+allreduce in `chunks` chunks (0: one per device) so communication overlaps compute;
-            "none" (default) only chunks the GEMMs the definition's schedule splits on a stream axis.
-        fsdp: fully sharded data parallelism: all-gather sharded parameters where they are used
-            (prefetched one layer ahead) instead of moving the activations.
-        cp: context parallelism for attention (sdpa) whose q, k or v arrive sharded on the
-            sequence dim: "auto" (default: Ulysses where the heads divide the mesh axis, else the
-            sequence is gathered), "ulysses" (all-to-all to a split of the heads, attention on whole
-            sequences; heads the mesh does not divide are split unevenly, as torch.chunk) or "gather"
-            (all-gather q, k and v). docs/parallelisms.md "Context parallelism".
+        compile_options: the options of the compiler, as keyword arguments (the CLI's --NAME flags
+            come from the same table; meshfuse.compile_options() lists them with their defaults):
+{compile_options}
         trace: record each call's timeline; see last_trace() and write_trace().
         check_inputs: whether the ranks first agree that they were given the same inputs (shapes,
             dtypes, placements, meshes; not values), so that a rank given other inputs makes every
@@ -131,8 +123,14 @@ class FusionDefinitionWrapper:
         self._check_inputs = check_inputs
         self._run_check = None  # check_inputs, or "never" in a world of one rank (known at the first call)
         self._define_fusion = define_fusion
-        self._options = dict(overlap=overlap, chunks=chunks, streams=streams, fsdp=fsdp, cp=cp, trace=trace,
-                             abort_on_failure=abort_on_failure, device=device)
+        known = [o["name"] for o in _C.compile_options()]
+        for name in compile_options:
+            if name not in known:
+                raise TypeError(f"FusionDefinitionWrapper() got an unexpected keyword argument {name!r} "
+                                f"(compile options: {', '.join(known)})")
+        _C.check_compile_options(compile_options)
+        self._options = dict(compile_options=compile_options, trace=trace, abort_on_failure=abort_on_failure,
+                             device=device)
         self._fd = None
         self._executor = None
         self._calls: dict = {}
@@ -348,6 +346,29 @@ class FusionDefinitionWrapper:
         return call
 
 
+def compile_options() -> list[dict]:
+    """The compiler's options, which FusionDefinitionWrapper takes as keyword arguments (and the
+    CLI as --NAME flags): one dict per option with its name, type ("choice", "count" or "flag"),
+    choices, default and help, from the one C++ table (meshfuse/options.h)."""
+    convert = {"flag": lambda v: v == "true", "count": int, "choice": str}
+    return [dict(o, default=convert[o["type"]](o["default"])) for o in _C.compile_options()]
+
+
+def _compile_options_doc() -> str:
+    """The compile options' part of FusionDefinitionWrapper's docstring, from the C++ table."""
+    import textwrap
+    lines = []
+    for o in compile_options():
+        choices = f" ({' | '.join(o['choices'])})" if o["choices"] else ""
+        text = f"{o['name']}={o['default']!r}{choices}: {o['help']}."
+        lines += textwrap.wrap(text, width=96, initial_indent=" " * 12, subsequent_indent=" " * 16)
+    return "\n".join(lines)
+
+
+FusionDefinitionWrapper.__init__.__doc__ = FusionDefinitionWrapper.__init__.__doc__.replace(
+    "{compile_options}", _compile_options_doc())
+
+
 def _check_wrt(wrt, n_inputs: int) -> tuple:
     if isinstance(wrt, int):
         wrt = [wrt]
@@ -362,8 +383,13 @@ def _check_wrt(wrt, n_inputs: int) -> tuple:
 
 def _wrapper_of(fusion, owner: FusionDefinitionWrapper | None) -> FusionDefinitionWrapper:
     """A wrapper around an already built C++ fusion, with `owner`'s options (or the defaults)."""
-    w = FusionDefinitionWrapper(lambda fd: None) if owner is None else \
-        FusionDefinitionWrapper(lambda fd: None, check_inputs=owner._check_inputs, **owner._options)
+    if owner is None:
+        w = FusionDefinitionWrapper(lambda fd: None)
+    else:
+        o = owner._options
+        w = FusionDefinitionWrapper(lambda fd: None, check_inputs=owner._check_inputs, trace=o["trace"],
+                                    abort_on_failure=o["abort_on_failure"], device=o["device"],
+                                    **o["compile_options"])
     fd = FusionDefinition.__new__(FusionDefinition)
     fd._fusion = fusion
     fd.ops = None  # built, not to be extended

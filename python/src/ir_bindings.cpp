@@ -243,7 +243,7 @@ void bindFusion(py::module_& m) {
       .def("alias_output_to_input", &Fusion::aliasOutputToInput, "output"_a, "input"_a,
            "Output `output` updates input `input` in place (written into its buffer).")
       .def_property_readonly("output_aliases", &Fusion::outputAliases)
-      .def("clone", [](const Fusion& f) { return cloneFusion(f); })
+      .def("clone", [](const Fusion& f) { return f.clone(); })
       .def("verify", [](const Fusion& f) { verify(f); })
       .def("__str__", &printFusion)
       .def_static(
@@ -365,7 +365,7 @@ void bindFusion(py::module_& m) {
          const py::sequence& layouts, bool save_all) {
         // The definition with the call's input layouts applied, so that backward shardings start
         // from them (a gradient is pinned to its input's mesh and placements).
-        std::unique_ptr<Fusion> laid = cloneFusion(f);
+        std::unique_ptr<Fusion> laid = f.clone();
         MF_USER_CHECK(static_cast<size_t>(py::len(layouts)) == laid->inputs().size(), ErrorKind::Value,
                       "differentiate: {} layouts for {} inputs", py::len(layouts), laid->inputs().size());
         for (size_t i = 0; i < laid->inputs().size(); ++i) {
@@ -389,6 +389,16 @@ void bindFusion(py::module_& m) {
       "fusion"_a, "outputs"_a, "wrt"_a, "layouts"_a, "save_all"_a = false,
       "(forward fusion with saves, backward fusion, backward input sources [(kind, index, why)], the policy's "
       "decisions as text): reverse-mode autodiff (docs/training.md).");
+  m.def(
+      "gradient_rules",
+      [] {
+        py::list rules;
+        for (const GradientRuleInfo& r : gradientRules())
+          rules.append(py::dict("op"_a = std::string(r.op), "rule"_a = std::string(r.rule),
+                                "formula"_a = std::string(r.formula)));
+        return rules;
+      },
+      "Every op's gradient rule, in op-table order: {op, rule ('none': no gradient), formula}.");
 }
 
 }  // namespace

@@ -86,6 +86,26 @@ SymbolBindings bindGlobalShapes(const Fusion& f, const std::vector<std::vector<i
   return b;
 }
 
+// PipelineOptions from Python keyword arguments {name: value}, through the compile-option table
+// (the CLI's flags come from the same table): a bool is "true"/"false", a number its digits.
+PipelineOptions pipelineOptions(const py::dict& options) {
+  PipelineOptions o;
+  for (const auto& [key, value] : options) {
+    const std::string name = py::str(key);
+    std::string text;
+    if (py::isinstance<py::bool_>(value)) {
+      text = value.cast<bool>() ? "true" : "false";
+    } else if (py::isinstance<py::int_>(value) || py::isinstance<py::str>(value)) {
+      text = py::str(value);
+    } else {
+      userError(ErrorKind::Value, "{}={}: expected a string, a whole number or a bool", name,
+                py::repr(value).cast<std::string>());
+    }
+    findCompileOption(name).set(o, text);
+  }
+  return o;
+}
+
 // A layout from Python: (mesh or None, placements, global shape, dtype).
 ShardedTensor toLayout(py::handle h) {
   auto t = h.cast<py::tuple>();
@@ -128,6 +148,9 @@ struct Prepared {
   std::shared_ptr<PyExecutor> owner;
   std::vector<ShardedTensor> layouts;  // no local tensors: shared by concurrent calls, never written
   PyProgram program;
+  // The executor's compiled program for these layouts: each call runs it without looking the
+  // signature up (the executor falls back to the lookup for inputs it does not serve).
+  MultiDeviceExecutor::Program* entry = nullptr;
 
   std::vector<ShardedTensor> withLocals(const py::sequence& locals) const {
     MF_USER_CHECK(static_cast<size_t>(py::len(locals)) == layouts.size(), ErrorKind::Value,
@@ -146,7 +169,7 @@ struct Prepared {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(owner->mu);
-      outs = owner->exec->run(inputs);
+      outs = owner->exec->run(*entry, inputs);
       // Outputs in device memory come back to the host (numpy / DLPack on the CPU).
       for (ShardedTensor& o : outs)
         if (o.local.defined()) o.local = owner->exec->backend().download(o.local);
@@ -165,7 +188,7 @@ struct Prepared {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(owner->mu);
       auto start = std::chrono::steady_clock::now();
-      for (int64_t k = 0; k < iterations; ++k) owner->exec->run(inputs);
+      for (int64_t k = 0; k < iterations; ++k) owner->exec->run(*entry, inputs);
       s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     return s / static_cast<double>(iterations);
@@ -376,29 +399,45 @@ void bindPrograms(py::module_& m) {
       },
       "events"_a, "How much of a timeline's communication time ran while compute was running.");
 
+  m.def(
+      "compile_options",
+      [] {
+        const PipelineOptions defaults;
+        py::list out;
+        for (const CompileOption& o : compileOptions()) {
+          const char* type = o.type == CompileOption::Type::Flag    ? "flag"
+                             : o.type == CompileOption::Type::Count ? "count"
+                                                                    : "choice";
+          out.append(py::dict("name"_a = o.name, "type"_a = type, "choices"_a = o.choices,
+                              "default"_a = o.get(defaults), "help"_a = o.help));
+        }
+        return out;
+      },
+      "The compile options (meshfuse/options.h's table): name, type, choices, default and help of each; "
+      "FusionDefinitionWrapper takes them as keyword arguments, the CLI as --NAME.");
+  m.def(
+      "check_compile_options", [](const py::dict& options) { (void)pipelineOptions(options); }, "options"_a,
+      "Raises meshfuse.ValueError when a value is not one the option takes.");
+
   py::class_<PyExecutor, std::shared_ptr<PyExecutor>>(m, "Executor")
-      .def(py::init([](const Fusion& definition, bool keep_stages, const std::string& overlap, int64_t chunks,
-                       int64_t streams, bool fsdp, const std::string& cp, bool trace, bool abort_on_failure,
-                       const std::string& device) {
+      .def(py::init([](const Fusion& definition, const py::dict& compile_options, bool keep_stages, bool trace,
+                       bool abort_on_failure, const std::string& device) {
              auto e = std::make_shared<PyExecutor>();
-             std::unique_ptr<Backend> backend = makeBackend(device);
-             e->comm = communicatorFor(*backend);
              ExecutorOptions options;
+             options.pipeline = pipelineOptions(compile_options);
              options.keep_stages = keep_stages;
-             options.pipeline.overlap = {overlap, chunks, streams};
-             options.pipeline.propagation.gather_parameters = fsdp;
-             options.pipeline.propagation.context_parallel = parseContextParallel(cp);
              options.trace = trace;
              options.abort_on_failure = abort_on_failure;
              options.check_inputs = false;  // the wrapper's own check (check_inputs=, _agreement.py)
-             e->exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *e->comm, std::move(backend),
+             std::unique_ptr<Backend> backend = makeBackend(device);
+             e->comm = communicatorFor(*backend);
+             e->exec = std::make_unique<MultiDeviceExecutor>(definition.clone(), *e->comm, std::move(backend),
                                                              options);
              return e;
            }),
-           "definition"_a, "keep_stages"_a = true, "overlap"_a = "none", "chunks"_a = 0, "streams"_a = 2,
-           "fsdp"_a = false, "cp"_a = "auto", "trace"_a = false, "abort_on_failure"_a = true, "device"_a = "auto",
-           "overlap: none | collective | ring (decompose-for-overlap); fsdp: gather parameters where used; cp: auto | ulysses | "
-           "gather (context parallelism of attention whose sequence arrives sharded); trace: "
+           "definition"_a, "compile_options"_a = py::dict(), "keep_stages"_a = true, "trace"_a = false,
+           "abort_on_failure"_a = true, "device"_a = "auto",
+           "compile_options: {name: value} of compile_options() (overlap, chunks, streams, fsdp, cp); trace: "
            "record each run's timeline; abort_on_failure: a failure while a multi-rank program runs ends the job "
            "(MPI_Abort) instead of raising on this rank while the others wait; device: cpu, cuda or auto (cuda "
            "when a GPU is present): where the programs run (inputs and outputs stay host arrays)")
@@ -413,6 +452,7 @@ void bindPrograms(py::module_& m) {
               p.program.input_shapes.push_back(p.layouts.back().global_shape);
             }
             std::lock_guard<std::mutex> lock(self->mu);  // a run in another thread may be using the cache
+            p.entry = &self->exec->prepare(p.layouts);
             p.program.compiled = &self->exec->plan(p.layouts);
             return p;
           },

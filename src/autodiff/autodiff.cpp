@@ -200,7 +200,7 @@ std::string savedReason(const Fusion& fwd, const TensorView* tv) {
 Gradients differentiate(const Fusion& fusion, const std::vector<int64_t>& outputs, const std::vector<int64_t>& wrt,
                         const AutodiffOptions& options) {
   Gradients result;
-  result.forward = cloneFusion(fusion);
+  result.forward = fusion.clone();
   Fusion& fwd = *result.forward;
   MF_USER_CHECK(!outputs.empty(), ErrorKind::Value, "differentiate: no outputs to differentiate");
   MF_USER_CHECK(!wrt.empty(), ErrorKind::Value, "differentiate: no inputs to differentiate with respect to");

@@ -5,6 +5,7 @@
 #include <iterator>
 #include <numbers>
 
+#include "autodiff/attention_gradients.h"
 #include "autodiff/grad_context.h"
 #include "meshfuse/autodiff.h"
 #include "meshfuse/ops.h"
@@ -439,58 +440,68 @@ TensorView* causalMask(TensorView* q, int64_t L, int64_t S) {
   if (S > 1) parts.push_back(run(1.0, S - 1));
   parts.push_back(run(0.0, L));
   const int64_t W = L + S;
-  // [b, h] keep their sizes through the reshapes (-1: a symbolic batch).
+  // [b, h] keep their sizes through the reshapes (-1: a symbolic batch; attentionScale checked
+  // that one of them is static).
   int64_t b = qs[0].isStatic() ? qs[0].value() : -1, h = qs[1].isStatic() ? qs[1].value() : -1;
-  MF_USER_CHECK(b != -1 || h != -1, ErrorKind::Unsupported,
-                "autodiff: causal sdpa with symbolic batch and head sizes is not supported");
   TensorView* p = o::broadcastInDim(o::cat(parts, 3), {-1, -1, L, W}, {0, 1, 2, 3});
   TensorView* flat = o::reshape(p, {b, h, L * W});
   TensorView* shifted = o::reshape(o::slice(flat, {0, 0, 0}, {whole(0), whole(1), L * (W - 1)}), {b, h, L, W - 1});
   return o::gt(o::slice(shifted, {0, 0, 0, 0}, {whole(0), whole(1), L, S}), 0.5);
 }
-// The attention probabilities P = softmax(scale q k^T (+ causal mask)) of an sdpa or sdpa_lse, in
-// f32, recomputed from q and k (f32 casts of the primals); `scale` gets the scale used.
-TensorView* attentionProbs(const Expr* e, TensorView* q, TensorView* k, double& scale) {
-  scale = e->attr<double>("scale");
+// The scale of sdpa/sdpa_lse/sdpa_grad `e`: its attribute, or 1/sqrt(head size) for the default 0.
+// Unsupported where the composite gradient cannot be built (checked when the rule runs, so that
+// differentiate() says so, not the compilation of the backward).
+double attentionScale(const Expr* e, const TensorView* q, const TensorView* k) {
+  double scale = e->attr<double>("scale");
   if (scale == 0) {
     Extent head = q->shape()[3];
     MF_USER_CHECK(head.isStatic(), ErrorKind::Unsupported,
                   "autodiff: {} with a symbolic head size ({}) needs an explicit scale", e->name(), head.toString());
     scale = 1.0 / std::sqrt(static_cast<double>(head.value()));
   }
-  TensorView* scores = o::mul(o::matmul(q, transposeLast(k)), scale);
   if (e->attr<bool>("is_causal")) {
     Extent L = q->shape()[2], S = k->shape()[2];
     MF_USER_CHECK(L.isStatic() && S.isStatic(), ErrorKind::Unsupported,
                   "autodiff: causal {} needs static sequence lengths, got {} and {}", e->name(), L.toString(),
                   S.toString());
-    scores = o::where(causalMask(q, L.value(), S.value()), -1e30, scores);
+    MF_USER_CHECK(q->shape()[0].isStatic() || q->shape()[1].isStatic(), ErrorKind::Unsupported,
+                  "autodiff: causal sdpa with symbolic batch and head sizes is not supported");
   }
+  return scale;
+}
+// The attention probabilities P = softmax(scale q k^T (+ causal mask)) in f32, recomputed from q
+// and k (f32 casts of the primals).
+TensorView* attentionProbs(TensorView* q, TensorView* k, bool causal, double scale) {
+  TensorView* scores = o::mul(o::matmul(q, transposeLast(k)), scale);
+  if (causal) scores = o::where(causalMask(q, q->shape()[2].value(), k->shape()[2].value()), -1e30, scores);
   return o::softmax(scores, 3);
 }
+// The gradients of sdpa are first-class ops (sdpa_grad: attention's sharding rule, so that
+// sequence-sharded attention trains as Ulysses); expand-attention-gradients later rewrites them
+// with attentionGradients() below.
 Grads sdpa(GradContext& c, const Expr* e, TensorView* g) {
-  TensorView* q = f32(c.primal(e->input(0)));
-  TensorView* k = f32(c.primal(e->input(1)));
-  TensorView* gf = f32(g);
-  double scale = 0;
-  TensorView* p = attentionProbs(e, q, k, scale);
-  DataType dt = e->input(0)->dtype();
+  TensorView* q = c.primal(e->input(0));
+  TensorView* k = c.primal(e->input(1));
+  attentionScale(e, q, k);  // refuses now what the expansion could not build
+  const double scale = e->attr<double>("scale");
   Grads out(3, nullptr);
-  if (c.wants(2)) out[2] = castTo(o::matmul(transposeLast(p), gf), dt);
-  if (c.wants(0) || c.wants(1)) {
-    TensorView* gp = o::matmul(gf, transposeLast(f32(c.primal(e->input(2)))));
-    TensorView* gs = o::mul(softmaxBackward(p, gp, 3), scale);
-    if (c.wants(0)) out[0] = castTo(o::matmul(gs, k), dt);
-    if (c.wants(1)) out[1] = castTo(o::matmul(transposeLast(gs), q), dt);
-  }
+  const char* names[] = {"query", "key", "value"};
+  for (size_t i = 0; i < 3; ++i)
+    if (c.wants(i))
+      out[i] = o::sdpaGrad(q, k, c.primal(e->input(2)), g, names[i], e->attr<bool>("is_causal"),
+                           scale == 0 ? std::nullopt : std::optional<double>(scale));
   return out;
+}
+Grads sdpaGrad(GradContext&, const Expr* e, TensorView*) {
+  userError(ErrorKind::Unsupported, "autodiff: {} (the gradient of attention) cannot be differentiated again",
+            e->name());
 }
 // lse_i = log sum_j exp(s_ij): d lse_i / d s_ij = P_ij, so dS = g_i P_ij (times scale for q, k).
 Grads sdpaLse(GradContext& c, const Expr* e, TensorView* g) {
   TensorView* q = f32(c.primal(e->input(0)));
   TensorView* k = f32(c.primal(e->input(1)));
-  double scale = 0;
-  TensorView* p = attentionProbs(e, q, k, scale);
+  const double scale = attentionScale(e, q, k);
+  TensorView* p = attentionProbs(q, k, e->attr<bool>("is_causal"), scale);
   // g [b, h, L] as [b, h, L, 1]: broadcast along P's rows.
   TensorView* gs = o::mul(o::mul(p, unsqueezeReduced(f32(g), {3}, 4)), scale);
   DataType dt = e->input(0)->dtype();
@@ -583,6 +594,23 @@ constexpr GradRule kRules[] = {
 }  // namespace
 
 GradRule gradRuleOf(OpKind kind) { return kRules[static_cast<size_t>(kind)]; }
+
+AttentionGradients attentionGradients(const Expr* sdpa_grad, TensorView* q, TensorView* k, TensorView* v, TensorView* g,
+                                      bool want_q, bool want_k, bool want_v) {
+  const DataType dt = q->dtype();
+  const double scale = attentionScale(sdpa_grad, q, k);
+  TensorView *qf = f32(q), *kf = f32(k), *gf = f32(g);
+  TensorView* p = attentionProbs(qf, kf, sdpa_grad->attr<bool>("is_causal"), scale);
+  AttentionGradients out;
+  if (want_v) out.dv = castTo(o::matmul(transposeLast(p), gf), dt);
+  if (want_q || want_k) {
+    TensorView* gp = o::matmul(gf, transposeLast(f32(v)));
+    TensorView* gs = o::mul(softmaxBackward(p, gp, 3), scale);
+    if (want_q) out.dq = castTo(o::matmul(gs, kf), dt);
+    if (want_k) out.dk = castTo(o::matmul(transposeLast(gs), qf), dt);
+  }
+  return out;
+}
 
 TensorView* filledLike(TensorView* like, double value, DataType dtype) {
   return castTo(o::where(o::eq(like, like), value, value), dtype);

@@ -206,7 +206,11 @@ void lowerAttentionSegment(const Segment& seg, const LocalShapeFn& shape_of, Pro
   };
   const meshfuse::Expr* sdpa = nullptr;
   const meshfuse::Expr* lse = nullptr;
-  for (const meshfuse::Expr* e : seg.exprs) (e->kind() == OpKind::Sdpa ? sdpa : lse) = e;
+  for (const meshfuse::Expr* e : seg.exprs) {
+    MF_CHECK(e->kind() != OpKind::SdpaGrad, "{} reached lowering: expand-attention-gradients rewrites it first",
+             e->name());
+    (e->kind() == OpKind::Sdpa ? sdpa : lse) = e;
+  }
   const meshfuse::Expr* e = sdpa ? sdpa : lse;
   MF_CHECK(e != nullptr && seg.exprs.size() == size_t{sdpa != nullptr} + size_t{lse != nullptr},
            "an attention segment of {} ops", seg.exprs.size());

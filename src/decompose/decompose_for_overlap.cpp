@@ -129,8 +129,6 @@ void checkStreamSplits(const Fusion& f, std::optional<int64_t> microbatches) {
 }  // namespace
 
 void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolBindings& sizes) {
-  MF_USER_CHECK(options.algorithm == "none" || options.algorithm == "collective" || options.algorithm == "ring",
-                ErrorKind::Value, "overlap algorithm must be none, collective or ring but is '{}'", options.algorithm);
   MF_USER_CHECK(options.chunks >= 0, ErrorKind::Value, "overlap chunks must be >= 0 (0: one per device) but is {}",
                 options.chunks);
   MF_USER_CHECK(options.streams >= 1, ErrorKind::Value,
@@ -141,9 +139,9 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
   std::optional<int64_t> microbatches;
   for (const TensorView* in : f.inputs())
     if (std::optional<StreamSplit> s = streamSplitOf(in)) microbatches = s->chunks;
-  MF_USER_CHECK(!microbatches || options.algorithm == "none", ErrorKind::Unsupported,
+  MF_USER_CHECK(!microbatches || options.algorithm == OverlapAlgorithm::None, ErrorKind::Unsupported,
                 "overlap decomposition (--overlap={}) inside a microbatched pipeline is not supported",
-                options.algorithm);
+                overlapAlgorithmName(options.algorithm));
   checkStreamSplits(f, microbatches);
   if (microbatches) return;  // any count: microbatches are torch.chunk's blocks of each rank's rows
   for (Expr* e : f.exprs()) {
@@ -157,11 +155,12 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
     if (p.devices == 1) continue;  // no communication to hide
     // The user's schedule (a Stream split of the GEMM's output rows) or the options decide.
     std::optional<StreamSplit> user = streamSplitOf(p.gemm->output());  // dim 0 (checkStreamSplits)
-    if (!user && options.algorithm == "none") continue;
-    const std::string algorithm = options.algorithm == "none" ? "collective" : options.algorithm;
+    if (!user && options.algorithm == OverlapAlgorithm::None) continue;
+    const OverlapAlgorithm algorithm =
+        options.algorithm == OverlapAlgorithm::None ? OverlapAlgorithm::Collective : options.algorithm;
     const bool chosen = user || options.chunks > 0;  // else the default: one chunk per device
     int64_t chunks = user ? user->chunks : options.chunks > 0 ? options.chunks : p.devices;
-    MF_USER_CHECK(algorithm != "ring" || chunks % p.devices == 0, ErrorKind::Value,
+    MF_USER_CHECK(algorithm != OverlapAlgorithm::Ring || chunks % p.devices == 0, ErrorKind::Value,
                   "{}: ring-based overlap needs the number of chunks ({}) to be a multiple of the {} devices on mesh "
                   "axis {}",
                   f.displayName(p.gemm->output()), chunks, p.devices, c.axis);
@@ -171,7 +170,7 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
     // be empty), and none where that is one row; the collective's provenance says so (dumps and
     // `meshfuse collectives` show it). A ring keeps one block per device.
     if (std::optional<int64_t> rows = largestRows(p.chunkedRows(), sizes);
-        rows && !chosen && algorithm != "ring" && *rows < chunks) {
+        rows && !chosen && algorithm != OverlapAlgorithm::Ring && *rows < chunks) {
       const bool overlapped = *rows >= 2;
       Provenance note{overlapped ? fmt::format("overlapped in {} chunks, not the default {} (one per device): {{}} "
                                                "has {} rows per rank",
@@ -183,7 +182,7 @@ void decomposeForOverlap(Fusion& f, const OverlapOptions& options, const SymbolB
       if (!overlapped) continue;
       chunks = *rows;
     }
-    f.setAttribute(e, "overlap", algorithm);
+    f.setAttribute(e, "overlap", std::string(overlapAlgorithmName(algorithm)));
     f.setAttribute(e, "chunks", chunks);
   }
 }

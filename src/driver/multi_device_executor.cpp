@@ -46,7 +46,7 @@ struct MultiDeviceExecutor::Layout {
   std::unique_ptr<Fusion> placed;  // the definition with these placements (sized layouts only)
 };
 
-struct MultiDeviceExecutor::Entry {
+struct MultiDeviceExecutor::Program {
   CompiledProgram compiled;
   HostProgram program;
   std::unique_ptr<HostIrEvaluator> evaluator;
@@ -79,7 +79,7 @@ struct MultiDeviceExecutor::Entry {
 std::unique_ptr<Fusion> placeInputs(const Fusion& definition, const std::vector<ShardedTensor>& layouts) {
   MF_USER_CHECK(layouts.size() == definition.inputs().size(), ErrorKind::Value,
                 "the fusion takes {} inputs but {} were given", definition.inputs().size(), layouts.size());
-  std::unique_ptr<Fusion> f = cloneFusion(definition);
+  std::unique_ptr<Fusion> f = definition.clone();
   for (size_t i = 0; i < layouts.size(); ++i) {
     const ShardedTensor& l = layouts[i];
     if (l.mesh.size() == 0) continue;  // not distributed: keep what the definition says
@@ -163,13 +163,16 @@ void MultiDeviceExecutor::checkWorld(const std::vector<ShardedTensor>& inputs) c
                     definition_->meshName(m), definition_->mesh(m).toString(), d, comm_.size(), needed);
 }
 
+bool MultiDeviceExecutor::serves(const Entry& e, const std::vector<ShardedTensor>& inputs) const {
+  if (!e.matches(inputs)) return false;
+  if (!e.sized) return true;
+  std::optional<SymbolBindings> sizes = runSizes(*e.compiled.fusion, inputs, comm_.rank());
+  return !sizes || e.fits(*sizes);
+}
+
 MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<ShardedTensor>& inputs) {
   // Training loops call with the same layouts (and sizes) every step: check the last entry first.
-  if (last_ != nullptr && last_->matches(inputs)) {
-    if (!last_->sized) return *last_;
-    std::optional<SymbolBindings> sizes = runSizes(*last_->compiled.fusion, inputs, comm_.rank());
-    if (!sizes || last_->fits(*sizes)) return *last_;
-  }
+  if (last_ != nullptr && serves(*last_, inputs)) return *last_;
   std::string key;
   for (const ShardedTensor& in : inputs)
     key += fmt::format("{}{};", in.mesh.toString(), placementsToString(in.placements));
@@ -227,9 +230,21 @@ const HostProgram& MultiDeviceExecutor::programFor(const std::vector<ShardedTens
   return entryFor(inputs).program;
 }
 
+MultiDeviceExecutor::Program& MultiDeviceExecutor::prepare(const std::vector<ShardedTensor>& inputs) {
+  return entryFor(inputs);
+}
+
 std::vector<ShardedTensor> MultiDeviceExecutor::run(const std::vector<ShardedTensor>& inputs) {
+  return runGuarded(nullptr, inputs);
+}
+
+std::vector<ShardedTensor> MultiDeviceExecutor::run(Program& program, const std::vector<ShardedTensor>& inputs) {
+  return runGuarded(&program, inputs);
+}
+
+std::vector<ShardedTensor> MultiDeviceExecutor::runGuarded(Entry* hint, const std::vector<ShardedTensor>& inputs) {
   try {
-    return runChecked(inputs);
+    return runChecked(hint, inputs);
   } catch (const UserError&) {
     throw;
   } catch (const InternalError&) {
@@ -239,9 +254,9 @@ std::vector<ShardedTensor> MultiDeviceExecutor::run(const std::vector<ShardedTen
   }
 }
 
-std::vector<ShardedTensor> MultiDeviceExecutor::runChecked(const std::vector<ShardedTensor>& inputs) {
+std::vector<ShardedTensor> MultiDeviceExecutor::runChecked(Entry* hint, const std::vector<ShardedTensor>& inputs) {
   if (options_.check_inputs && comm_.size() > 1) agreeOnInputs(inputs);
-  Entry& e = entryFor(inputs);
+  Entry& e = hint != nullptr && serves(*hint, inputs) ? *(last_ = hint) : entryFor(inputs);
   // Once per sizes, before anything runs and identically on every rank: a buffer larger than
   // the backend's memory is refused naming the tensor (memory.h), and check-collectives proves
   // that every rank's program matches the others' (its plan serves the watchdog's reports).

@@ -376,36 +376,86 @@ class Evaluator {
     });
   }
 
+  // Row i of attention entry g (a batch * head index): p[j] = exp(s_ij - max) for the scores
+  // s_ij = scale q_i . k_j (0 where the causal mask hides key j); returns {max, sum of p}, so that
+  // p / sum is row i of P and max + log(sum) its log-sum-exp.
+  std::pair<double, double> expScores(const Expr* e, const Array& q, const Array& k, int64_t g, int64_t i,
+                                      std::vector<double>& p) const {
+    const int64_t s = q.shape[2], d = q.shape[3], skv = k.shape[2];
+    double scale = e->attr<double>("scale");
+    if (scale == 0) scale = 1 / std::sqrt(static_cast<double>(d));
+    const bool causal = e->attr<bool>("is_causal");
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < skv; ++j) {
+      double acc = 0;
+      for (int64_t c = 0; c < d; ++c) acc += q.data[(g * s + i) * d + c] * k.data[(g * skv + j) * d + c];
+      p[j] = (causal && j > i) ? -std::numeric_limits<double>::infinity() : acc * scale;
+      mx = std::max(mx, p[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < skv; ++j) sum += (p[j] = std::exp(p[j] - mx));
+    return {mx, sum};
+  }
+
   // sdpa, or sdpa_lse (no value operand: the row's log-sum-exp instead of its output).
   void attention(const Expr* e, Array& out) {
+    if (e->kind() == OpKind::SdpaGrad) return attentionGradient(e, out);
     const Array& q = in(e, 0);
     const Array& k = in(e, 1);
     const bool lse = e->kind() == OpKind::SdpaLse;
     const Array& v = lse ? k : in(e, 2);
-    int64_t bh = q.shape[0] * q.shape[1], s = q.shape[2], d = q.shape[3], skv = k.shape[2], dv = v.shape[3];
-    double scale = e->attr<double>("scale");
-    if (scale == 0) scale = 1 / std::sqrt(static_cast<double>(d));
-    bool causal = e->attr<bool>("is_causal");
-    std::vector<double> scores(skv);
+    int64_t bh = q.shape[0] * q.shape[1], s = q.shape[2], skv = k.shape[2], dv = v.shape[3];
+    std::vector<double> p(skv);
     for (int64_t g = 0; g < bh; ++g) {
       for (int64_t i = 0; i < s; ++i) {
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < skv; ++j) {
-          double acc = 0;
-          for (int64_t c = 0; c < d; ++c) acc += q.data[(g * s + i) * d + c] * k.data[(g * skv + j) * d + c];
-          scores[j] = (causal && j > i) ? -std::numeric_limits<double>::infinity() : acc * scale;
-          mx = std::max(mx, scores[j]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < skv; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
+        auto [mx, sum] = expScores(e, q, k, g, i, p);
         if (lse) {
           out.data[g * s + i] = mx + std::log(sum);  // no key (skv = 0): -inf
           continue;
         }
         for (int64_t c = 0; c < dv; ++c) {
           double acc = 0;
-          for (int64_t j = 0; j < skv; ++j) acc += scores[j] / sum * v.data[(g * skv + j) * dv + c];
+          for (int64_t j = 0; j < skv; ++j) acc += p[j] / sum * v.data[(g * skv + j) * dv + c];
           out.data[(g * s + i) * dv + c] = acc;
+        }
+      }
+    }
+  }
+
+  // sdpa_grad: with P the attention probabilities and G the output gradient of entry g,
+  // dV = P^T G; dS = P o (G V^T - rowsum(P o G V^T)) scale; dQ = dS K; dK = dS^T Q.
+  void attentionGradient(const Expr* e, Array& out) {
+    const Array &q = in(e, 0), &k = in(e, 1), &v = in(e, 2), &gr = in(e, 3);
+    const std::string& wrt = e->attr<std::string>("wrt");
+    const int64_t bh = q.shape[0] * q.shape[1], s = q.shape[2], d = q.shape[3], skv = k.shape[2], dv = v.shape[3];
+    double scale = e->attr<double>("scale");
+    if (scale == 0) scale = 1 / std::sqrt(static_cast<double>(d));
+    std::fill(out.data.begin(), out.data.end(), 0.0);
+    std::vector<double> p(skv), ds(skv);
+    for (int64_t g = 0; g < bh; ++g) {
+      for (int64_t i = 0; i < s; ++i) {
+        auto [mx, sum] = expScores(e, q, k, g, i, p);
+        const double* gi = &gr.data[(g * s + i) * dv];
+        if (wrt == "value") {
+          for (int64_t j = 0; j < skv; ++j)
+            for (int64_t c = 0; c < dv; ++c) out.data[(g * skv + j) * dv + c] += p[j] / sum * gi[c];
+          continue;
+        }
+        double dot = 0;  // rowsum(P o dP)
+        for (int64_t j = 0; j < skv; ++j) {
+          double dp = 0;
+          for (int64_t c = 0; c < dv; ++c) dp += gi[c] * v.data[(g * skv + j) * dv + c];
+          ds[j] = dp;
+          dot += p[j] / sum * dp;
+        }
+        for (int64_t j = 0; j < skv; ++j) {
+          const double dsij = p[j] / sum * (ds[j] - dot) * scale;
+          for (int64_t c = 0; c < d; ++c) {
+            if (wrt == "query")
+              out.data[(g * s + i) * d + c] += dsij * k.data[(g * skv + j) * d + c];
+            else
+              out.data[(g * skv + j) * d + c] += dsij * q.data[(g * s + i) * d + c];
+          }
         }
       }
     }

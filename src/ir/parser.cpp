@@ -466,6 +466,4 @@ std::unique_ptr<Fusion> parseFusion(std::string_view text, std::string_view file
   return Parser(text, filename).parse();
 }
 
-std::unique_ptr<Fusion> cloneFusion(const Fusion& fusion) { return parseFusion(printFusion(fusion), "<clone>"); }
-
 }  // namespace meshfuse

@@ -427,6 +427,23 @@ InferredOutput normalization(const Ctx& c) {
   return {x->dtype(), c.copyDims(x)};
 }
 
+// sdpa_grad(q, k, v, grad, wrt): grad is shaped like sdpa(q, k, v) (typed like it: checked with
+// k and v); the result is shaped and typed like the operand `wrt` names.
+InferredOutput attentionGradient(const Ctx& c, TensorView* q, TensorView* k, TensorView* v) {
+  TensorView* g = c.tv(3);
+  c.requireRank(g, 4, "grad [b, heads, s, e_v]");
+  auto qs = q->shape(), vs = v->shape(), gs = g->shape();
+  c.requireSameExtent(qs[0], gs[0], "batch dim", q, g);
+  c.requireSameExtent(qs[1], gs[1], "heads dim", q, g);
+  c.requireSameExtent(qs[2], gs[2], "query sequence dim", q, g);
+  c.requireSameExtent(vs[3], gs[3], "value embedding dim (e_v)", v, g);
+  const std::string& wrt = c.attr<std::string>("wrt");
+  const TensorView* of = wrt == "query" ? q : wrt == "key" ? k : wrt == "value" ? v : nullptr;
+  MF_USER_CHECK(of != nullptr, ErrorKind::Value, "{}: wrt must be \"query\", \"key\" or \"value\" but is \"{}\"",
+                c.op(), wrt);
+  return {of->dtype(), c.copyDims(of)};
+}
+
 InferredOutput attention(const Ctx& c) {
   TensorView* q = c.tv(0);
   TensorView* k = c.tv(1);
@@ -444,8 +461,10 @@ InferredOutput attention(const Ctx& c) {
   }
   TensorView* v = c.tv(2);
   c.requireRank(v, 4, "value [b, heads, s_kv, e_v]");
-  for (TensorView* t : {k, v})
-    MF_USER_CHECK(t->dtype() == q->dtype(), ErrorKind::Dtype, "sdpa: {} is {} but query {} is {}", c.name(t),
+  std::vector<TensorView*> operands = {k, v};
+  if (c.kind == OpKind::SdpaGrad) operands.push_back(c.tv(3));  // the output's gradient
+  for (TensorView* t : operands)
+    MF_USER_CHECK(t->dtype() == q->dtype(), ErrorKind::Dtype, "{}: {} is {} but query {} is {}", c.op(), c.name(t),
                   dtypeName(t->dtype()), c.name(q), dtypeName(q->dtype()));
   auto qs = q->shape(), ks = k->shape(), vs = v->shape();
   c.requireSameExtent(qs[0], ks[0], "batch dim", q, k);
@@ -454,6 +473,7 @@ InferredOutput attention(const Ctx& c) {
   c.requireSameExtent(qs[1], vs[1], "heads dim", q, v);
   c.requireSameExtent(qs[3], ks[3], "embedding dim (e)", q, k);
   c.requireSameExtent(ks[2], vs[2], "key/value sequence dim", k, v);
+  if (c.kind == OpKind::SdpaGrad) return attentionGradient(c, q, k, v);
   return {q->dtype(), {c.id(qs[0]), c.id(qs[1]), c.id(qs[2]), c.id(vs[3])}};
 }
 

@@ -6,6 +6,7 @@
 
 #include "decompose/decompose_for_overlap.h"
 #include "decompose/decompose_reshardings.h"
+#include "decompose/expand_attention_gradients.h"
 #include "decompose/expand_for_sharding.h"
 #include "decompose/layout_for_communication.h"
 #include "lower/check_aliases.h"
@@ -45,6 +46,8 @@ const std::vector<FusionPass>& fusionPasses() {
        plain(expandForSharding)},
       {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones",
        [](Fusion& f, const PipelineOptions& o) { propagateShardings(f, o.propagation, o.sizes); }},
+      {"expand-attention-gradients", "rewrite each placed sdpa_grad into GEMMs and a softmax backward, sharded alike",
+       plain(expandAttentionGradients), requirePropagated},
       {"decompose-reshardings", "split every op into local compute plus single-axis communications",
        plain(decomposeReshardings), requirePropagated},
       {"layout-for-communication", "move each collective's sharded dim outermost (permutes only where needed)",
@@ -100,7 +103,9 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   // decomposition compares each op's operand shardings with what its output's sharding needs.
   runPasses(*fusion, {"dead-code-elimination", "expand-for-sharding", "propagate-shardings"}, options);
   if (keep_stages) out.stages["propagated"] = printFusion(*fusion);
-  runPasses(*fusion, {"decompose-reshardings"}, options);
+  // expand-attention-gradients needs the sdpa_grad ops placed (as attention: batch and heads);
+  // decompose-reshardings then moves the operands of the ops it writes.
+  runPasses(*fusion, {"expand-attention-gradients", "decompose-reshardings"}, options);
   // layout-for-communication needs the single-axis sets decompose-reshardings makes;
   // propagate-streams must see every tensor decomposition made; decompose-for-overlap needs the
   // dim-0 collectives layout-for-communication makes and must know the microbatched tensors.
@@ -118,7 +123,7 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
 }
 
 bool compileDependsOnSizes(const Fusion& f, const OverlapOptions& options) {
-  bool symbolic = false, chunked = options.algorithm != "none", reshaped = false;
+  bool symbolic = false, chunked = options.algorithm != OverlapAlgorithm::None, reshaped = false;
   for (const TensorView* in : f.inputs())
     for (const Extent& e : in->shape()) symbolic |= !e.isStatic();
   for (const TensorView* tv : f.tensorViews()) chunked |= streamSplitOf(tv).has_value();

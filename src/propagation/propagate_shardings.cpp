@@ -615,7 +615,9 @@ class Propagator {
   // and a consumer that wants the sequence sharded again pays one more all-to-all: four in all.
   std::optional<OutputChoice> ulysses(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
                                       int64_t a) const {
-    if (e->kind() != OpKind::Sdpa || options_.context_parallel == ContextParallel::Gather) return std::nullopt;
+    // Every attention op: sdpa, sdpa_lse and sdpa_grad (so that the backward is Ulysses too).
+    if (e->info().category != OpCategory::Attention || options_.context_parallel == ContextParallel::Gather)
+      return std::nullopt;
     constexpr int64_t kHeads = 1;
     const int64_t n = mesh.size(a);
     const TensorView* seq_sharded = nullptr;

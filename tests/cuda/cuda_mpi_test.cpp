@@ -62,7 +62,7 @@ void expectShardedMatchesReference(const Fusion& def, const std::vector<Ps>& pla
   if (!expect_comm.empty()) {
     EXPECT_EQ(comm.name(), expect_comm);
   }
-  MultiDeviceExecutor exec(cloneFusion(def), comm, makeCudaBackend(), options);
+  MultiDeviceExecutor exec(def.clone(), comm, makeCudaBackend(), options);
   const CompiledProgram& plan = exec.plan(inputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
     inputs[i].global_shape = full[i].shape();
@@ -141,7 +141,7 @@ TEST(CudaMultiRank, RingOverlapSequenceParallelMlpTraced) {
   Fusion f;
   models::buildMlp(f, 64);
   ExecutorOptions o;
-  o.pipeline.overlap.algorithm = "ring";
+  o.pipeline.overlap.algorithm = parseOverlapAlgorithm("ring");
   o.pipeline.overlap.chunks = 2 * g_world->size();
   o.trace = true;
   expectShardedMatchesReference(f, {{S(0)}, {S(0)}, {S(1)}}, {{"s0", 32 * g_world->size()}}, "", o);

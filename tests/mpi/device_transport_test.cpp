@@ -275,7 +275,7 @@ void expectMatchesOnFakeDevices(const Fusion& def, const std::vector<Ps>& placem
     inputs.push_back({Tensor(), worldMesh(), placements.at(i)});
   }
   std::vector<Tensor> reference = evaluateReference(def, full);
-  MultiDeviceExecutor exec(cloneFusion(def), comm, std::make_unique<FakeDeviceBackend>(arena), options);
+  MultiDeviceExecutor exec(def.clone(), comm, std::make_unique<FakeDeviceBackend>(arena), options);
   const CompiledProgram& plan = exec.plan(inputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
     inputs[i].global_shape = full[i].shape();
@@ -307,7 +307,7 @@ TEST(DeviceTransport, RingExchangesRunAsOneGroupOnPreparedTeams) {
   Fusion f;
   models::buildMlp(f, 24);  // 4h = 96: sharded evenly on 1 to 4 ranks
   ExecutorOptions o;
-  o.pipeline.overlap.algorithm = "ring";
+  o.pipeline.overlap.algorithm = parseOverlapAlgorithm("ring");
   o.pipeline.overlap.chunks = worldSize();
   expectMatchesOnFakeDevices(f, {{S(0)}, {S(0)}, {S(1)}}, {{"s0", 16 * worldSize()}}, o, comm, arena);
   EXPECT_EQ(comm.preparedCalls(), 1) << "the program's teams are prepared once, before its first communication";
@@ -333,9 +333,9 @@ TEST(DeviceTransport, ProgramTeamsAreSortedAndCoverThePointToPointExchanges) {
   Fusion f;
   models::buildMlp(f, 24);  // 4h = 96: sharded evenly on 1 to 4 ranks
   ExecutorOptions o;
-  o.pipeline.overlap.algorithm = "ring";
+  o.pipeline.overlap.algorithm = parseOverlapAlgorithm("ring");
   o.pipeline.overlap.chunks = worldSize();
-  MultiDeviceExecutor exec(cloneFusion(f), world(), nullptr, o);
+  MultiDeviceExecutor exec(f.clone(), world(), nullptr, o);
   std::vector<ShardedTensor> inputs = {{Tensor(), worldMesh(), {S(0)}}, {Tensor(), worldMesh(), {S(0)}},
                                        {Tensor(), worldMesh(), {S(1)}}};
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -393,7 +393,7 @@ TEST(DeviceTransport, CliRunKeepsItsHostMessagesOnTheControlCommunicator) {
                                                                           ::getpid()))
                        .string();
     if (!overlap.empty()) {
-      o.pipeline.overlap.algorithm = overlap[0];
+      o.pipeline.overlap.algorithm = parseOverlapAlgorithm(overlap[0]);
       o.pipeline.overlap.chunks = std::stoll(overlap[1]);
     }
     const int rc = cli::runSharded(*def, o, env);

@@ -21,7 +21,7 @@ TEST(Errors, MeshLargerThanTheWorld) {
   models::buildMlp(f, 16);
   std::vector<int64_t> ids(worldSize() * 2);
   std::iota(ids.begin(), ids.end(), 0);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   EXPECT_THAT(errorOf(ErrorKind::Mesh, [&] { exec.run(mlpInputs(DeviceMesh(ids), 4)); }),
               AllOf(HasSubstr(fmt::format("the world has {} ranks", worldSize())),
                     HasSubstr(fmt::format("mpirun -np {}", 2 * worldSize()))));
@@ -30,7 +30,7 @@ TEST(Errors, MeshLargerThanTheWorld) {
 TEST(Errors, WrongNumberOfPlacements) {
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in[1].placements = {S(0), R};
   EXPECT_THAT(errorOf(ErrorKind::Placement, [&] { exec.run(in); }),
@@ -40,7 +40,7 @@ TEST(Errors, WrongNumberOfPlacements) {
 TEST(Errors, WrongNumberOfInputs) {
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in.pop_back();
   EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
@@ -54,7 +54,7 @@ TEST(Errors, BlockThatIsNotTheRanksUnevenBlockOfAStaticSize) {
   if (worldSize() == 1) GTEST_SKIP() << "every size divides into one shard";
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({worldSize() + 1, 4}, DataType::Float, "x")));
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {1, 4}), worldMesh(), {S(0)}}};
   EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
               AllOf(HasSubstr(fmt::format("MultiDeviceExecutor: the ranks disagree: input 0 (%x) global shape is [{}, 4]",
@@ -72,9 +72,9 @@ TEST(Errors, BlockThatIsNotTheRanksUnevenBlockIsOneErrorOnEveryRank) {
   const int64_t rows = 2 * worldSize() + 1, last = worldSize() - 1;
   auto block = [&](int64_t r) { return chunkSpan(rows, worldSize(), r).size; };
   std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {block(worldRank()), 4}), worldMesh(), {S(0)}, {rows, 4}}};
-  EXPECT_EQ(MultiDeviceExecutor(cloneFusion(f), world()).run(in).size(), 1u);  // torch.chunk's blocks run
+  EXPECT_EQ(MultiDeviceExecutor(f.clone(), world()).run(in).size(), 1u);  // torch.chunk's blocks run
   // (A fresh executor: the ranks agree on a signature the first time they see it.)
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   if (worldRank() == last) in[0].local = Tensor(DataType::Float, {block(last) + 1, 4});
   EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
               HasSubstr(fmt::format("input 0 (%x) global shape is [{}, 4] with local shape [{}, 4] (not [{}, 4]) on "
@@ -86,7 +86,7 @@ TEST(Errors, BlockThatDoesNotMatchTheGivenGlobalShape) {
   if (worldSize() == 1) GTEST_SKIP() << "one shard is the whole tensor";
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({-1, 4}, DataType::Float, "x")));
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {3, 4}), worldMesh(), {S(0)}, {2 * worldSize(), 4}}};
   EXPECT_THAT(errorOf(ErrorKind::Shape, [&] { exec.run(in); }),
               HasSubstr(fmt::format("input 0 (%x): the local tensor has shape [3, 4] but the global shape [{}, 4] in "
@@ -97,7 +97,7 @@ TEST(Errors, BlockThatDoesNotMatchTheGivenGlobalShape) {
 TEST(Errors, LocalShapeThatDoesNotMatchThePlacement) {
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in[1].local = Tensor(DataType::Float, {64, 16});  // the full weight, not this rank's shard
   if (worldSize() == 1) GTEST_SKIP() << "the full weight is the shard";
@@ -108,7 +108,7 @@ TEST(Errors, LocalShapeThatDoesNotMatchThePlacement) {
 TEST(Errors, WrongDtype) {
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in[0].local = Tensor(DataType::BFloat16, {4, 16});
   EXPECT_THAT(errorOf(ErrorKind::Dtype, [&] { exec.run(in); }),
@@ -132,7 +132,7 @@ TEST(Errors, DtypeThatDiffersOnOneRank) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   if (lastRank()) in[0].local = Tensor(DataType::BFloat16, {4, 16});
   // Every rank, the one given bf16 too, throws this before any collective (without the check the
@@ -145,7 +145,7 @@ TEST(Errors, PlacementsThatDifferOnOneRank) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   if (lastRank()) in[0] = {Tensor(DataType::Float, {4 / worldSize(), 16}), worldMesh(), {S(0)}};  // global [4, 16]
   const std::string mesh = worldMesh().toString();
@@ -157,7 +157,7 @@ TEST(Errors, MeshesThatDifferOnOneRank) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   std::vector<int64_t> reversed = worldMesh().devices();
   std::reverse(reversed.begin(), reversed.end());
@@ -171,7 +171,7 @@ TEST(Errors, GlobalShapesThatDifferOnOneRank) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), lastRank() ? 8 : 4);  // ?t = 8 on the last rank
   EXPECT_EQ(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
             disagreement("input 0 (%inp) global shape", "[8, 16]", "[4, 16]"));
@@ -184,7 +184,7 @@ TEST(Errors, EachNewSignatureIsCheckedAgain) {
   if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   models::buildMlp(f, 16);
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   exec.run(mlpInputs(worldMesh(), 4));
   exec.run(mlpInputs(worldMesh(), 4));
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 8);
@@ -203,7 +203,7 @@ TEST(Errors, TensorLargerThanMemory) {
   TensorView* a = f.defineTensor({-1, 1}, DataType::Float, "a");
   TensorView* b = f.defineTensor({1, -1}, DataType::Float, "b");
   f.addOutput(ops::relu(ops::matmul(a, b)));
-  MultiDeviceExecutor exec(cloneFusion(f), world());
+  MultiDeviceExecutor exec(f.clone(), world());
   const int64_t rows = int64_t{1} << 20, cols = int64_t{1} << 20;
   std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {rows, 1}), worldMesh(), {S(0)}},
                                    {Tensor(DataType::Float, {1, cols}), worldMesh(), {R}}};

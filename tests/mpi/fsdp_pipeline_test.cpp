@@ -35,7 +35,7 @@ TEST(Fsdp, ThreeLayerMlpGathersOneParameterPerLayerAndFreesIt) {
   if (worldSize() == 1) return;
   EXPECT_EQ(kinds(run.collectives), (std::vector<std::string>{"allgather", "allgather", "allgather"}));
   // Each gathered parameter is freed after its last use...
-  MultiDeviceExecutor exec(cloneFusion(f), world(), nullptr, options);
+  MultiDeviceExecutor exec(f.clone(), world(), nullptr, options);
   std::vector<ShardedTensor> in;
   for (size_t i = 0; i < 4; ++i) in.push_back({Tensor(), worldMesh(), {S(0)}});
   in[0].local = Tensor(DataType::Float, {t / worldSize(), 32});
@@ -120,7 +120,7 @@ TEST(Pipeline, ThreeStagesFourMicrobatches) {
   std::vector<Tensor> full;
   std::vector<ShardedTensor> inputs = pipelineInputs(*def, 32, &full);
   auto counts = std::make_shared<MemoryCounts>();
-  MultiDeviceExecutor exec(cloneFusion(*def), world(), std::make_unique<CountingBackend>(counts));
+  MultiDeviceExecutor exec(def->clone(), world(), std::make_unique<CountingBackend>(counts));
   std::vector<ShardedTensor> outs = exec.run(inputs);
   // The peak-memory estimate bounds what the stage really held (a receive buffer of every
   // microbatch, at most two microbatches' buffers in flight).
@@ -166,7 +166,7 @@ TEST(Pipeline, MiddleStageCommunicatesBesideItsCompute) {
   std::vector<ShardedTensor> inputs = pipelineInputs(*def, 2048, &full);
   ExecutorOptions options;
   options.trace = true;
-  MultiDeviceExecutor exec(cloneFusion(*def), world(), nullptr, options);
+  MultiDeviceExecutor exec(def->clone(), world(), nullptr, options);
   exec.run(inputs);  // compiles the kernels: the timeline below is of warm runs
   // The intervals depend on the OS's scheduling of two cores among the three ranks: of three
   // runs (every rank runs all three), the one with the most overlap on the middle stage counts.
@@ -207,7 +207,7 @@ TEST(Pipeline, MicrobatchesThatDoNotSplitTheBatchAreTorchChunkBlocks) {
     SCOPED_TRACE(fmt::format("{} rows", t));
     std::vector<Tensor> full;
     std::vector<ShardedTensor> inputs = pipelineInputs(*def, t, &full);
-    MultiDeviceExecutor exec(cloneFusion(*def), world());
+    MultiDeviceExecutor exec(def->clone(), world());
     std::vector<ShardedTensor> outs = exec.run(inputs);
     expectSameCollectives(collectives(exec.programFor(inputs), {{"t", t}}), exec.lastCollectives());
     if (worldRank() == 0) {  // stage 0 sends each microbatch's rows of its [t, 64] activations

@@ -31,7 +31,7 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
     inputs.push_back({Tensor(), layouts.at(i).first, layouts.at(i).second});
   }
   run.reference = evaluateReference(definition, run.full_inputs);
-  MultiDeviceExecutor exec(cloneFusion(definition), world(), std::move(backend), options);
+  MultiDeviceExecutor exec(definition.clone(), world(), std::move(backend), options);
   const CompiledProgram& plan = exec.plan(inputs);
   run.compiled = plan.fusion;
   for (size_t i = 0; i < inputs.size(); ++i) {

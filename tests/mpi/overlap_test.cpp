@@ -20,7 +20,7 @@ using Strs = std::vector<std::string>;
 
 ExecutorOptions overlap(const std::string& algorithm, int64_t chunks, bool trace = false) {
   ExecutorOptions o;
-  o.pipeline.overlap.algorithm = algorithm;
+  o.pipeline.overlap.algorithm = parseOverlapAlgorithm(algorithm);
   o.pipeline.overlap.chunks = chunks;
   o.trace = trace;
   return o;
@@ -298,7 +298,7 @@ TEST(Overlap, DefaultChunkCountIsCappedAtEachRunsRows) {
   const int64_t n = worldSize();
   Fusion f;
   rowParallelLinear(f, /*scatter=*/false);
-  MultiDeviceExecutor exec(cloneFusion(f), world(), nullptr, overlap("collective", 0));
+  MultiDeviceExecutor exec(f.clone(), world(), nullptr, overlap("collective", 0));
   for (int64_t rows : {2 * n, int64_t{3}, int64_t{1}, 2 * n}) {
     SCOPED_TRACE(fmt::format("{} rows", rows));
     std::vector<ShardedTensor> in = {{Tensor::random(DataType::Float, {rows, 32 / n}, 1), worldMesh(), {S(1)}},
@@ -376,7 +376,7 @@ TEST(Overlap, TimelineOfARingOnTheCpuBackendShowsCommunicationBesideCompute) {
   Fusion f;
   models::buildMlp(f, 64);
   const int64_t n = worldSize();
-  MultiDeviceExecutor exec(cloneFusion(f), world(), nullptr, overlap("ring", 2 * n, /*trace=*/true));
+  MultiDeviceExecutor exec(f.clone(), world(), nullptr, overlap("ring", 2 * n, /*trace=*/true));
   std::vector<ShardedTensor> in = {{Tensor::random(DataType::Float, {256, 64}, 1), worldMesh(), {S(0)}},
                                    {Tensor::random(DataType::Float, {256 / n, 64}, 2), worldMesh(), {S(0)}},
                                    {Tensor::random(DataType::Float, {64, 256 / n}, 3), worldMesh(), {S(1)}}};

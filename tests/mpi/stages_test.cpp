@@ -43,7 +43,7 @@ StagedRun runStaged(const std::string& text) {
   }
   StagedRun run;
   run.reference = evaluateReference(*def, full);
-  MultiDeviceExecutor exec(cloneFusion(*def), world());
+  MultiDeviceExecutor exec(def->clone(), world());
   run.compiled = exec.plan(inputs).fusion;
   std::vector<ShardedTensor> outs = exec.run(inputs);
   run.collectives = exec.lastCollectives();

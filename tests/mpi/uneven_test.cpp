@@ -198,7 +198,7 @@ TEST(Uneven, OverlapOfSevenTokensCollectiveAndRingBased) {
            {"collective", 0}, {"collective", 3}, {"ring", n}, {"ring", 2 * n}}) {
     SCOPED_TRACE(fmt::format("{} {}", algorithm, chunks));
     ExecutorOptions options;
-    options.pipeline.overlap.algorithm = algorithm;
+    options.pipeline.overlap.algorithm = parseOverlapAlgorithm(algorithm);
     options.pipeline.overlap.chunks = chunks;
     ShardedRun run = runSharded(*mlp(8, 16), onWorld({{S(0)}, {S(0)}, {S(1)}}), {{"t", 7}}, options);
     expectMatchesReference(run);

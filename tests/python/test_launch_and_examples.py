@@ -10,7 +10,8 @@ import pytest
 pytestmark = pytest.mark.single_process
 
 EXAMPLES = {"tp_mlp.py": "tensor-parallel MLP", "sp_mlp.py": "sequence-parallel MLP",
-            "tp_attention.py": "tensor-parallel attention", "dp_tp_mlp_2x2.py": "data x tensor parallel MLP"}
+            "tp_attention.py": "tensor-parallel attention", "dp_tp_mlp_2x2.py": "data x tensor parallel MLP",
+            "ulysses_seed003.py": "seed 003 Ulysses example (f16)", "dit_cfg.py": "DiT block with CFG x Ulysses"}
 
 
 def clean_env():
@@ -28,6 +29,14 @@ def test_example_runs_with_one_command(example, repo_root):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "hostir rank 0 {" in r.stdout and "hostir rank 1 {" in r.stdout
     assert f"{EXAMPLES[example]}: matches numpy on" in r.stdout and r.stdout.rstrip().endswith("OK")
+
+
+def test_seed_003_ulysses_example_on_4_ranks(repo_root):
+    """The seed's full size (sequence 4096, f16) with the sequence split 4 ways (2 heads per rank)."""
+    r = run([sys.executable, os.path.join(repo_root, "examples", "python", "ulysses_seed003.py"), "--ranks", "4"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Shard(1) on 4 ranks equals one device bit for bit" in r.stdout
+    assert "seed 003 Ulysses example (f16): matches numpy on 4 ranks" in r.stdout and r.stdout.rstrip().endswith("OK")
 
 
 def test_launch_runs_a_script_on_n_ranks(tmp_path):

@@ -109,3 +109,34 @@ def test_device_is_checked(rng, world_mesh):
     fdw = FusionDefinitionWrapper(H.define_mlp(H_), device="cuda")
     with pytest.raises(meshfuse.RuntimeError, match="no CUDA device"):
         run(fdw, mlp_arrays(rng), [R, S(0), S(1)], world_mesh)
+
+
+def test_compile_options_come_from_the_one_table():
+    """meshfuse.compile_options() is the C++ table the CLI's flags come from too: names, types,
+    choices and defaults, and FusionDefinitionWrapper's docstring lists them."""
+    options = {o["name"]: o for o in meshfuse.compile_options()}
+    assert list(options) == ["overlap", "chunks", "streams", "fsdp", "cp"]
+    assert options["overlap"]["type"] == "choice"
+    assert options["overlap"]["choices"] == ["none", "collective", "ring"]
+    assert options["overlap"]["default"] == "none"
+    assert options["chunks"]["default"] == 0 and options["chunks"]["type"] == "count"
+    assert options["fsdp"]["default"] is False and options["fsdp"]["type"] == "flag"
+    for name in options:
+        assert f"{name}=" in FusionDefinitionWrapper.__init__.__doc__
+
+
+def test_unknown_compile_option_is_a_type_error_listing_the_options():
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'overlapp' \(compile options: overlap, chunks"):
+        FusionDefinitionWrapper(H.define_mlp(H_), overlapp="ring")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(overlap="zigzag"), "overlap algorithm 'zigzag': expected none, collective or ring"),
+    (dict(streams=0), "streams '0': expected a whole number >= 1"),
+    (dict(chunks=-1), "chunks '-1': expected a whole number >= 0"),
+    (dict(cp="sideways"), "context parallelism 'sideways': expected auto"),
+])
+def test_bad_compile_option_values_are_value_errors_at_construction(kwargs, message):
+    """Checked when the wrapper is made, before any definition runs, in the table's own words."""
+    with pytest.raises(meshfuse.ValueError, match=message):
+        FusionDefinitionWrapper(H.define_mlp(H_), **kwargs)

@@ -61,6 +61,33 @@ def test_adamw_matches_torch(kw):
                    lambda ps: torch.optim.AdamW(ps, lr=0.01, **kw))
 
 
+def test_learning_rate_schedule_matches_torch():
+    """group["lr"] set between steps (a linear decay), as with torch.optim; other options are
+    compiled into the update and refused."""
+    lrs = [0.05, 0.03, 0.01, 0.0]
+
+    def schedule(opt):
+        step = opt.step
+
+        def scheduled(*args):
+            for g in opt.param_groups:
+                g["lr"] = lrs[scheduled.calls]
+            scheduled.calls += 1
+            return step(*args)
+        scheduled.calls = 0
+        opt.step = scheduled
+        return opt
+
+    _run_optimizer(lambda ps: schedule(meshfuse.optim.AdamW(ps, lr=1.0, weight_decay=0.1)),
+                   lambda ps: schedule(torch.optim.AdamW(ps, lr=1.0, weight_decay=0.1)))
+    opt = meshfuse.optim.SGD([meshfuse.distribute_tensor(np.zeros(3, np.float32), H.world_mesh(), [R])], lr=0.1)
+    assert opt.param_groups[0]["lr"] == 0.1 and len(opt.param_groups[0]["params"]) == 1
+    with pytest.raises(meshfuse.ValueError, match=r"SGD: only a parameter group's 'lr' can change between steps "
+                                                  r"\(the other options are compiled into its update program\), "
+                                                  r"not 'momentum'"):
+        opt.param_groups[0]["momentum"] = 0.9
+
+
 def test_bf16_parameters_keep_f32_masters():
     """torch's recipe: AdamW on an f32 master, the bf16 parameter its rounding."""
     rng = np.random.default_rng(1)

@@ -1,12 +1,14 @@
 // autodiff: every op's gradient against central finite differences (f64, reference executor),
 // the rule table's completeness, the save policy, placements, round-trip and errors.
+#include "meshfuse/autodiff.h"
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <set>
 
-#include "meshfuse/autodiff.h"
 #include "meshfuse/grad_check.h"
 #include "meshfuse/ir/device_mesh.h"
 #include "meshfuse/ir/parser.h"
@@ -220,8 +222,52 @@ TEST(AutodiffRules, EveryOpHasARuleAndAGradientTest) {
   for (size_t i = 0; i < rules.size(); ++i) {
     EXPECT_EQ(rules[i].op, opInfo(allOpKinds()[i]).name);
     EXPECT_FALSE(rules[i].rule.empty());
+    // sdpa_grad (attention's gradient) is tested by every sdpa case, and refuses to be
+    // differentiated again (AttentionGradientIsNotDifferentiatedAgain).
+    if (rules[i].formula.starts_with("not differentiable")) continue;
     EXPECT_TRUE(covered().count(std::string(rules[i].op))) << "no gradient test exercises " << rules[i].op;
   }
+}
+
+TEST(Autodiff, SdpaGradientsAreSdpaGradOpsSharingTheirOperands) {
+  Fusion f;
+  TensorView* q = in(f, {1, 2, 3, 4}, "q");
+  TensorView* k = in(f, {1, 2, 5, 4}, "k");
+  f.addOutput(sdpa(q, k, in(f, {1, 2, 5, 3}, "v"), true));
+  Gradients g = differentiate(f, {0}, {0, 1});  // no dv: no op for it
+  std::string text = printFusion(*g.backward);
+  EXPECT_NE(text.find("%grad_q = sdpa_grad(%q, %k, %v, %grad_out0, wrt=\"query\", is_causal=true) : f32[1, 2, 3, 4]"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("%grad_k = sdpa_grad(%q, %k, %v, %grad_out0, wrt=\"key\", is_causal=true) : f32[1, 2, 5, 4]"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("wrt=\"value\""), std::string::npos) << text;
+}
+
+TEST(Autodiff, SdpaGradChecksItsOperands) {
+  Fusion f;
+  TensorView* q = in(f, {1, 2, 3, 4}, "q");
+  TensorView* kv = in(f, {1, 2, 5, 4}, "kv");
+  TensorView* g = in(f, {1, 2, 3, 4}, "g");
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { sdpaGrad(q, kv, kv, g, "keys"); }),
+            "sdpa_grad: wrt must be \"query\", \"key\" or \"value\" but is \"keys\"");
+  EXPECT_THAT(userErrorMessage(ErrorKind::Shape, [&] { sdpaGrad(q, kv, kv, kv, "query"); }),
+              ::testing::HasSubstr("query sequence dim"));
+  EXPECT_THAT(userErrorMessage(ErrorKind::Dtype,
+                               [&] {
+                                 sdpaGrad(q, kv, kv, in(f, {1, 2, 3, 4}, "h", DataType::BFloat16), "key");
+                               }),
+              ::testing::HasSubstr("sdpa_grad: %h is bf16 but query %q is f32"));
+  EXPECT_EQ(sdpaGrad(q, kv, kv, g, "value")->dtype(), DataType::Float);
+}
+
+TEST(Autodiff, AttentionGradientIsNotDifferentiatedAgain) {
+  Fusion f;
+  TensorView* q = in(f, {1, 1, 3, 4}, "q");
+  f.addOutput(sdpaGrad(q, q, q, q, "query"));
+  EXPECT_EQ(userErrorMessage(ErrorKind::Unsupported, [&] { differentiate(f, {0}, {0}); }),
+            "autodiff: sdpa_grad (the gradient of attention) cannot be differentiated again");
 }
 
 TEST(Autodiff, Bf16GradientsAreBf16AndAccumulateInF32) {

@@ -89,7 +89,7 @@ TEST(CheckCollectives, OverlapRingAndMicrobatchLoopsMatch) {
     c.sizes = {{"t", 64}};
     PipelineOptions o;
     o.sizes = c.sizes;
-    o.overlap.algorithm = algo;
+    o.overlap.algorithm = parseOverlapAlgorithm(algo);
     o.overlap.chunks = 2;
     c.program = compile(parseFusion(readFile("examples/sp_mlp.mf"), "sp_mlp.mf"), o);
     for (int64_t r : {0, 1}) c.ranks.push_back(programForRank(c.program, r));

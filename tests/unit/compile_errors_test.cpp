@@ -55,7 +55,7 @@ TEST(CompileErrors, MicrobatchesMustSplitDimZero) {
 
 TEST(CompileErrors, OverlapInsideAMicrobatchedPipeline) {
   PipelineOptions o;
-  o.overlap.algorithm = "ring";
+  o.overlap.algorithm = parseOverlapAlgorithm("ring");
   EXPECT_THAT(compileError(ErrorKind::Unsupported, R"(fusion {
   mesh @s0 = [0]
   %x = input f32[8, 4] @s0 {split(0, 2), parallelize(0, Stream)}
@@ -74,10 +74,10 @@ TEST(CompileErrors, UnknownOverlapAlgorithmAndBadChunks) {
   output %y
 })";
   PipelineOptions o;
-  o.overlap.algorithm = "zigzag";
-  EXPECT_THAT(compileError(ErrorKind::Value, mlp, o),
-              HasSubstr("overlap algorithm must be none, collective or ring but is 'zigzag'"));
-  o.overlap.algorithm = "collective";
+  // The algorithm is an enum: a bad name is refused where text becomes options (CLI, Python).
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [] { parseOverlapAlgorithm("zigzag"); }),
+            "overlap algorithm 'zigzag': expected none, collective or ring");
+  o.overlap.algorithm = parseOverlapAlgorithm("collective");
   o.overlap.chunks = -2;
   EXPECT_THAT(compileError(ErrorKind::Value, mlp, o), HasSubstr("overlap chunks must be >= 0"));
 }

@@ -23,7 +23,7 @@ using cuda_testing::opCases;
 // Runs `def` on one device of `backend` (a one-device mesh: no collectives).
 std::vector<Tensor> runOnOneDevice(const Fusion& def, const std::vector<Tensor>& inputs,
                                    std::unique_ptr<Backend> backend, Communicator& comm) {
-  MultiDeviceExecutor exec(cloneFusion(def), comm, std::move(backend));
+  MultiDeviceExecutor exec(def.clone(), comm, std::move(backend));
   std::vector<ShardedTensor> in;
   for (const Tensor& t : inputs) in.push_back({t, DeviceMesh({0}), {Placement::replicate()}});
   std::vector<Tensor> out;

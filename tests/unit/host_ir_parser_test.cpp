@@ -30,7 +30,7 @@ PipelineOptions runLineOptions(const std::string& text) {
   PipelineOptions o;
   std::smatch m;
   std::string run = text.substr(0, text.find('\n', text.find("RUN:")));
-  if (std::regex_search(run, m, std::regex("--overlap=(\\w+)"))) o.overlap.algorithm = m[1];
+  if (std::regex_search(run, m, std::regex("--overlap=(\\w+)"))) o.overlap.algorithm = parseOverlapAlgorithm(m[1]);
   if (std::regex_search(run, m, std::regex("--chunks=(\\d+)"))) o.overlap.chunks = std::stoll(m[1]);
   if (std::regex_search(run, m, std::regex("--streams=(\\d+)"))) o.overlap.streams = std::stoll(m[1]);
   if (std::regex_search(run, m, std::regex("--size (\\w+)=(\\d+)"))) o.sizes[m[1]] = std::stoll(m[2]);
@@ -77,7 +77,7 @@ TEST(HostIrText, EveryExampleRoundTrips) {
     roundTripAllRanks(path, {});
   for (const char* algo : {"collective", "ring"}) {
     PipelineOptions o;
-    o.overlap.algorithm = algo;
+    o.overlap.algorithm = parseOverlapAlgorithm(algo);
     o.overlap.chunks = 4;
     o.overlap.streams = 2;
     o.sizes = {{"t", 64}};

@@ -107,7 +107,7 @@ TEST(HostIrVerifier, EventWaitedForBeforeItIsRecorded) {
 
 TEST(HostIrVerifier, StreamPoolLeftForTheBackend) {
   PipelineOptions o;
-  o.overlap.algorithm = "collective";
+  o.overlap.algorithm = parseOverlapAlgorithm("collective");
   o.overlap.chunks = 2;
   o.overlap.streams = 2;
   o.sizes = {{"t", 64}};
@@ -122,7 +122,7 @@ TEST(HostIrVerifier, StreamPoolLeftForTheBackend) {
 
 TEST(HostIrVerifier, LoopCarriedValueInABufferOfOneIteration) {
   PipelineOptions o;
-  o.overlap.algorithm = "collective";
+  o.overlap.algorithm = parseOverlapAlgorithm("collective");
   o.overlap.chunks = 2;
   o.sizes = {{"t", 64}};
   HostProgram p = programForRank(compileFile("examples/sp_mlp.mf", o), 0);

@@ -22,7 +22,7 @@ namespace {
 // The fusion run on one device through the whole pipeline with the CPU backend.
 std::vector<Tensor> runOnCpu(const Fusion& f, const std::vector<Tensor>& inputs) {
   std::unique_ptr<Communicator> comm = makeSelfCommunicator();
-  MultiDeviceExecutor exec(cloneFusion(f), *comm, makeCpuBackend());
+  MultiDeviceExecutor exec(f.clone(), *comm, makeCpuBackend());
   std::vector<ShardedTensor> in;
   for (const Tensor& t : inputs) in.push_back({t, DeviceMesh({0}), {Placement::replicate()}});
   std::vector<Tensor> out;
@@ -377,6 +377,17 @@ std::vector<OpCase> opCases(OpKind k) {
                  f.addOutput(ops::sdpaLse(q, kk, true));
                  f.addOutput(ops::sdpa(q, kk, v, false, 0.3));
                  f.addOutput(ops::sdpaLse(q, kk, false, 0.3));
+                 return in.values;
+               }}};
+    case OpKind::SdpaGrad:  // expanded after propagation; dq, dk, dv of one attention share P
+      return {{n, [](Fusion& f, DataType dt) {
+                 Inputs in{f, dt, {}};
+                 TensorView* q = in.add({2, 2, 5, 4});
+                 TensorView* kk = in.add({2, 2, 6, 4});
+                 TensorView* v = in.add({2, 2, 6, 3});
+                 TensorView* g = in.add({2, 2, 5, 3});
+                 for (const char* wrt : {"query", "key", "value"}) f.addOutput(ops::sdpaGrad(q, kk, v, g, wrt, true));
+                 f.addOutput(ops::sdpaGrad(q, kk, v, g, "key", false, 0.3));
                  return in.values;
                }}};
   }

@@ -84,6 +84,7 @@ TEST(TextRoundTrip, EveryOpKind) {
   f.apply(OpKind::RmsNorm, {x, ln_w});
   f.apply(OpKind::Sdpa, {q, kv, kv}, {{"is_causal", true}, {"scale", 0.125}});
   f.apply(OpKind::SdpaLse, {q, kv}, {{"is_causal", true}});
+  f.apply(OpKind::SdpaGrad, {q, kv, kv, q}, {{"wrt", std::string("key")}, {"is_causal", true}});
   f.apply(OpKind::LogSoftmax, {lin}, {{"dim", int64_t{1}}});
   TensorView* rows = f.apply(OpKind::Embedding, {w, ids});
   f.apply(OpKind::EmbeddingBackward, {rows, ids}, {{"num_weights", int64_t{256}}});
@@ -108,6 +109,9 @@ TEST(TextRoundTrip, EveryOpKind) {
   EXPECT_NE(text.find("rms_norm(%x, weight=%0) : f32[?t, 64]\n"), std::string::npos) << "default eps omitted";
   EXPECT_NE(text.find("sdpa_lse(%q, %kv, is_causal=true) : f32[2, 4, 16]\n"), std::string::npos) << "f32 whatever q is";
   EXPECT_NE(text.find("sdpa(%q, %kv, %kv, is_causal=true, scale=0.125)"), std::string::npos);
+  EXPECT_NE(text.find("sdpa_grad(%q, %kv, %kv, %q, wrt=\"key\", is_causal=true) : bf16[2, 4, 24, 8]\n"),
+            std::string::npos)
+      << "shaped like the key";
   EXPECT_NE(text.find("gelu(%x, approximate=\"tanh\")"), std::string::npos);
   EXPECT_NE(text.find("cast(%x, dtype=bf16) : bf16[?t, 64]"), std::string::npos);
   EXPECT_NE(text.find("eq(%1, -3) : bool[?t, 64]"), std::string::npos) << text;

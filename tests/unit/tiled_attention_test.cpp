@@ -24,7 +24,7 @@ namespace {
 
 std::vector<Tensor> runOnCpu(const Fusion& f, const std::vector<Tensor>& inputs) {
   std::unique_ptr<Communicator> comm = makeSelfCommunicator();
-  MultiDeviceExecutor exec(cloneFusion(f), *comm, makeCpuBackend());
+  MultiDeviceExecutor exec(f.clone(), *comm, makeCpuBackend());
   std::vector<ShardedTensor> in;
   for (const Tensor& t : inputs) in.push_back({t, DeviceMesh({0}), {Placement::replicate()}});
   std::vector<Tensor> out;

@@ -286,9 +286,9 @@ TEST(TrainingExecutor, BadParametersAndLossAreTypedErrors) {
   TensorView* w = f->defineTensor({4}, DataType::Float, "w");
   f->addOutput(ops::sum(ops::mul(w, ops::cast(i, DataType::Float)), {0}));
   f->addOutput(ops::mul(w, w));
-  EXPECT_EQ(userErrorMessage(ErrorKind::Dtype, [&] { TrainingExecutor(cloneFusion(*f), 0, {0}, SgdOptions{}, *comm); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Dtype, [&] { TrainingExecutor(f->clone(), 0, {0}, SgdOptions{}, *comm); }),
             "TrainingExecutor: parameter 0 (%ids) is i64: only floating-point inputs can be trained");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { TrainingExecutor(cloneFusion(*f), 1, {1}, SgdOptions{}, *comm); }),
+  EXPECT_EQ(userErrorMessage(ErrorKind::Shape, [&] { TrainingExecutor(f->clone(), 1, {1}, SgdOptions{}, *comm); }),
             "TrainingExecutor: the loss %3 has rank 1 but must be a scalar (reduce it with sum or mean)");
 }
 

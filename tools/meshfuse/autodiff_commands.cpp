@@ -47,7 +47,7 @@ std::string dumpBackward(const Fusion& definition, const AutodiffCliOptions& o, 
   // Backward shardings start from the forward's: a sharded definition is differentiated after
   // propagate-shardings, so that saved tensors and seeds carry the placements the forward gives
   // them (as value_and_grad's DTensors do), not whatever propagation would pick for open inputs.
-  std::unique_ptr<Fusion> propagated = cloneFusion(definition);
+  std::unique_ptr<Fusion> propagated = definition.clone();
   if (definition.numMeshes() > 0) runPasses(*propagated, {"propagate-shardings"}, pipeline);
   const Fusion& fusion = *propagated;
   std::vector<int64_t> outs = resolve(fusion, fusion.outputs(), o.outputs, "output");

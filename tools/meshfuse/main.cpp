@@ -9,6 +9,7 @@
 
 #include "autodiff_commands.h"
 #include "cli_common.h"
+#include "cli_options.h"
 #include "opt_host.h"
 #include "train_command.h"
 #include "meshfuse/executor.h"
@@ -60,7 +61,7 @@ void reportTiming(const mf::Fusion& definition, const cli::ShardedRunOptions& o,
   pipeline.timing = &passes;
   std::unique_ptr<mf::Backend> owned = mf::makeCpuBackend();
   mf::Backend* backend = owned.get();
-  mf::MultiDeviceExecutor exec(mf::cloneFusion(definition), *comm, std::move(owned),
+  mf::MultiDeviceExecutor exec(definition.clone(), *comm, std::move(owned),
                                {.pipeline = pipeline, .trace = true});
   // (A single-device fusion compiles to the program of a one-device mesh.)
   std::vector<mf::ShardedTensor> inputs = mf::inputLayouts(definition);
@@ -254,29 +255,10 @@ int main(int argc, char** argv) {
   run->add_option("--inject-failure-on-rank", run_opts.fail_on_rank,
                   "make this rank fail before running (to see that the other ranks exit instead of hanging)");
 
-  // Communication/compute overlap, for every subcommand that compiles.
+  // The compile options (overlap, fsdp, cp, ...), for every subcommand that compiles: made from
+  // the one table Python's keyword arguments come from too (meshfuse/options.h).
   mf::PipelineOptions pipeline;
-  for (CLI::App* sub : {opt, dump, coll, run}) {
-    sub->add_option("--overlap", pipeline.overlap.algorithm,
-                    "pipeline every allgather+GEMM, GEMM+reduce-scatter and GEMM+allreduce in chunks: none | "
-                    "collective | ring (default none: only pairs whose GEMM the fusion's schedule chunks)")
-        ->check(CLI::IsMember({"none", "collective", "ring"}));
-    sub->add_option("--chunks", pipeline.overlap.chunks, "chunks per overlapped pair (default: one per device)");
-    sub->add_option("--streams", pipeline.overlap.streams,
-                    "streams the chunks of collective-based overlap rotate "
-                    "through")
-        ->capture_default_str();
-    sub->add_flag("--fsdp", pipeline.propagation.gather_parameters,
-                  "fully sharded data parallelism: all-gather sharded parameters where they are used (prefetched one "
-                  "ahead on a communication stream) instead of moving the activations");
-    sub->add_option_function<std::string>(
-           "--cp", [&pipeline](const std::string& v) { pipeline.propagation.context_parallel = mf::parseContextParallel(v); },
-           "context parallelism for attention whose sequence dim arrives sharded: auto (Ulysses where the heads "
-           "divide the mesh axis, else gather), ulysses (all-to-all to a split of the heads; an error where they "
-           "do not divide) or gather (all-gather q, k and v)")
-        ->check(CLI::IsMember({"auto", "ulysses", "gather"}))
-        ->default_str("auto");
-  }
+  for (CLI::App* sub : {opt, dump, coll, run}) cli::addCompileOptions(*sub, pipeline);
   run->add_option("--device", run_opts.device,
                   "where to run: cpu, cuda, auto (cuda when a GPU is present) or "
                   "reference (the reference executor's loops)")

@@ -92,7 +92,7 @@ int runSharded(const Fusion& definition, const ShardedRunOptions& o, const RunEn
     std::unique_ptr<Backend> backend = env.backend(o.device);
     data = env.data(*backend);
     if (data) comm = data.get();
-    exec = std::make_unique<MultiDeviceExecutor>(cloneFusion(definition), *comm, std::move(backend), options);
+    exec = std::make_unique<MultiDeviceExecutor>(definition.clone(), *comm, std::move(backend), options);
     const CompiledProgram& compiled = exec->plan(inputs);
     // Memory is each machine's own: what cannot be allocated here is reported by every rank,
     // naming the tensor, before anything is allocated or run (memory.h).

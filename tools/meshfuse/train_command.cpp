@@ -54,7 +54,7 @@ int runTrain(const Fusion& fusion, const TrainCliOptions& o, const SymbolBinding
     inputs[i] = inputs[i].placements.empty()
                     ? ShardedTensor{full[i], {}, {}}
                     : distributeTensor(full[i], inputs[i].mesh, inputs[i].placements, comm->rank());
-  TrainingExecutor trainer(cloneFusion(fusion), loss, params, config(o), *comm);
+  TrainingExecutor trainer(fusion.clone(), loss, params, config(o), *comm);
   std::vector<std::string> names;
   for (int64_t p : params) names.push_back(fusion.displayName(fusion.inputs()[p]));
   if (comm->rank() == 0)

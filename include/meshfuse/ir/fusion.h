@@ -20,6 +20,11 @@ class Fusion {
   Fusion& operator=(const Fusion&) = delete;
   ~Fusion();
 
+  // A structural copy: every value, op, IterDomain (with its transforms and parallelization),
+  // mesh, schedule, pin, provenance, alias and extent constraint, in the same order, so the copy
+  // prints identically and display names agree. (src/ir/fusion_clone.cpp)
+  std::unique_ptr<Fusion> clone() const;
+
   // A fusion input of `shape` (-1 or Extent::symbolic: a size bound at run time; a size of 1
   // is a broadcast dim). Throws NameError on a duplicate name, ShapeError on a bad extent.
   TensorView* defineTensor(const std::vector<Extent>& shape, DataType dtype, std::string name = "");

@@ -13,7 +13,4 @@ class Fusion;
 // typed error of the op (with the same location prefix) when an op rejects its operands.
 std::unique_ptr<Fusion> parseFusion(std::string_view text, std::string_view filename = "<input>");
 
-// A deep copy, through the text form (exact, as print -> parse -> print is the identity).
-std::unique_ptr<Fusion> cloneFusion(const Fusion& fusion);
-
 }  // namespace meshfuse
