@@ -134,8 +134,28 @@ def test_every_differentiable_op_is_compared_with_torch():
         used |= set(re.findall(r"= (\w+)\(", str(fd)))
     rules = meshfuse._C.gradient_rules()
     assert [r["op"] for r in rules] == [s["name"] for s in meshfuse._C.op_schemas()]
-    missing = [r["op"] for r in rules if r["rule"] != "none" and r["op"] not in used]
+    # An op whose rule refuses (attention's gradient, differentiated again) has its own test below.
+    refused = [r["op"] for r in rules if r["formula"].startswith("not differentiable")]
+    missing = [r["op"] for r in rules if r["rule"] != "none" and r["op"] not in used | set(refused)]
     assert not missing, f"no torch.autograd comparison exercises {missing}"
+
+
+def test_a_second_derivative_of_attention_is_refused_by_name():
+    """sdpa_grad (attention's gradient as an op) is not differentiable again: an UnsupportedError
+    naming the op, not a wrong gradient."""
+    refused = [r["op"] for r in meshfuse._C.gradient_rules() if r["formula"].startswith("not differentiable")]
+    assert refused == ["sdpa_grad"]
+
+    def define(fd):
+        q, k, v, g = (fd.define_tensor([1, 2, 4, 8], name=n) for n in "qkvg")
+        fd.add_output(fd.ops.sum(fd.ops.sdpa_grad(q, k, v, g, wrt="query"), [0, 1, 2, 3]))
+
+    mesh = meshfuse.DeviceMesh(list(range(meshfuse.world_size())))
+    arrays = [np.ones((1, 2, 4, 8), np.float32)] * 4
+    inputs = [meshfuse.distribute_tensor(a, mesh, [Replicate()]) for a in arrays]
+    with pytest.raises(meshfuse.UnsupportedError, match=r"sdpa_grad \(the gradient of attention\) cannot be "
+                                                        r"differentiated again"):
+        meshfuse.FusionDefinitionWrapper(define).value_and_grad(inputs, [0])
 
 
 @pytest.mark.parametrize("name,specs,body,oracle", ALL_CASES, ids=[c[0] for c in ALL_CASES])
