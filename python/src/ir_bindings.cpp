@@ -227,7 +227,7 @@ void bindMeshAndPlacements(py::module_& m) {
       .def("__str__", &Placement::toString);
 }
 
-void bindFusion(py::module_& m) {
+void bindFusionClass(py::module_& m) {
   py::class_<Fusion>(m, "Fusion", "A single-device tensor program (owns its TensorViews).")
       .def(py::init<>())
       .def(
@@ -249,8 +249,14 @@ void bindFusion(py::module_& m) {
       .def_static(
           "parse", [](const std::string& text) { return parseFusion(text); }, "text"_a);
 
-  py::class_<TensorView, std::unique_ptr<TensorView, py::nodelete>>(m, "TensorView", "A tensor of a FusionDefinition.")
-      .def_property_readonly("name", [](const TensorView* tv) { return tv->fusion()->displayName(tv); })
+}
+
+using TensorViewClass = py::class_<TensorView, std::unique_ptr<TensorView, py::nodelete>>;
+void bindTensorViewOperators(TensorViewClass& cls);
+
+void bindTensorView(py::module_& m) {
+  TensorViewClass cls(m, "TensorView", "A tensor of a FusionDefinition.");
+  cls.def_property_readonly("name", [](const TensorView* tv) { return tv->fusion()->displayName(tv); })
       .def_property_readonly("dtype", &TensorView::dtype)
       .def_property_readonly("shape", &shapeOf, "Global sizes; -1 where symbolic (bound at run time).")
       .def_property_readonly("ndim", &TensorView::rank)
@@ -290,9 +296,13 @@ void bindFusion(py::module_& m) {
       .def("__repr__",
            [](const TensorView* tv) {
              return fmt::format("TensorView({}: {})", tv->fusion()->displayName(tv), printTensorType(tv));
-           })
-      // Operators, so that `x * 0.5 + y` reads like torch.
-      .def(
+           });
+  bindTensorViewOperators(cls);
+}
+
+// Operators, so that `x * 0.5 + y` reads like torch.
+void bindTensorViewOperators(TensorViewClass& cls) {
+  cls.def(
           "__add__", [](py::object a, py::object b) { return binary(OpKind::Add, a, b); }, py::is_operator())
       .def(
           "__radd__", [](py::object a, py::object b) { return binary(OpKind::Add, b, a); }, py::is_operator())
@@ -331,7 +341,9 @@ void bindFusion(py::module_& m) {
                   "a, b) to choose between values, and `is` to compare TensorViews by identity",
                   tv->fusion()->displayName(tv));
       });
+}
 
+void bindAxes(py::module_& m) {
   py::class_<AxisRef>(m, "IterDomain", "One loop axis of a TensorView (tv.axis(i)).")
       .def(
           "parallelize", [](const AxisRef& a, ParallelType pt) { a.tv->parallelize(a.index(), pt); }, "parallel_type"_a)
@@ -344,7 +356,12 @@ void bindFusion(py::module_& m) {
       .def_property_readonly("parallel_type", [](const AxisRef& a) { return a.id->parallelType(); })
       .def_property_readonly("is_reduction", [](const AxisRef& a) { return a.id->isReduction(); })
       .def("__repr__", [](const AxisRef& a) { return fmt::format("IterDomain({})", a.id->toString()); });
+}
 
+void bindFusion(py::module_& m) {
+  bindFusionClass(m);
+  bindTensorView(m);
+  bindAxes(m);
   m.def("op_schemas", &opSchemas, "Every op of the op table: operands and attributes, in schema order.");
   m.def("apply", &apply, "fusion"_a, "op"_a, "operands"_a, "attrs"_a, py::keep_alive<0, 1>(),
         py::return_value_policy::reference);

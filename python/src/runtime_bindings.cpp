@@ -277,7 +277,7 @@ void bindCommunicator(py::module_& m) {
       "order). A rank outside the mesh gets the largest block.");
 }
 
-void bindPrograms(py::module_& m) {
+void bindCollectiveInfo(py::module_& m) {
   py::class_<CollectiveInfo>(m, "CollectiveInfo", "One communication of a rank's host program.")
       .def_property_readonly("kind", [](const CollectiveInfo& c) { return std::string(commKindName(c.kind)); })
       .def_readonly("mesh_axis", &CollectiveInfo::mesh_axis)
@@ -298,6 +298,9 @@ void bindPrograms(py::module_& m) {
                            c.root >= 0 ? fmt::format(", root={}", c.root) : "", c.bytes, c.provenance);
       });
 
+}
+
+void bindCompiledPrograms(py::module_& m) {
   py::class_<PyProgram>(m, "CompiledProgram", "What meshfuse compiled for one input signature.")
       .def(
           "host_ir",
@@ -361,6 +364,9 @@ void bindPrograms(py::module_& m) {
         return p.lastOf<std::vector<TraceEvent>>([](const MultiDeviceExecutor& e) { return e.lastTrace(); });
       });
 
+}
+
+void bindTraces(py::module_& m) {
   py::class_<TraceEvent>(m, "TraceEvent", "One task of a timeline: what ran, on which stream, when (us).")
       .def_readonly("name", &TraceEvent::name)
       .def_property_readonly("kind", [](const TraceEvent& e) { return std::string(taskKindName(e.kind)); })
@@ -399,6 +405,10 @@ void bindPrograms(py::module_& m) {
       },
       "events"_a, "How much of a timeline's communication time ran while compute was running.");
 
+}
+
+// The compile-option table (meshfuse/options.h), as the wrapper reads it.
+void bindCompileOptions(py::module_& m) {
   m.def(
       "compile_options",
       [] {
@@ -419,6 +429,9 @@ void bindPrograms(py::module_& m) {
       "check_compile_options", [](const py::dict& options) { (void)pipelineOptions(options); }, "options"_a,
       "Raises meshfuse.ValueError when a value is not one the option takes.");
 
+}
+
+void bindExecutor(py::module_& m) {
   py::class_<PyExecutor, std::shared_ptr<PyExecutor>>(m, "Executor")
       .def(py::init([](const Fusion& definition, const py::dict& compile_options, bool keep_stages, bool trace,
                        bool abort_on_failure, const std::string& device) {
@@ -465,7 +478,11 @@ void bindPrograms(py::module_& m) {
 
 void bindRuntime(py::module_& m) {
   bindCommunicator(m);
-  bindPrograms(m);
+  bindCollectiveInfo(m);
+  bindCompiledPrograms(m);
+  bindTraces(m);
+  bindCompileOptions(m);
+  bindExecutor(m);
 }
 
 }  // namespace meshfuse::python
