@@ -211,27 +211,17 @@ def test_torch_interop_with_transposed_parameters():
     rng = np.random.default_rng(6)
     full = [H.randn(rng, 8, 4), H.randn(rng, 8, 4), 0.3 * H.randn(rng, 4, 16), 0.3 * H.randn(rng, 16, 4)]
     f = meshfuse.torch_interop.autograd(meshfuse.FusionDefinitionWrapper(test_training._define_mlp_loss))
-    ours = [torch.tensor(a, requires_grad=i >= 2) for i, a in enumerate(full)]  # w1, w2 stored transposed
-    theirs = [torch.tensor(a, requires_grad=i >= 2) for i, a in enumerate(full)]
-    opt_ours, opt_theirs = torch.optim.AdamW(ours[2:], lr=0.01), torch.optim.AdamW(theirs[2:], lr=0.01)
-    for _ in range(3):
-        opt_ours.zero_grad()
-        opt_theirs.zero_grad()
+
+    def our_args(ours):  # w1, w2 stored transposed: the fusion reads non-contiguous views
         args = ours[:2] + [ours[2].t(), ours[3].t()]
         assert not args[2].is_contiguous()
-        (loss,) = f(*args)
-        loss.backward()
-        x, y, w1t, w2t = theirs
+        return args
+
+    def their_loss(x, y, w1t, w2t):
         h = F.gelu(x @ w1t, approximate="tanh")
-        expected = ((h @ w2t - y) ** 2).mean()
-        expected.backward()
-        H.assert_close(loss.item(), expected.item(), rtol=1e-5, atol=1e-6)
-        for a, b in zip(ours[2:], theirs[2:]):
-            H.assert_close(a.grad.numpy(), b.grad.numpy(), rtol=1e-4, atol=1e-6)
-        opt_ours.step()
-        opt_theirs.step()
-    for a, b in zip(ours[2:], theirs[2:]):
-        H.assert_close(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+        return ((h @ w2t - y) ** 2).mean()
+
+    test_training.train_side_by_side(f, full, 3, our_args, their_loss)
 
 
 # ---- bad inputs, by their text ----------------------------------------------------------------------

@@ -157,23 +157,19 @@ def test_sharded_training_matches_one_device(parallelism):
     assert "# ----- forward program" in text and "# ----- optimizer program" in text
 
 
-def test_torch_autograd_trains_like_torch():
-    """meshfuse's forward and backward inside a torch loop with torch.optim.AdamW (plain tensors:
-    one device, so every rank runs it alone)."""
-    if meshfuse.world_size() > 1:
-        pytest.skip("plain torch tensors run on one device: tested in a world of one rank")
-    rng = np.random.default_rng(3)
-    full = [H.randn(rng, 8, 4), H.randn(rng, 8, 4), 0.3 * H.randn(rng, 16, 4), 0.3 * H.randn(rng, 4, 16)]
-    f = meshfuse.torch_interop.autograd(meshfuse.FusionDefinitionWrapper(_define_mlp_loss))
+def train_side_by_side(f, full, steps, our_args, their_loss):
+    """`steps` steps of torch.optim.AdamW over the parameters full[2:] (x, y first): ours through
+    meshfuse's torch_interop callable `f` on our_args(tensors), theirs through pure torch's
+    their_loss(*tensors); losses, gradients and the final weights must agree."""
     ours = [torch.tensor(a, requires_grad=i >= 2) for i, a in enumerate(full)]
     theirs = [torch.tensor(a, requires_grad=i >= 2) for i, a in enumerate(full)]
     opt_ours, opt_theirs = torch.optim.AdamW(ours[2:], lr=0.01), torch.optim.AdamW(theirs[2:], lr=0.01)
-    for _ in range(5):
+    for _ in range(steps):
         opt_ours.zero_grad()
         opt_theirs.zero_grad()
-        (loss,) = f(*ours)
+        (loss,) = f(*our_args(ours))
         loss.backward()
-        expected = _torch_mlp_loss(*theirs)
+        expected = their_loss(*theirs)
         expected.backward()
         H.assert_close(loss.item(), expected.item(), rtol=1e-5, atol=1e-6)
         for a, b in zip(ours[2:], theirs[2:]):
@@ -182,6 +178,17 @@ def test_torch_autograd_trains_like_torch():
         opt_theirs.step()
     for a, b in zip(ours[2:], theirs[2:]):
         H.assert_close(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_autograd_trains_like_torch():
+    """meshfuse's forward and backward inside a torch loop with torch.optim.AdamW (plain tensors:
+    one device, so every rank runs it alone)."""
+    if meshfuse.world_size() > 1:
+        pytest.skip("plain torch tensors run on one device: tested in a world of one rank")
+    rng = np.random.default_rng(3)
+    full = [H.randn(rng, 8, 4), H.randn(rng, 8, 4), 0.3 * H.randn(rng, 16, 4), 0.3 * H.randn(rng, 4, 16)]
+    f = meshfuse.torch_interop.autograd(meshfuse.FusionDefinitionWrapper(_define_mlp_loss))
+    train_side_by_side(f, full, 5, lambda ts: ts, _torch_mlp_loss)
 
 
 def test_optimizer_errors():

@@ -8,15 +8,22 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 failures=0
 
-# expect_error NAME EXPECTED_STDERR_TEXT ARGS...: runs `meshfuse ARGS` (with a time limit).
-expect_error() {
-  local name=$1 text=$2
-  shift 2
-  local out code
+# expect_exit WANT NAME EXPECTED_STDERR_TEXT ARGS...: runs `meshfuse ARGS` (with a time limit) and
+# wants exit status WANT: 1 (a meshfuse user error) or "usage" (CLI11's own usage-error status:
+# non-zero, not a hang (124), not a crash (>128)).
+expect_exit() {
+  local want=$1 name=$2 text=$3
+  shift 3
+  local out code bad=0
   out=$(timeout 60 "$meshfuse" "$@" 2>&1 >/dev/null)
   code=$?
-  if [ $code -ne 1 ]; then
-    echo "FAIL $name: exit status $code (want 1; 124 = hung, >128 = crashed): $out"
+  if [ "$want" = usage ]; then
+    if [ $code -eq 0 ] || [ $code -eq 124 ] || [ $code -gt 128 ]; then bad=1; fi
+  elif [ $code -ne "$want" ]; then
+    bad=1
+  fi
+  if [ $bad -eq 1 ]; then
+    echo "FAIL $name: exit status $code (want $want; 124 = hung, >128 = crashed): $out"
     failures=$((failures + 1))
   elif ! grep -qF -- "$text" <<<"$out"; then
     echo "FAIL $name: stderr lacks '$text': $out"
@@ -25,6 +32,7 @@ expect_error() {
     echo "ok   $name: $out"
   fi
 }
+expect_error() { expect_exit 1 "$@"; }
 
 # write NAME: the .mf text on stdin goes to $dir/NAME.mf.
 write() { cat >"$dir/$1.mf"; }
@@ -139,22 +147,7 @@ expect_error byte-order-mark 'bom.mf:1:1: the file starts with a UTF-8 byte-orde
 
 # Compile options with bad values: CLI11 reports them as usage errors (its own exit status, not 1)
 # with the message of the option table that Python's keyword arguments use too.
-expect_usage_error() {
-  local name=$1 text=$2
-  shift 2
-  local out code
-  out=$(timeout 60 "$meshfuse" "$@" 2>&1 >/dev/null)
-  code=$?
-  if [ $code -eq 0 ] || [ $code -eq 124 ] || [ $code -gt 128 ]; then
-    echo "FAIL $name: exit status $code (want a CLI11 usage error; 124 = hung, >128 = crashed): $out"
-    failures=$((failures + 1))
-  elif ! grep -qF -- "$text" <<<"$out"; then
-    echo "FAIL $name: stderr lacks '$text': $out"
-    failures=$((failures + 1))
-  else
-    echo "ok   $name: $out"
-  fi
-}
+expect_usage_error() { expect_exit usage "$@"; }
 expect_usage_error chunks-not-a-number "--chunks: chunks 'x': expected a whole number >= 0" opt --pass=propagate-shardings --chunks x "$dir/one.mf"
 expect_usage_error streams-zero "--streams: streams '0': expected a whole number >= 1" dump --streams 0 "$dir/one.mf"
 expect_usage_error overlap-unknown "--overlap: zigzag not in {none,collective,ring}" collectives --overlap zigzag "$dir/one.mf"
