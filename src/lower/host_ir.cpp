@@ -268,16 +268,16 @@ void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const Buf
       // What this rank contributes (a broadcast's or scatter's non-root contributes nothing).
       bytes = sizes.bytes(n.in, p.rank, loops);
     }
-    CollectiveInfo c{n.kind,
-                     n.mesh_axis,
-                     team,
-                     bytes,
-                     p.fusion->displayName(n.out.tv),
-                     p.fusion->displayName(n.in.tv),
-                     n.out.tv->provenance(),
-                     n.root};
-    if (p.rank >= 0) c.padded_bytes = paddedBytes(sizes, n, loops);
-    out.push_back(std::move(c));
+    CollectiveInfo info{n.kind,
+                        n.mesh_axis,
+                        team,
+                        bytes,
+                        p.fusion->displayName(n.out.tv),
+                        p.fusion->displayName(n.in.tv),
+                        n.out.tv->provenance(),
+                        n.root};
+    if (p.rank >= 0) info.padded_bytes = paddedBytes(sizes, n, loops);
+    out.push_back(std::move(info));
   }
 }
 
