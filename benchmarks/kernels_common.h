@@ -110,7 +110,7 @@ class CompiledSegments {
     host_ = programForRank(program_, 0);
   }
   const std::vector<Segment>& segments() const { return *host_.segments; }
-  std::vector<int64_t> shape(const TensorView* tv) const { return localShape(tv, sizes_); }
+  std::vector<int64_t> shape(const TensorView* tv) const { return localShape(tv, sizes_, 0); }
   const TensorView* tensor(const std::string& name) const { return program_.fusion->findTensor(name); }
 
   // Runs segment `i` reading/writing `buffers` (by TensorView name, without the '%').

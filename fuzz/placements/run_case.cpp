@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "meshfuse/error.h"
@@ -62,11 +64,26 @@ std::string compareOutputs(Communicator& world, const Fusion& compiled, const st
   std::string bad;
   for (size_t i = 0; i < outs.size(); ++i) {
     const Tensor& local = outs[i].local;
-    Tensor all(local.dtype(), {world.size() * std::max<int64_t>(local.numel(), 1)});
-    world.allgather(local.data(), all.data(), local.numel(), local.dtype(), everyone)->wait();
-    std::vector<Tensor> blocks;
+    // An unpinned output may be split unevenly (torch.chunk sizes), so ranks hold different
+    // extents: share the shapes first, then gather blocks padded to the largest.
+    const std::vector<int64_t>& mine = local.shape();
+    std::vector<int64_t> shapes(mine.size() * static_cast<size_t>(world.size()));
+    MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_INT64_T, shapes.data(), static_cast<int>(mine.size()),
+                  MPI_INT64_T, MPI_COMM_WORLD);
+    int64_t most = 1;
     for (int64_t r = 0; r < world.size(); ++r)
-      blocks.push_back(all.slice0(r * local.numel(), local.numel()).reshaped(local.shape()));
+      most = std::max(most, std::accumulate(shapes.begin() + r * mine.size(), shapes.begin() + (r + 1) * mine.size(),
+                                            int64_t{1}, std::multiplies<>()));
+    Tensor padded(local.dtype(), {most});
+    if (local.numel() > 0) std::memcpy(padded.data(), local.data(), local.nbytes());
+    Tensor all(local.dtype(), {world.size() * most});
+    world.allgather(padded.data(), all.data(), most, local.dtype(), everyone)->wait();
+    std::vector<Tensor> blocks;
+    for (int64_t r = 0; r < world.size(); ++r) {
+      std::vector<int64_t> shape(shapes.begin() + r * mine.size(), shapes.begin() + (r + 1) * mine.size());
+      const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+      blocks.push_back(all.slice0(r * most, n).reshaped(shape));
+    }
     ReferenceComparison cmp = compareWithReference(assembleGlobal(compiled.outputs()[i], blocks), reference[i]);
     if (!cmp.pass)
       bad += fmt::format("output {} differs from the reference: max abs err {:.3g} (allowed {:.3g}); ", i,

@@ -3,13 +3,21 @@
 // the runtime picks an implementation: `mpi` (OpenMPI; mpirun/srun, across nodes), `self`
 // (world size 1) and, on GPUs, `nccl`.
 //
-// Buffers are contiguous memory of `count` elements of `dtype` per rank-chunk: host memory for
-// `mpi` and `self`, device memory for `nccl` (a device communicator never takes host memory:
-// front ends keep a separate host communicator for their own messages). Every call
-// returns a Work handle; the call may complete asynchronously and the buffers must stay alive
-// and untouched until Work::wait() returns. Blocking use is `comm.allreduce(...)->wait()`.
+// Buffers are contiguous memory of elements of `dtype`: host memory for `mpi` and `self`, device
+// memory for `nccl` (a device communicator never takes host memory: front ends keep a separate
+// host communicator for their own messages). Every call returns a Work handle; the call may
+// complete asynchronously and the buffers must stay alive and untouched until Work::wait()
+// returns. Blocking use is `comm.allreduce(...)->wait()`.
 //
-// Per-rank pictures (team of 3 ranks a, b, c; each letter a chunk of `count` elements):
+// The v-collectives (allgatherv, reduceScatterv, allToAllv, gatherv, scatterv) take the count of
+// every team member's block, in team order (`Counts`): uneven shards give blocks of different
+// sizes, possibly empty. Every member passes the same counts. The blocks lie packed in team
+// order. `mpi` runs MPI's own v-collectives (MPI_Allgatherv, MPI_Reduce_scatter, ...); `nccl`
+// pads an allgather's or reduce-scatter's blocks to the largest (NCCL needs equal counts; the
+// padding never reaches the caller's buffers; paddedBlocks() says so). The equal-count calls
+// (allgather(count), ...) are the v-collectives with every block of `count` elements.
+//
+// Per-rank pictures (team of 3 ranks a, b, c; each letter a block):
 //   allgather:      send a | b | c            -> recv [a b c] on every rank
 //   reduce_scatter: send [a0 a1 a2] [b0 ..]   -> recv a0+b0+c0 on rank 0, a1+b1+c1 on rank 1, ...
 //   allreduce:      send a | b | c            -> recv a+b+c on every rank
@@ -33,6 +41,7 @@
 
 namespace meshfuse {
 
+using Counts = std::vector<int64_t>;  // elements of each team member's block, in team order
 
 class Work {
  public:
@@ -48,23 +57,53 @@ class Communicator {
   virtual int64_t rank() const = 0;      // this process's global rank
   virtual int64_t size() const = 0;      // world size
 
-  virtual std::unique_ptr<Work> allgather(const void* send, void* recv, int64_t count, DataType dtype,
-                                          const Team& team) = 0;
-  virtual std::unique_ptr<Work> reduceScatter(const void* send, void* recv, int64_t count, DataType dtype,
-                                              ReduceOp op, const Team& team) = 0;
+  // recv: the members' blocks packed in team order (counts[j] elements from member j).
+  virtual std::unique_ptr<Work> allgatherv(const void* send, void* recv, const Counts& counts, DataType dtype,
+                                           const Team& team) = 0;
+  // send: a block for every member, packed in team order; member j receives the sum of block j
+  // (counts[j] elements).
+  virtual std::unique_ptr<Work> reduceScatterv(const void* send, void* recv, const Counts& counts, DataType dtype,
+                                               ReduceOp op, const Team& team) = 0;
   virtual std::unique_ptr<Work> allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                                           const Team& team) = 0;
-  // `count` elements per peer.
-  virtual std::unique_ptr<Work> allToAll(const void* send, void* recv, int64_t count, DataType dtype,
-                                         const Team& team) = 0;
+  // send: send_counts[j] elements for member j, packed in team order; recv: recv_counts[j] from
+  // member j, packed likewise. (Each member's counts of what it sends and receives differ.)
+  virtual std::unique_ptr<Work> allToAllv(const void* send, const Counts& send_counts, void* recv,
+                                          const Counts& recv_counts, DataType dtype, const Team& team) = 0;
   virtual std::unique_ptr<Work> broadcast(void* buf, int64_t count, DataType dtype, int64_t root,
                                           const Team& team) = 0;
   virtual std::unique_ptr<Work> reduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                                        int64_t root, const Team& team) = 0;
-  virtual std::unique_ptr<Work> gather(const void* send, void* recv, int64_t count, DataType dtype, int64_t root,
-                                       const Team& team) = 0;
-  virtual std::unique_ptr<Work> scatter(const void* send, void* recv, int64_t count, DataType dtype, int64_t root,
-                                        const Team& team) = 0;
+  // recv (root only): the members' blocks packed in team order.
+  virtual std::unique_ptr<Work> gatherv(const void* send, void* recv, const Counts& counts, DataType dtype,
+                                        int64_t root, const Team& team) = 0;
+  // send (root only): a block for every member, packed in team order.
+  virtual std::unique_ptr<Work> scatterv(const void* send, void* recv, const Counts& counts, DataType dtype,
+                                         int64_t root, const Team& team) = 0;
+  // Whether allgatherv and reduceScatterv of unequal counts run as equal-count collectives of the
+  // largest count (NCCL): what the collective report's padded bytes then cost.
+  virtual bool paddedBlocks() const { return false; }
+
+  // The equal-count collectives: every member's block has `count` elements (`count` per peer
+  // for all_to_all).
+  std::unique_ptr<Work> allgather(const void* send, void* recv, int64_t count, DataType dtype, const Team& team) {
+    return allgatherv(send, recv, Counts(team.size(), count), dtype, team);
+  }
+  std::unique_ptr<Work> reduceScatter(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                                      const Team& team) {
+    return reduceScatterv(send, recv, Counts(team.size(), count), dtype, op, team);
+  }
+  std::unique_ptr<Work> allToAll(const void* send, void* recv, int64_t count, DataType dtype, const Team& team) {
+    return allToAllv(send, Counts(team.size(), count), recv, Counts(team.size(), count), dtype, team);
+  }
+  std::unique_ptr<Work> gather(const void* send, void* recv, int64_t count, DataType dtype, int64_t root,
+                               const Team& team) {
+    return gatherv(send, recv, Counts(team.size(), count), dtype, root, team);
+  }
+  std::unique_ptr<Work> scatter(const void* send, void* recv, int64_t count, DataType dtype, int64_t root,
+                                const Team& team) {
+    return scatterv(send, recv, Counts(team.size(), count), dtype, root, team);
+  }
   virtual std::unique_ptr<Work> send(const void* buf, int64_t count, DataType dtype, int64_t peer, int64_t tag) = 0;
   virtual std::unique_ptr<Work> recv(void* buf, int64_t count, DataType dtype, int64_t peer, int64_t tag) = 0;
   // One step of an exchange: sends `send_count` elements of `send` to `to` and receives

@@ -17,7 +17,8 @@ namespace meshfuse {
 //   Auto:    per mesh axis, Ulysses where the heads divide (it moves the fewest bytes), else ring
 //            attention where the query's sequence is split alike (k and v rotate: memory stays
 //            O(seq/n)), else the keys and values are gathered;
-//   Ulysses: all-to-all to a split of the heads; an error where the heads do not divide;
+//   Ulysses: all-to-all to a split of the heads; heads the mesh does not divide are split as
+//            torch.chunk splits them (blocks of different sizes);
 //   Ring:    k and v rotate around the ring by send/recv while each rank attends its query rows;
 //            an error where q, k and v are not all split along the sequence on that axis;
 //   Gather:  all-gather k and v (every rank holds the whole key and value sequence).

@@ -2,7 +2,9 @@
 
 Like ``torch.distributed.tensor.DTensor``, minus autograd: the local tensor is any numpy array
 or DLPack producer (a torch tensor, ...) and is viewed without a copy. ``shape`` is the global
-shape. Shards are even (uneven shards are rejected, as by meshfuse's compiler).
+shape. A size the mesh does not divide is sharded as torch shards it (torch.chunk's blocks:
+leading ranks ceil(n / D), trailing ones less, possibly empty), so local tensors differ in shape
+from rank to rank; a DTensor of such blocks needs its global ``shape=``, as in torch.
 
     x = distribute_tensor(full, mesh, [Shard(0)])   # every rank passes the same full array
     x.to_local()                                    # this rank's block
@@ -16,7 +18,7 @@ from . import _C, _world
 from ._agreement import check_same
 from ._locals import converter_like, empty_like_kind, to_cpp, to_numpy
 from .fusion_definition import FusionDefinition
-from .mesh import (DeviceMesh, Replicate, check_even, check_in_world, global_shape, mesh_from_cpp,
+from .mesh import (DeviceMesh, Replicate, check_in_world, global_shape, local_shape, mesh_from_cpp,
                    normalize_placements)
 
 __all__ = ["DTensor", "distribute_tensor"]
@@ -35,30 +37,32 @@ class DTensor:
 
     def __init__(self, local, device_mesh, placements, *, shape=None):
         """`local` is this rank's block (None, or ignored, on a rank outside the mesh, which
-        must then give the global `shape`)."""
+        must then give the global `shape`). Without `shape`, the shards are taken to be even (the
+        global shape is the local one times the mesh along each Shard), as torch does; uneven
+        blocks need their global `shape`, of which `local` must be this rank's block."""
         mesh = as_mesh(device_mesh, "DTensor")
         inside = _world.rank() in mesh
         if local is None or not inside:
             if shape is None:
                 raise _C.ValueError("DTensor: a rank outside the mesh (or without a local tensor) must give shape=")
             placements = normalize_placements(placements, mesh, len(shape), "DTensor")
-            check_even(shape, mesh, placements, "DTensor", "the tensor")  # as on the ranks inside
             cpp = None
-            local_shape = ()
+            block = ()
         else:
             cpp = to_cpp(local)
             placements = normalize_placements(placements, mesh, len(cpp.shape), "DTensor")
-            local_shape = cpp.shape
-            full = global_shape(local_shape, mesh, placements)
-            if shape is not None:
-                check_even(shape, mesh, placements, "DTensor", "the tensor")
-                if tuple(shape) != full:
-                    raise _C.ShapeError(
-                        f"DTensor: local shape {local_shape} with placements {list(placements)} on mesh {mesh} "
-                        f"makes global shape {full}, not the shape={tuple(shape)} given")
-            shape = full
-        self._init(local, cpp, mesh, placements, tuple(shape),
-                   (local_shape, cpp.dtype if cpp is not None else None, mesh._key, _placements_key(placements)))
+            block = tuple(cpp.shape)
+            if shape is None:
+                shape = global_shape(block, mesh, placements)
+            elif len(shape) != len(block) or local_shape(shape, mesh, placements, _world.rank()) != block:
+                want = local_shape(shape, mesh, placements, _world.rank()) if len(shape) == len(block) else None
+                raise _C.ShapeError(
+                    f"DTensor: local shape {block} is not rank {_world.rank()}'s block of shape={tuple(shape)} with "
+                    f"placements {list(placements)} on mesh {mesh}"
+                    + (f", which is {want} (torch.chunk's blocks)" if want is not None else ""))
+        shape = tuple(shape)
+        self._init(local, cpp, mesh, placements, shape,
+                   (block, cpp.dtype if cpp is not None else None, mesh._key, _placements_key(placements), shape))
 
     @classmethod
     def from_local(cls, local, device_mesh, placements, *, shape=None, run_check: bool = False) -> "DTensor":
@@ -152,11 +156,11 @@ class DTensor:
                     "only as the result of a contraction)")
         if self._cpp is None:
             return DTensor._make(self._outside_local(), None, self._mesh, placements, self._shape,
-                                 ((), None, self._mesh._key, _placements_key(placements)))
+                                 ((), None, self._mesh._key, _placements_key(placements), self._shape))
         [cpp] = _redistribution(self._mesh, self._placements, placements, self._shape, self._cpp.dtype).run(
             [self._cpp])
         return DTensor._make(converter_like(self._local, cpp.dtype)(cpp), cpp, self._mesh, placements, self._shape,
-                             (cpp.shape, cpp.dtype, self._mesh._key, _placements_key(placements)))
+                             (tuple(cpp.shape), cpp.dtype, self._mesh._key, _placements_key(placements), self._shape))
 
     def __repr__(self):
         dt = self.dtype.name if self.dtype is not None else "?"
@@ -193,8 +197,9 @@ def _redistribution(mesh, src, dst, shape, dtype) -> _C.Prepared:
 
 def distribute_tensor(tensor, device_mesh, placements) -> DTensor:
     """Every rank passes the same full `tensor` (numpy array or DLPack producer); each keeps its
-    block as a DTensor whose local tensor has the kind of `tensor`. A Partial axis gives the
-    value to the rank at index 0 along that axis and zeros to the others."""
+    block as a DTensor whose local tensor has the kind of `tensor` (torch.chunk's blocks where a
+    mesh axis does not divide a dim: uneven, possibly empty). A Partial axis gives the value to
+    the rank at index 0 along that axis and zeros to the others."""
     mesh = as_mesh(device_mesh, "distribute_tensor")
     full = to_cpp(tensor)
     placements = normalize_placements(placements, mesh, len(full.shape), "distribute_tensor")
@@ -202,4 +207,4 @@ def distribute_tensor(tensor, device_mesh, placements) -> DTensor:
     block = _C.shard_for_rank(full, mesh, list(placements), _world.rank())
     if block is None:  # this rank is outside the mesh
         return DTensor(empty_like_kind(tensor, full.dtype, len(full.shape)), mesh, placements, shape=full.shape)
-    return DTensor(converter_like(tensor)(block), mesh, placements)
+    return DTensor(converter_like(tensor)(block), mesh, placements, shape=full.shape)

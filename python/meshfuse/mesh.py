@@ -158,7 +158,8 @@ def normalize_placements(placements, mesh: DeviceMesh, ndim: int, what: str) -> 
 
 
 def global_shape(local_shape, mesh: DeviceMesh, placements) -> tuple:
-    """The global shape of even shards: each Shard(d) multiplies dim d by its mesh axis' size."""
+    """The global shape of even shards: each Shard(d) multiplies dim d by its mesh axis' size
+    (what torch's DTensor.from_local assumes without shape=; uneven shards need the shape)."""
     shape = list(local_shape)
     for axis, p in enumerate(placements):
         if p.kind == "shard":
@@ -166,29 +167,12 @@ def global_shape(local_shape, mesh: DeviceMesh, placements) -> tuple:
     return tuple(shape)
 
 
-def check_even(shape, mesh: DeviceMesh, placements, what: str, name: str) -> None:
-    """Rejects a global `shape` that a Shard axis does not divide evenly (torch allows uneven
-    shards, meshfuse's compiler does not). The words are the compiler's (applyPlacements), so a
-    static and a symbolic size fail alike. Depends on global values only: every rank agrees."""
-    remaining = list(shape)
-    for axis, p in enumerate(placements):
-        if p.kind != "shard":
-            continue
-        n = mesh.size(axis)
-        if remaining[p.dim] % n:
-            raise _C.UnsupportedError(
-                f"{what}: uneven sharding not supported: {name} dim {p.dim} has size {remaining[p.dim]} which mesh "
-                f"axis {axis} does not divide into {n} equal shards ({p})")
-        remaining[p.dim] //= n
-
-
-def local_shape(shape, mesh: DeviceMesh, placements) -> tuple:
-    """The shape of one (even) shard: the inverse of global_shape."""
-    shape = list(shape)
-    for axis, p in enumerate(placements):
-        if p.kind == "shard":
-            shape[p.dim] //= mesh.size(axis)
-    return tuple(shape)
+def local_shape(shape, mesh: DeviceMesh, placements, rank: int) -> tuple:
+    """The shape of the block of a tensor of global `shape` that `rank` holds: torch.chunk's
+    blocks, as torch's DTensor cuts them (leading ranks ceil(n / D), trailing ones less, possibly
+    empty; several Shard(d) of one dim nest in mesh-axis order). A rank outside the mesh gets the
+    largest block. The compiler's own rule (placement.h: localBlock)."""
+    return tuple(_C.local_shape(list(shape), mesh, list(placements), rank))
 
 
 def check_in_world(mesh: DeviceMesh, world_size: int, what: str):

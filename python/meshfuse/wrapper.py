@@ -26,7 +26,7 @@ from ._agreement import check_same
 from ._locals import converter_like, empty_like_kind, require_bfloat16_support, to_cpp
 from .dtensor import DTensor, _placements_key
 from .fusion_definition import FusionDefinition
-from .mesh import check_even, check_in_world, from_cpp, global_shape, local_shape, mesh_from_cpp
+from .mesh import check_in_world, from_cpp, local_shape, mesh_from_cpp
 from . import torch_interop
 
 __all__ = ["FusionDefinitionWrapper", "Plan"]
@@ -95,8 +95,8 @@ class _Call:
             if self.torch_out:
                 torch_layout = torch_interop.TorchLayout(torch_interop.torch_mesh_for(mesh, torch_meshes),
                                                          torch_interop.placements_to_torch(ps), shape)
-            self.outputs.append((mesh, ps, shape, dtype, (local_shape(shape, mesh, ps), dtype, mesh._key, _placements_key(ps)),
-                                 torch_layout))
+            key = (local_shape(shape, mesh, ps, _world.rank()), dtype, mesh._key, _placements_key(ps), shape)
+            self.outputs.append((mesh, ps, shape, dtype, key, torch_layout))
 
 
 CHECK_INPUTS = ("first", "always", "never")
@@ -325,8 +325,8 @@ class FusionDefinitionWrapper:
             dtype = local.dtype if inside else (tv.dtype if tv is not None else None)
             value = f"{dtype.short_name if dtype is not None else '?'}{list(shape)} {list(ps)} on mesh {mesh}"
             if inside:
-                want = local_shape(shape, mesh, ps)
-                if tuple(local.shape) != want and global_shape(want, mesh, ps) == tuple(shape):
+                want = local_shape(shape, mesh, ps, _world.rank())
+                if tuple(local.shape) != want:
                     value += f" with local shape {list(local.shape)} (not {list(want)})"
             fields.append((label, value))
         return fields
@@ -352,9 +352,6 @@ class FusionDefinitionWrapper:
             dtype = local.dtype if local is not None else _C.DataType.Float
             layouts.append((mesh, list(ps), list(shape), dtype))
         prepared = executor.prepare(layouts)  # checks the number of inputs, static sizes
-        # torch allows uneven shards; the compiler checks static sizes only, global -1 sizes here.
-        for i, (tv, (mesh, ps, shape, _)) in enumerate(zip(self.definition.inputs, layouts)):
-            check_even(shape, mesh, ps, f"input {i}", tv.name)
         call = _Call(prepared, torch_meshes)
         self._calls[key] = call
         return call

@@ -262,6 +262,19 @@ void bindCommunicator(py::module_& m) {
         return shardForRank(tv, full, rank);
       },
       "full"_a, "mesh"_a, "placements"_a, "rank"_a, "The block of `full` that `rank` holds (None outside the mesh).");
+  m.def(
+      "local_shape",
+      [](const std::vector<int64_t>& shape, const DeviceMesh& mesh, const std::vector<Placement>& placements,
+         int64_t rank) {
+        Fusion f;
+        TensorView* tv = f.defineTensor(std::vector<Extent>(shape.begin(), shape.end()), DataType::Float, "x");
+        applyPlacements(tv, mesh, placements);
+        return localShape(tv, {}, rank);
+      },
+      "shape"_a, "mesh"_a, "placements"_a, "rank"_a,
+      "The shape of the block of a tensor of global `shape` that `rank` holds: torch.chunk's blocks (uneven shards: "
+      "leading ranks ceil(n / D), trailing ones less, possibly empty; several mesh axes on one dim nest in axis "
+      "order). A rank outside the mesh gets the largest block.");
 }
 
 void bindCollectiveInfo(py::module_& m) {
@@ -270,6 +283,9 @@ void bindCollectiveInfo(py::module_& m) {
       .def_readonly("mesh_axis", &CollectiveInfo::mesh_axis)
       .def_readonly("team", &CollectiveInfo::team)
       .def_readonly("bytes", &CollectiveInfo::bytes)
+      .def_readonly("padded_bytes", &CollectiveInfo::padded_bytes,
+                    "An allgather or reduce-scatter of blocks of different sizes (uneven shards): the bytes this rank "
+                    "sends where the backend pads every block to the largest (NCCL); 0 when the blocks are equal.")
       .def_readonly("tensor", &CollectiveInfo::tensor)
       .def_readonly("source", &CollectiveInfo::source)
       .def_readonly("provenance", &CollectiveInfo::provenance)

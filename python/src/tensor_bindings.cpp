@@ -2,6 +2,7 @@
 // becomes a meshfuse Tensor that views its memory and keeps the producer's tensor alive; a
 // meshfuse Tensor is a DLPack producer (`__dlpack__`), so numpy.from_dlpack / torch.from_dlpack
 // view meshfuse's outputs without a copy. CPU memory only: the Python runtime runs on CPUs.
+#include <algorithm>
 #include <dlpack/dlpack.h>
 #include <pybind11/stl.h>
 
@@ -63,7 +64,10 @@ Tensor fromCapsule(py::capsule capsule) {
                 static_cast<int>(t.device.device_type));
   DataType dt = fromDl(t.dtype);
   std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
-  if (t.strides != nullptr) {  // must be compact row-major (any stride is fine on a size-1 dim)
+  // Must be compact row-major: any stride is fine on a size-1 dim, and on any dim of an empty
+  // tensor (numpy gives an empty block, an uneven shard's, strides of 0).
+  const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
+  if (t.strides != nullptr && !empty) {
     int64_t expected = 1;
     for (int d = t.ndim - 1; d >= 0; --d) {
       MF_USER_CHECK(shape[d] == 1 || t.strides[d] == expected, ErrorKind::Value,

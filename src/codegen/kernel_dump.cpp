@@ -29,7 +29,7 @@ std::vector<kir::Program> kernelPrograms(const CompiledProgram& program, int64_t
   for (int64_t i : launched) {
     const Segment& seg = p.segments->at(i);
     out.push_back(kir::lowerSegment(
-        *program.fusion, seg, [&](const TensorView* tv) { return localShape(tv, sizes); },
+        *program.fusion, seg, [&](const TensorView* tv) { return localShape(tv, sizes, rank); },
         fmt::format("{} #{}", segmentKindName(seg.kind), i)));
   }
   if (segment_indices != nullptr) *segment_indices = launched;

@@ -294,7 +294,7 @@ void lowerGemmSegment(const Segment& seg, const LocalShapeFn& shape_of, Program&
       const std::vector<int64_t> as = shape_of(tv(0)), bs = shape_of(tv(1));
       const int64_t r = static_cast<int64_t>(as.size());
       const int64_t m = as[r - 2], k = as[r - 1], n = bs.back();
-      const int64_t batches = numel(as) / std::max<int64_t>(m * k, 1);
+      const int64_t batches = numel({as.begin(), as.end() - 2});  // (not numel / (m * k): k may be 0)
       if (m * n * batches == 0) return;
       const int64_t c = g.f32Result(out);
       if (k == 0) {

@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "meshfuse/error.h"
 #include "meshfuse/executor.h"
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/placement.h"
 
 namespace meshfuse {
 namespace {
@@ -141,10 +144,26 @@ void agreeOnFields(Communicator& comm, Backend& backend, const std::string& what
 
 namespace {
 
+// The shape of `rank`'s block of a tensor of global `shape` laid out as `in` (torch.chunk's
+// blocks), or nullopt when the layout does not fit the shape (the run names that error).
+std::optional<std::vector<int64_t>> blockShape(const ShardedTensor& in, const std::vector<int64_t>& shape,
+                                               int64_t rank) {
+  try {
+    Fusion f;
+    TensorView* tv = f.defineTensor(std::vector<Extent>(shape.begin(), shape.end()), DataType::Float, "x");
+    applyPlacements(tv, in.mesh, in.placements);
+    return localShape(tv, {}, rank);
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
+}
+
 // What a rank says about each input, in words every rank given the same inputs says alike: a rank
 // outside an input's mesh (no local block) states the dtype the definition expects, and the global
-// shape only when it was given one ("?": it agrees with any).
-AgreementFields describeInputs(const Fusion& definition, const std::vector<ShardedTensor>& inputs) {
+// shape only when it was given one ("?": it agrees with any). A local block that is not this
+// rank's block of the global shape (uneven shards: torch.chunk's) is said too, so that every
+// rank raises the error, not the one given the odd block alone.
+AgreementFields describeInputs(const Fusion& definition, const std::vector<ShardedTensor>& inputs, int64_t rank) {
   AgreementFields fields = {{"number of inputs", std::to_string(inputs.size())}};
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ShardedTensor& in = inputs[i];
@@ -175,8 +194,18 @@ AgreementFields describeInputs(const Fusion& definition, const std::vector<Shard
         fields.emplace_back(label + " local shape", fmt::format("[{}]", fmt::join(in.local.shape(), ", ")));
         continue;
       }
+      // A static size is the definition's, whatever the blocks imply (uneven blocks of it are
+      // checked below, on every rank alike).
+      if (tv != nullptr && tv->rank() == static_cast<int64_t>(global.size()))
+        for (size_t d = 0; d < global.size(); ++d)
+          if (tv->shape()[d].isStatic()) global[d] = tv->shape()[d].value();
     }
-    fields.emplace_back(label + " global shape", known ? fmt::format("[{}]", fmt::join(global, ", ")) : "?");
+    std::string shape = known ? fmt::format("[{}]", fmt::join(global, ", ")) : "?";
+    if (known && held && in.mesh.size() > 0)
+      if (std::optional<std::vector<int64_t>> want = blockShape(in, global, rank); want && *want != in.local.shape())
+        shape += fmt::format(" with local shape [{}] (not [{}])", fmt::join(in.local.shape(), ", "),
+                             fmt::join(*want, ", "));
+    fields.emplace_back(label + " global shape", shape);
   }
   return fields;
 }
@@ -210,7 +239,7 @@ void MultiDeviceExecutor::agreeOnInputs(const std::vector<ShardedTensor>& inputs
   if (agreed_.count(key)) return;
   Team world(static_cast<size_t>(comm_.size()));
   for (size_t r = 0; r < world.size(); ++r) world[r] = static_cast<int64_t>(r);
-  agreeOnFields(comm_, *backend_, "MultiDeviceExecutor", describeInputs(*definition_, inputs), world);
+  agreeOnFields(comm_, *backend_, "MultiDeviceExecutor", describeInputs(*definition_, inputs, comm_.rank()), world);
   agreed_.insert(key);
 }
 

@@ -183,7 +183,7 @@ MultiDeviceExecutor::Entry& MultiDeviceExecutor::entryFor(const std::vector<Shar
     try {
       checkWorld(inputs);
       std::unique_ptr<Fusion> placed = placeInputs(*definition_, inputs);
-      layout->second.sized = chunkingDependsOnSizes(*placed, options_.pipeline.overlap);
+      layout->second.sized = compileDependsOnSizes(*placed, options_.pipeline.overlap);
       if (layout->second.sized) layout->second.placed = std::move(placed);
     } catch (...) {
       layouts_.erase(layout);  // bad inputs leave nothing behind

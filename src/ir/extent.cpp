@@ -56,6 +56,14 @@ int64_t Extent::evaluate(const SymbolBindings& bindings) const {
   return v / den_;
 }
 
+Span chunkSpan(int64_t extent, int64_t parts, int64_t index) {
+  MF_CHECK(parts > 0 && index >= 0 && index < parts && extent >= 0, "chunk {} of {} of {} elements", index, parts,
+           extent);
+  const int64_t full = (extent + parts - 1) / parts;
+  const int64_t begin = std::min(extent, full * index);
+  return {begin, std::min(extent, begin + full) - begin};
+}
+
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;

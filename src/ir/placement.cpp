@@ -2,6 +2,7 @@
 #include "meshfuse/ir/placement.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "meshfuse/ir/fusion.h"
 
@@ -57,11 +58,7 @@ void applyPlacements(TensorView* tv, const DeviceMesh& mesh, const std::vector<P
       if (id == logical_id) loop_axis = static_cast<int64_t>(i);
     }
     MF_CHECK(loop_axis >= 0, "no loop axis for dim {}", d);
-    const Extent& e = tv->loop()[loop_axis]->extent();
-    MF_USER_CHECK(e.divisible(n), ErrorKind::Unsupported,
-                  "uneven sharding not supported: {} dim {} has size {} which mesh axis {} does not divide into {} "
-                  "equal shards ({})",
-                  name, d, e.toString(), axis, n, p.toString());
+    // An extent the mesh axis does not divide is split as torch.chunk splits it (localBlock).
     tv->split(loop_axis, n);
     tv->parallelize(loop_axis, pt);
   }
@@ -140,17 +137,63 @@ std::vector<int64_t> shardFactors(const TensorView* tv) {
   return factors;
 }
 
-std::vector<int64_t> localShape(const TensorView* tv, const SymbolBindings& bindings) {
-  std::vector<int64_t> factors = shardFactors(tv);
-  std::vector<int64_t> out;
-  std::vector<int64_t> shape = tv->evaluateShape(bindings);
-  for (size_t d = 0; d < shape.size(); ++d) {
-    int64_t global = shape[d];
-    MF_USER_CHECK(global % factors[d] == 0, ErrorKind::Unsupported,
-                  "uneven sharding not supported: {} dim {} has size {} which does not divide into {} shards",
-                  tv->fusion()->displayName(tv), d, global, factors[d]);
-    out.push_back(global / factors[d]);
+namespace {
+
+// The DID splits of each dims() index, outermost first: (mesh axis, number of devices). A split
+// nested in another's remainder is deeper (applyPlacements splits mesh axis 0 outermost).
+std::vector<std::vector<std::pair<int64_t, int64_t>>> shardLevels(const TensorView* tv) {
+  std::vector<IterDomain*> dims = tv->dims();
+  std::vector<std::vector<std::tuple<int64_t, int64_t, int64_t>>> found(dims.size());  // (depth, axis, n)
+  const DeviceMesh* mesh = tv->mesh();
+  for (size_t i = 0; i < tv->loop().size(); ++i) {
+    const IterDomain* id = tv->loop()[i];
+    if (!id->isDeviceDim() || id->isReduction()) continue;
+    int64_t depth = 0;
+    const IterDomain* root = id;
+    for (; root->definition() != nullptr; root = root->definition()->inputs[0]) ++depth;
+    auto it = std::find(dims.begin(), dims.end(), root);
+    MF_USER_CHECK(it != dims.end() && tv->logicalAxisOf(static_cast<int64_t>(i)) >= 0, ErrorKind::Unsupported,
+                  "{}: DID parallelization of a merged axis", tv->fusion()->displayName(tv));
+    MF_CHECK(mesh != nullptr, "{} has a DID axis but no mesh", tv->fusion()->displayName(tv));
+    found[it - dims.begin()].emplace_back(depth, mesh->axisOfParallelType(id->parallelType()),
+                                          id->extent().value());
   }
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> out(dims.size());
+  for (size_t d = 0; d < dims.size(); ++d) {
+    std::sort(found[d].begin(), found[d].end());
+    for (const auto& [depth, axis, n] : found[d]) out[d].emplace_back(axis, n);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Span> localBlock(const TensorView* tv, const SymbolBindings& bindings, int64_t rank) {
+  return localBlockOf(tv, tv->evaluateShape(bindings), rank);
+}
+
+std::vector<Span> localBlockOf(const TensorView* tv, const std::vector<int64_t>& shape, int64_t rank) {
+  MF_CHECK(shape.size() == static_cast<size_t>(tv->rank()), "a global shape of {} dims for {} of rank {}",
+           shape.size(), tv->fusion()->displayName(tv), tv->rank());
+  std::vector<Span> out;
+  for (int64_t s : shape) out.push_back({0, s});
+  const DeviceMesh* mesh = tv->mesh();
+  if (mesh == nullptr) return out;
+  // Outside the mesh (or rank -1): coordinate 0 on every axis, whose blocks are the largest.
+  std::vector<int64_t> coords =
+      rank >= 0 && mesh->contains(rank) ? mesh->coordinates(rank) : std::vector<int64_t>(mesh->rank(), 0);
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> levels = shardLevels(tv);
+  for (size_t d = 0; d < out.size(); ++d)
+    for (const auto& [axis, n] : levels[d]) {
+      Span part = chunkSpan(out[d].size, n, coords[axis]);
+      out[d] = {out[d].begin + part.begin, part.size};
+    }
+  return out;
+}
+
+std::vector<int64_t> localShape(const TensorView* tv, const SymbolBindings& bindings, int64_t rank) {
+  std::vector<int64_t> out;
+  for (const Span& s : localBlock(tv, bindings, rank)) out.push_back(s.size);
   return out;
 }
 

@@ -147,9 +147,8 @@ void TensorView::applyStep(const ScheduleStep& step) {
       IterDomain* in = loop_[s.axis];
       MF_USER_CHECK(step.factor > 0, ErrorKind::Value, "split of {} axis {}: factor {} must be positive", name, s.axis,
                     step.factor);
-      MF_USER_CHECK(in->extent().divisible(step.factor), ErrorKind::Value,
-                    "split of {} axis {}: factor {} does not divide the extent {} (uneven splits are not supported)",
-                    name, s.axis, step.factor, in->extent().toString());
+      // A factor that does not divide the extent splits it as torch.chunk does: the remainder's
+      // extent is the leading parts' ceil (placement.h: localBlock).
       Extent rest = in->extent().divided(step.factor);
       // A size-1 dim splits like any other (by 1: a mesh axis of one device shards it); being a
       // broadcast dim is what elementwise ops may do with it, not a limit on its placement.

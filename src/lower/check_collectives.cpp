@@ -50,17 +50,43 @@ std::string whereOf(const RankWalk& w, const HostNode& n) {
   return s;
 }
 
-int64_t elementsOf(const RankWalk& w, const BlockRef& ref) {
-  return w.sizes.bytes(ref) / dtypeSize(ref.tv->dtype());
+std::vector<int64_t> loopValues(const RankWalk& w) {
+  std::vector<int64_t> out;
+  for (auto [i, trips] : w.loops) out.push_back(i);
+  return out;
 }
 
-// What a collective's members must agree on: the count each passes to the communicator.
-int64_t collectiveElements(const RankWalk& w, const hir::Communication& n) {
+int64_t elementsOf(const RankWalk& w, const BlockRef& ref) {
+  return w.sizes.elements(ref, w.program.rank, loopValues(w));
+}
+
+// What a collective's members must agree on: the counts they pass to the communicator, per
+// member in team order (uneven shards: blocks of different sizes). An all-to-all's are what each
+// member sends each other member (row i: member i's), found from its blocks along the dim it
+// scatters; the others' from the block each member contributes (allgather, gather: its input;
+// reduce-scatter, scatter: its output; the rest: the buffer, the same on every member).
+std::vector<int64_t> collectiveCounts(const RankWalk& w, const hir::Communication& n) {
+  const std::vector<int64_t> loops = loopValues(w);
   switch (n.kind) {
+    case CommKind::Allgather:
+    case CommKind::Gather: return memberElements(w.sizes, n, n.in, loops);
     case CommKind::ReduceScatter:
-    case CommKind::Broadcast:
-    case CommKind::Scatter: return elementsOf(w, n.out);  // per member, or the root's buffer
-    default: return elementsOf(w, n.in);
+    case CommKind::Scatter: return memberElements(w.sizes, n, n.out, loops);
+    case CommKind::AllToAll: {
+      std::vector<int64_t> matrix;
+      const int64_t t = static_cast<int64_t>(n.team.size());
+      for (int64_t sender : n.team) {
+        std::vector<int64_t> shape = w.sizes.shape(n.in, sender, loops);
+        const int64_t whole = shape.at(n.out_dim);
+        for (int64_t j = 0; j < t; ++j) {
+          shape[n.out_dim] = chunkSpan(whole, t, j).size;
+          matrix.push_back(numel(shape));
+        }
+      }
+      return matrix;
+    }
+    case CommKind::Broadcast: return {elementsOf(w, n.out)};
+    default: return {elementsOf(w, n.in)};
   }
 }
 
@@ -103,7 +129,7 @@ void walk(RankWalk& w, const std::vector<HostNode>& nodes) {
       }
     } else {
       c.team = n.team;
-      c.elements = collectiveElements(w, n);
+      c.counts = collectiveCounts(w, n);
     }
     w.handles[{n.handle, iterationOf(w)}] = c.issue_index;
     w.steps.push_back({false, c.issue_index, c.where});
@@ -113,7 +139,9 @@ void walk(RankWalk& w, const std::vector<HostNode>& nodes) {
 
 std::string collectiveSummary(const PlannedCommunication& c) {
   const hir::Communication& n = *c.node;
-  std::string s = fmt::format("{} of {} {}", commKindName(n.kind), c.elements, dtypeName(n.in.tv->dtype()));
+  const bool one = c.counts.size() == 1;
+  std::string s = fmt::format("{} of {}{}{} {}", commKindName(n.kind), one ? "" : "[", fmt::join(c.counts, ", "),
+                              one ? "" : "]", dtypeName(n.in.tv->dtype()));
   if (n.kind == CommKind::Allreduce || n.kind == CommKind::ReduceScatter || n.kind == CommKind::Reduce)
     s += n.reduce_op == ReduceOp::Max ? ", max" : ", sum";
   if (n.root >= 0) s += fmt::format(", root {}", n.root);
@@ -153,7 +181,7 @@ void matchCollectives(std::map<int64_t, RankWalk>& walks, std::map<Key, std::vec
         const PlannedCommunication& y = b.ops[b_ops[k]];
         auto sig = [](const PlannedCommunication& c) {
           const hir::Communication& n = *c.node;
-          return std::make_tuple(n.kind, c.elements, n.in.tv->dtype(), n.reduce_op, n.root);
+          return std::make_tuple(n.kind, c.counts, n.in.tv->dtype(), n.reduce_op, n.root);
         };
         if (sig(x) != sig(y))
           fail({&a.program, &b.program},

@@ -9,7 +9,8 @@
 // Guarantees, or throws InternalError naming both ranks and both host-IR nodes, with the
 // programs of the ranks involved dumped:
 //   1. for every team, the collectives its members issue agree one by one (in issue order, which
-//      is program order, loops unrolled) in kind, element count, dtype, reduce op and root;
+//      is program order, loops unrolled) in kind, element counts (per member where blocks
+//      differ: uneven shards), dtype, reduce op and root;
 //   2. every send has its recv (same peer pair and tag, in order) with the same size and dtype,
 //      and every recv its send;
 //   3. every wait waits for a communication its rank issued before;
@@ -44,7 +45,7 @@ struct PlannedCommunication {
   int64_t issue_index = -1;      // position among this rank's communications, in issue order
   int64_t team_position = -1;    // collectives: position in this rank's sequence on `team`
   Team team;                     // collectives: the team; send/recv: {sender, receiver} pairs below
-  int64_t elements = 0;          // collectives: what the kind compares (see the .cpp)
+  std::vector<int64_t> counts;   // collectives: what the kind compares, per member (see the .cpp)
   int64_t send_to = -1, recv_from = -1, tag = 0, send_elements = 0, recv_elements = 0;
 };
 

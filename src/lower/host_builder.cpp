@@ -5,12 +5,12 @@
 
 namespace meshfuse::host {
 
-HostNode allocate(const TensorView* tv, int64_t chunk_blocks, int64_t slot) {
-  return hir::Allocate{{tv, slot, chunk_blocks}};
+HostNode allocate(const TensorView* tv, int64_t chunk_blocks, int64_t slot, int64_t row_blocks) {
+  return hir::Allocate{{tv, slot, chunk_blocks, row_blocks}};
 }
 
-HostNode deallocate(const TensorView* tv, int64_t chunk_blocks, int64_t slot) {
-  return hir::Deallocate{{tv, slot, chunk_blocks}};
+HostNode deallocate(const TensorView* tv, int64_t chunk_blocks, int64_t slot, int64_t row_blocks) {
+  return hir::Deallocate{{tv, slot, chunk_blocks, row_blocks}};
 }
 
 hir::Communication communication(CommKind kind, BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle) {
@@ -70,9 +70,10 @@ HostNode event(HostNodeKind kind, int64_t id, std::vector<int64_t> coeffs, int64
 HostNode sync() { return hir::Synchronize{}; }
 
 BlockRef block(const TensorView* tv, int64_t blocks, std::vector<int64_t> coeffs, int64_t rank_coeff, int64_t offset,
-               int64_t mesh_axis, int64_t slot) {
+               int64_t mesh_axis, int64_t slot, int64_t sub_blocks) {
   BlockRef b = BlockRef::of(tv, slot);
   b.blocks = blocks;
+  b.sub_blocks = sub_blocks;
   b.loop_coeffs = std::move(coeffs);
   b.rank_coeff = rank_coeff;
   b.offset = offset;

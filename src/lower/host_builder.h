@@ -10,10 +10,11 @@
 
 namespace meshfuse::host {
 
-// A buffer of `tv` (one block of `chunk_blocks` along dim 0 when > 1: a per-iteration buffer);
-// `slot` > 0: a second buffer of the same type (ring steps).
-HostNode allocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0);
-HostNode deallocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0);
+// A buffer of `tv`; with chunk_blocks > 1 a per-iteration buffer of chunk i of its rows (of each
+// of `row_blocks` blocks of them: HostNode::row_blocks); `slot` > 0: a second buffer of the same
+// type (ring steps).
+HostNode allocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0, int64_t row_blocks = 1);
+HostNode deallocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0, int64_t row_blocks = 1);
 // A communication of `kind` from `in` to `out` along `mesh_axis` (-1: between meshes) that
 // returns handle `handle`; the other fields (dims, root, peers, team) are the caller's.
 hir::Communication communication(CommKind kind, BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle);
@@ -39,8 +40,9 @@ HostNode onStream(int64_t stream, int64_t pool = 0);
 HostNode event(HostNodeKind kind, int64_t id, std::vector<int64_t> coeffs = {}, int64_t offset = 0);
 HostNode sync();
 // Block `(coeffs . i + rank_coeff * r + offset) mod blocks` of `tv` (r: this rank's index along
-// `mesh_axis`).
+// `mesh_axis`); with sub_blocks > 1 the flat index of a grid of blocks / sub_blocks blocks, each
+// cut into sub_blocks (BlockRef).
 BlockRef block(const TensorView* tv, int64_t blocks, std::vector<int64_t> coeffs, int64_t rank_coeff, int64_t offset,
-               int64_t mesh_axis, int64_t slot = 0);
+               int64_t mesh_axis, int64_t slot = 0, int64_t sub_blocks = 1);
 
 }  // namespace meshfuse::host

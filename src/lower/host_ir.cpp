@@ -53,23 +53,19 @@ std::string BlockRef::toString(const Fusion& f) const {
   if (whole()) return name;
   bool wraps = false;
   std::string index = indexExpr(loop_coeffs, rank_coeff, offset, wraps, mesh_axis);
-  return fmt::format("{}[{} of {}]", name, wraps ? "(" + index + ") % " + std::to_string(blocks) : index, blocks);
+  std::string parts = sub_blocks > 1 ? fmt::format("{}x{}", blocks / sub_blocks, sub_blocks) : std::to_string(blocks);
+  return fmt::format("{}[{} of {}]", name, wraps ? "(" + index + ") % " + std::to_string(blocks) : index, parts);
 }
 
 namespace {
 
-// "f32[?t/4, 64]": the per-rank type of a TensorView (one block of `blocks` along dim 0).
+// "f32[?t/4, 64]": the per-rank type of a TensorView (one block of `blocks` along dim 0: its
+// leading ranks' size).
 std::string localType(const TensorView* tv, int64_t blocks = 1) {
   std::vector<std::string> dims;
   std::vector<Extent> shape = tv->allocatedShape();
   for (size_t d = 0; d < shape.size(); ++d) dims.push_back(shape[d].divided(d == 0 ? blocks : 1).toString());
   return fmt::format("{}[{}]", dtypeName(tv->dtype()), fmt::join(dims, ", "));
-}
-
-int64_t localBytes(const TensorView* tv, const SymbolBindings& b, int64_t blocks = 1) {
-  int64_t n = dtypeSize(tv->dtype());
-  for (int64_t s : localShape(tv, b)) n *= s;
-  return n / blocks;
 }
 
 // "#2 %act = gelu(%up)" for a one-op segment; "#2 (%a, %b) -> (%c, %d) {add, gelu, sum}" else.
@@ -138,7 +134,10 @@ std::string nodeLine(const HostProgram& p, const HostNode& node) {
   node.visit(Overloaded{
       [&](const hir::Allocate& n) {
         line += fmt::format(" {} : {}", BlockRef::of(n.tv, n.slot).toString(f), localType(n.tv, n.chunk_blocks));
-        if (n.chunk_blocks > 1) line += fmt::format(" (one block of {})", n.chunk_blocks);
+        if (n.chunk_blocks > 1 && n.row_blocks > 1)
+          line += fmt::format(" (chunk i of {} of each of {} blocks)", n.chunk_blocks, n.row_blocks);
+        else if (n.chunk_blocks > 1)
+          line += fmt::format(" (one block of {})", n.chunk_blocks);
         // An in-place output takes its input's buffer (HostIrEvaluator): nothing is allocated.
         if (const TensorView* in = f.aliasedInput(n.tv); in != nullptr && n.slot == 0)
           line += fmt::format(" (in place: the buffer of {})", f.displayName(in));
@@ -201,12 +200,13 @@ std::string HostProgram::toString() const {
 
 namespace {
 
-// Bytes one iteration of a loop body allocates (its nested loops' iterations included).
-int64_t iterationBytes(const std::vector<HostNode>& body, const SymbolBindings& b) {
+// Bytes one iteration of a loop body allocates (its nested loops' iterations included), the
+// first iteration's, which is the largest (leading chunks are the largest).
+int64_t iterationBytes(const std::vector<HostNode>& body, const BufferSizes& sizes, int64_t rank) {
   int64_t bytes = 0;
   for (const HostNode& n : body) {
-    if (const auto* a = n.as<hir::Allocate>()) bytes += localBytes(a->tv, b, a->chunk_blocks);
-    if (const auto* l = n.as<hir::ForLoop>()) bytes += l->trip_count * iterationBytes(l->body, b);
+    if (const auto* a = n.as<hir::Allocate>()) bytes += sizes.allocationBytes(*a, rank);
+    if (const auto* l = n.as<hir::ForLoop>()) bytes += l->trip_count * iterationBytes(l->body, sizes, rank);
   }
   return bytes;
 }
@@ -225,26 +225,52 @@ int64_t iterationsInFlight(const hir::ForLoop& loop) {
 // An output that updates an input in place lives in the input's buffer: it costs nothing.
 bool inPlace(const hir::BufferNode& n) { return n.slot == 0 && n.tv->fusion()->aliasedInput(n.tv) != nullptr; }
 
-void accountMemory(const std::vector<HostNode>& nodes, const SymbolBindings& b, int64_t& live, int64_t& peak) {
+void accountMemory(const std::vector<HostNode>& nodes, const BufferSizes& sizes, int64_t rank, int64_t& live,
+                   int64_t& peak) {
   for (const HostNode& n : nodes) {
     if (const auto* a = n.as<hir::Allocate>(); a && !inPlace(*a))
-      peak = std::max(peak, live += localBytes(a->tv, b, a->chunk_blocks));
-    if (const auto* d = n.as<hir::Deallocate>(); d && !inPlace(*d)) live -= localBytes(d->tv, b, d->chunk_blocks);
+      peak = std::max(peak, live += sizes.allocationBytes(*a, rank));
+    if (const auto* d = n.as<hir::Deallocate>(); d && !inPlace(*d)) live -= sizes.allocationBytes(*d, rank);
     // An iteration's buffers are freed by its body but live until its tasks ran (see
     // peakMemoryBytes): the iterations in flight hold theirs at once.
     if (const auto* l = n.as<hir::ForLoop>())
-      peak = std::max(peak, live + iterationsInFlight(*l) * iterationBytes(l->body, b));
+      peak = std::max(peak, live + iterationsInFlight(*l) * iterationBytes(l->body, sizes, rank));
   }
 }
+
+}  // namespace
+
+std::vector<int64_t> memberElements(const BufferSizes& sizes, const hir::Communication& n, const BlockRef& ref,
+                                    const std::vector<int64_t>& loops) {
+  std::vector<int64_t> out;
+  for (int64_t member : n.team) out.push_back(sizes.elements(ref, member, loops));
+  return out;
+}
+
+int64_t paddedBytes(const BufferSizes& sizes, const hir::Communication& n, const std::vector<int64_t>& loops) {
+  if ((n.kind != CommKind::Allgather && n.kind != CommKind::ReduceScatter) || n.team.empty()) return 0;
+  std::vector<int64_t> counts = memberElements(sizes, n, n.kind == CommKind::Allgather ? n.in : n.out, loops);
+  const int64_t largest = *std::max_element(counts.begin(), counts.end());
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == largest; })) return 0;
+  const int64_t blocks = n.kind == CommKind::Allgather ? 1 : static_cast<int64_t>(counts.size());
+  return blocks * largest * dtypeSize(n.in.tv->dtype());
+}
+
+namespace {
 
 // The collectives in the order the evaluator issues them (loops unrolled), with the bytes this
 // rank contributes. A stage boundary's receiving side reports what it receives, so every rank of
 // a send/recv lists it (as the evaluator does).
 void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const BufferSizes& sizes,
-             std::vector<CollectiveInfo>& out) {
+             std::vector<int64_t>& loops, std::vector<CollectiveInfo>& out) {
   for (const HostNode& node : nodes) {
     if (const auto* l = node.as<hir::ForLoop>()) {
-      for (int64_t t = 0; t < l->trip_count; ++t) collect(p, l->body, sizes, out);
+      loops.push_back(0);
+      for (int64_t t = 0; t < l->trip_count; ++t) {
+        loops.back() = t;
+        collect(p, l->body, sizes, loops, out);
+      }
+      loops.pop_back();
       continue;
     }
     const auto* c = node.as<hir::Communication>();
@@ -257,36 +283,125 @@ void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const Buf
       // per rank (each sends); a stage boundary on both sides, with the bytes that cross.
       const bool sends = n.send_to >= 0;
       team = sends ? Team{p.rank, n.send_to} : Team{n.recv_from, p.rank};
-      bytes = sizes.bytes(sends ? n.in : n.out);
+      bytes = sizes.bytes(sends ? n.in : n.out, p.rank, loops);
     } else if ((n.kind != CommKind::Broadcast && n.kind != CommKind::Scatter) || n.root == p.rank) {
       // What this rank contributes (a broadcast's or scatter's non-root contributes nothing).
-      bytes = sizes.bytes(n.in);
+      bytes = sizes.bytes(n.in, p.rank, loops);
     }
-    out.push_back({n.kind, n.mesh_axis, team, bytes, p.fusion->displayName(n.out.tv), p.fusion->displayName(n.in.tv),
-                   communicationReason(n), n.root});
+    CollectiveInfo info{n.kind,
+                        n.mesh_axis,
+                        team,
+                        bytes,
+                        p.fusion->displayName(n.out.tv),
+                        p.fusion->displayName(n.in.tv),
+                        communicationReason(n),
+                        n.root};
+    if (p.rank >= 0) info.padded_bytes = paddedBytes(sizes, n, loops);
+    out.push_back(std::move(info));
   }
 }
 
 }  // namespace
 
 int64_t peakMemoryBytes(const HostProgram& p, const SymbolBindings& b) {
+  BufferSizes sizes(p, b);
   int64_t live = 0;
   for (const TensorView* tv : p.fusion->inputs())
-    if (tv->mesh() == nullptr || p.rank < 0 || tv->mesh()->contains(p.rank)) live += localBytes(tv, b);
+    if (tv->mesh() == nullptr || p.rank < 0 || tv->mesh()->contains(p.rank))
+      live += sizes.bytes(BlockRef::of(tv), p.rank, {});
   int64_t peak = live;
-  accountMemory(p.nodes, b, live, peak);
+  accountMemory(p.nodes, sizes, p.rank, live, peak);
   return peak;
 }
 
 BufferSizes::BufferSizes(const HostProgram& p, const SymbolBindings& b) : bindings_(b) {
   forEachNode(p.nodes, [&](const HostNode& n) {
-    if (const auto* a = n.as<hir::Allocate>(); a && a->chunk_blocks > 1) chunk_blocks_[{a->tv, a->slot}] = a->chunk_blocks;
+    const auto* a = n.as<hir::Allocate>();
+    if (a == nullptr || a->chunk_blocks <= 1) return;
+    auto [it, fresh] = chunked_.emplace(std::make_pair(a->tv, a->slot), Chunking{a->chunk_blocks, a->row_blocks});
+    MF_CHECK(fresh || (it->second.chunk_blocks == a->chunk_blocks && it->second.row_blocks == a->row_blocks),
+             "{} is allocated per iteration in two ways", BlockRef::of(a->tv, a->slot).toString(*p.fusion));
   });
 }
 
-int64_t BufferSizes::bytes(const BlockRef& ref) const {
-  auto it = chunk_blocks_.find({ref.tv, ref.slot});
-  return localBytes(ref.tv, bindings_, ref.blocks * (it == chunk_blocks_.end() ? 1 : it->second));
+const std::vector<int64_t>& BufferSizes::localShape(const TensorView* tv, int64_t rank) const {
+  auto key = std::make_pair(tv, rank);
+  auto it = shapes_.find(key);
+  if (it == shapes_.end()) it = shapes_.emplace(key, meshfuse::localShape(tv, bindings_, rank)).first;
+  return it->second;
+}
+
+std::vector<Span> BufferSizes::bufferRows(const TensorView* tv, int64_t slot, int64_t rank,
+                                          const std::vector<int64_t>& loops) const {
+  const std::vector<int64_t>& shape = localShape(tv, rank);
+  const int64_t rows = shape.empty() ? 1 : shape[0];
+  auto it = chunked_.find({tv, slot});
+  if (it == chunked_.end()) return {{0, rows}};
+  const auto [chunks, row_blocks] = it->second;
+  const int64_t i = loops.empty() ? 0 : loops.back() % chunks;  // the chunk: the innermost loop's variable
+  std::vector<Span> out;
+  for (int64_t b = 0; b < row_blocks; ++b) {
+    Span block = chunkSpan(rows, row_blocks, b), chunk = chunkSpan(block.size, chunks, i);
+    out.push_back({block.begin + chunk.begin, chunk.size});
+  }
+  return out;
+}
+
+std::vector<int64_t> BufferSizes::bufferShape(const TensorView* tv, int64_t slot, int64_t rank,
+                                              const std::vector<int64_t>& loops) const {
+  std::vector<int64_t> shape = localShape(tv, rank);
+  if (shape.empty()) return shape;
+  shape[0] = 0;
+  for (const Span& s : bufferRows(tv, slot, rank, loops)) shape[0] += s.size;
+  return shape;
+}
+
+int64_t BufferSizes::blockIndex(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) {
+  MF_CHECK(ref.loop_coeffs.size() <= loops.size(), "a block index over {} loops inside {} loops",
+           ref.loop_coeffs.size(), loops.size());
+  int64_t index = ref.offset;
+  const size_t first = loops.size() - ref.loop_coeffs.size();  // the coefficients belong to the innermost loops
+  for (size_t j = 0; j < ref.loop_coeffs.size(); ++j) index += ref.loop_coeffs[j] * loops[first + j];
+  if (ref.rank_coeff != 0) index += ref.rank_coeff * ref.tv->mesh()->indexAlong(rank, ref.mesh_axis);
+  return ((index % ref.blocks) + ref.blocks) % ref.blocks;
+}
+
+Span BufferSizes::rows(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const {
+  const std::vector<Span> held = bufferRows(ref.tv, ref.slot, rank, loops);
+  if (ref.whole()) return {0, bufferShape(ref.tv, ref.slot, rank, loops).at(0)};
+  // The rows of the whole local tensor the block names: the flat index's block, then sub-block.
+  MF_CHECK(ref.sub_blocks >= 1 && ref.blocks % ref.sub_blocks == 0, "{}: {} sub-blocks of {} blocks",
+           ref.toString(*ref.tv->fusion()), ref.sub_blocks, ref.blocks);
+  const int64_t index = blockIndex(ref, rank, loops);
+  const int64_t rows = localShape(ref.tv, rank).at(0);
+  Span outer = chunkSpan(rows, ref.blocks / ref.sub_blocks, index / ref.sub_blocks);
+  Span inner = chunkSpan(outer.size, ref.sub_blocks, index % ref.sub_blocks);
+  const Span named{outer.begin + inner.begin, inner.size};
+  // Its rows in the buffer: the buffer holds `held` (sorted, disjoint, packed in that order).
+  Span out;
+  for (const Span& h : held) {
+    out.begin += std::clamp(named.begin, h.begin, h.end()) - h.begin;
+    out.size += std::max<int64_t>(0, std::min(named.end(), h.end()) - std::max(named.begin, h.begin));
+  }
+  return out;
+}
+
+std::vector<int64_t> BufferSizes::shape(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const {
+  std::vector<int64_t> shape = bufferShape(ref.tv, ref.slot, rank, loops);
+  if (!shape.empty()) shape[0] = rows(ref, rank, loops).size;
+  return shape;
+}
+
+int64_t BufferSizes::elements(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const {
+  return numel(shape(ref, rank, loops));
+}
+
+int64_t BufferSizes::bytes(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const {
+  return elements(ref, rank, loops) * dtypeSize(ref.tv->dtype());
+}
+
+int64_t BufferSizes::allocationBytes(const hir::BufferNode& allocate, int64_t rank) const {
+  return numel(bufferShape(allocate.tv, allocate.slot, rank, {})) * dtypeSize(allocate.tv->dtype());
 }
 
 std::string communicationReason(const hir::Communication& n) {
@@ -302,7 +417,8 @@ std::string communicationReason(const hir::Communication& n) {
 
 std::vector<CollectiveInfo> collectives(const HostProgram& p, const SymbolBindings& b) {
   std::vector<CollectiveInfo> out;
-  collect(p, p.nodes, BufferSizes(p, b), out);
+  std::vector<int64_t> loops;
+  collect(p, p.nodes, BufferSizes(p, b), loops, out);
   return out;
 }
 

@@ -46,14 +46,19 @@ class Fusion;
 class Expr;
 class TensorView;
 
-// A tensor, or one block of its dim 0 viewed as `blocks` equal blocks. The block index is
-// (sum_j loop_coeffs[j] * i_j + rank_coeff * r + offset) mod blocks, with i_j the variables of
-// the enclosing loops (outermost first) and r this rank's index along `mesh_axis` (ring
-// algorithms walk the blocks of other ranks).
+// A tensor, or one block of the rows (dim 0) of its local buffer. The rows are cut as
+// torch.chunk cuts them (leading blocks ceil(rows / parts), trailing ones less, possibly none),
+// in two levels: into blocks / sub_blocks blocks (a rank's block of a gathered tensor, say), each
+// cut again into sub_blocks (a stream chunk of it). The block's flat index is (sum_j
+// loop_coeffs[j] * i_j + rank_coeff * r + offset) mod blocks, with i_j the variables of the
+// enclosing loops (outermost first) and r this rank's index along `mesh_axis` (ring algorithms
+// walk the blocks of other ranks); flat index f is sub-block f % sub_blocks of block
+// f / sub_blocks. With even sizes the two levels are `blocks` equal blocks.
 struct BlockRef {
   const TensorView* tv = nullptr;
   int64_t slot = 0;  // 0: the tensor's buffer; k > 0: a temporary of the same type (ring steps)
   int64_t blocks = 1;
+  int64_t sub_blocks = 1;  // divides blocks
   std::vector<int64_t> loop_coeffs;
   int64_t rank_coeff = 0, offset = 0;
   int64_t mesh_axis = -1;
@@ -64,7 +69,9 @@ struct BlockRef {
     return r;
   }
   bool whole() const { return blocks == 1; }
-  std::string toString(const Fusion& f) const;  // "%x", "%x~1" (slot 1), "%x[(2*i0 - 2*r + i1) % 4 of 4]"
+  // "%x", "%x~1" (slot 1), "%x[(2*i0 - 2*r + i1) % 4 of 4]", "%x[(2*i0 + i1) % 4 of 2x2]" (2
+  // blocks of 2 sub-blocks)
+  std::string toString(const Fusion& f) const;
 };
 
 struct HostNode;
@@ -74,11 +81,15 @@ struct HostNode;
 namespace hir {
 
 // A buffer of `tv` (or, with slot k > 0, a second buffer of the same type: ring steps).
-// chunk_blocks = b > 1: a buffer of one block of b along dim 0 (a per-iteration chunk buffer).
+// chunk_blocks = c > 1: a per-iteration buffer inside a loop: in iteration i of the innermost
+// loop it holds chunk i of c of the tensor's rows, or with row_blocks = n > 1 chunk i of c of each
+// of the n blocks of its rows (the i-th chunks of every rank's block, which one collective of an
+// overlap loop moves). A BlockRef into such a buffer names the rows of its block it holds.
 struct BufferNode {
   const TensorView* tv = nullptr;
   int64_t slot = 0;
   int64_t chunk_blocks = 1;
+  int64_t row_blocks = 1;
 };
 //   allocate %3 : f32[?t, 64]   a local buffer of the rank's shape of %3
 struct Allocate : BufferNode {};
@@ -291,6 +302,14 @@ struct AttentionBlocks {
 };
 std::vector<AttentionBlocks> attentionBlocks(const HostProgram& program, const SymbolBindings& bindings);
 
+class BufferSizes;
+// The elements each member of communication n's team passes for the block `ref` (in team
+// order: a v-collective's counts), in the iteration `loops` of the enclosing loops.
+std::vector<int64_t> memberElements(const BufferSizes& sizes, const hir::Communication& n, const BlockRef& ref,
+                                    const std::vector<int64_t>& loops);
+// CollectiveInfo::padded_bytes of communication n on `sizes`' rank, in iteration `loops`.
+int64_t paddedBytes(const BufferSizes& sizes, const hir::Communication& n, const std::vector<int64_t>& loops);
+
 // The parsable text of a host program (parseHostModule reads it back): the decomposed fusion
 // its nodes refer to, then the program.
 std::string printHostModule(const HostProgram& program);
@@ -302,16 +321,41 @@ HostProgram parseHostModule(std::string_view text, std::string_view path = "<inp
 // One node as the host program prints it (a loop as its header only), for messages.
 std::string printHostNode(const HostProgram& program, const HostNode& node);
 
-// Bytes of a BlockRef on `program`'s rank for given size bindings: a block of the tensor's local
-// buffer, which is itself one block of `chunk_blocks` where a loop allocates it per iteration.
+// The geometry of blocks and buffers, on any rank of a program, for given size bindings: the
+// one place that says which rows a BlockRef or a per-iteration buffer covers. The evaluator
+// slices its buffers with it, and the reports and check-collectives count with it, so every
+// count a rank passes to a collective is the one its peers expect of it. `rank` is a global
+// rank (a tensor's local shape, and a rank-relative block index, depend on it); `loops` are the
+// values of the enclosing loop variables, outermost first (empty, or zeros: a per-iteration
+// buffer's first chunk, which is the largest).
 class BufferSizes {
  public:
   BufferSizes(const HostProgram& program, const SymbolBindings& bindings);
-  int64_t bytes(const BlockRef& ref) const;
+  // The local shape of `tv` on `rank` (cached).
+  const std::vector<int64_t>& localShape(const TensorView* tv, int64_t rank) const;
+  // The shape of the buffer of (tv, slot) allocated in iteration `loops`.
+  std::vector<int64_t> bufferShape(const TensorView* tv, int64_t slot, int64_t rank,
+                                   const std::vector<int64_t>& loops) const;
+  // The flat index in [0, ref.blocks) of the block `ref` names on `rank` in iteration `loops`.
+  static int64_t blockIndex(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops);
+  // The rows of its buffer that `ref` names (its first row there, and how many).
+  Span rows(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const;
+  std::vector<int64_t> shape(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const;
+  int64_t elements(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const;
+  int64_t bytes(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const;
+  // Bytes of the buffer an Allocate node makes, in the loops' first iteration (the largest).
+  int64_t allocationBytes(const hir::BufferNode& allocate, int64_t rank) const;
 
  private:
+  struct Chunking {
+    int64_t chunk_blocks, row_blocks;
+  };
+  std::vector<Span> bufferRows(const TensorView* tv, int64_t slot, int64_t rank,
+                               const std::vector<int64_t>& loops) const;
+
   const SymbolBindings& bindings_;
-  std::map<std::pair<const TensorView*, int64_t>, int64_t> chunk_blocks_;  // per-iteration buffers
+  std::map<std::pair<const TensorView*, int64_t>, Chunking> chunked_;  // per-iteration buffers
+  mutable std::map<std::pair<const TensorView*, int64_t>, std::vector<int64_t>> shapes_;
 };
 
 // Calls `fn` on every node, loop bodies included (pre-order); `nodes` may be const.

@@ -178,6 +178,10 @@ class HostParser {
     }
     c.expect("of");
     b.blocks = c.integer();
+    if (c.eat("x")) {  // "of 2x4": 2 blocks of 4 sub-blocks
+      b.sub_blocks = c.integer();
+      b.blocks *= b.sub_blocks;
+    }
     c.expect("]");
     b.loop_coeffs = x.loop_coeffs;
     b.rank_coeff = x.rank_coeff;
@@ -301,10 +305,18 @@ class HostParser {
   HostNode buffer(Cursor& c, const std::string& head, size_t depth) {
     BlockRef b = ref(c, depth);
     if (!b.whole()) c.fail("an allocation is of a whole buffer");
-    hir::BufferNode n{b.tv, b.slot, 1};
+    hir::BufferNode n{b.tv, b.slot, 1, 1};
     if (head == "deallocate") return hir::Deallocate{n};
-    if (std::string_view r = c.rest(); r.find("(one block of ") != r.npos)
+    if (std::string_view r = c.rest(); r.find("(one block of ") != r.npos) {
       n.chunk_blocks = std::stoll(std::string(r.substr(r.find("(one block of ") + 14)));
+    } else if (const size_t at = r.find("(chunk i of "); at != r.npos) {
+      // "(chunk i of 4 of each of 2 blocks)"
+      std::string_view counts = r.substr(at + 12);
+      n.chunk_blocks = std::stoll(std::string(counts));
+      const size_t each = counts.find(" of each of ");
+      if (each == counts.npos) c.fail("expected \"(chunk i of C of each of N blocks)\"");
+      n.row_blocks = std::stoll(std::string(counts.substr(each + 12)));
+    }
     return hir::Allocate{n};
   }
 

@@ -75,12 +75,14 @@ class PairLowering {
     for (const TensorView* o : gemm_seg_.outputs) out.push_back(allocate(o));
     std::vector<HostNode> body;
     int64_t h = 0;
-    body.push_back(allocate(y_, s_));  // one chunk of the gathered rows: n blocks of a shard's s-th
+    // One chunk of the gathered rows: chunk i of every rank's shard (of unequal sizes where the
+    // shards or their chunks are uneven), gathered by one collective.
+    body.push_back(allocate(y_, s_, 0, n_));
     body.push_back(comm(CommKind::Allgather, block(x_, s_, {1}, 0, 0, axis_), BlockRef::of(y_), &h));
     body.push_back(wait(h));
     for (int64_t r = 0; r < n_; ++r)
-      body.push_back(gemm(block(y_, n_, {}, 0, r, axis_), block(gemmOut(), n_ * s_, {1}, 0, r * s_, axis_)));
-    body.push_back(deallocate(y_, s_));
+      body.push_back(gemm(block(y_, n_, {}, 0, r, axis_), block(gemmOut(), n_ * s_, {1}, 0, r * s_, axis_, 0, s_)));
+    body.push_back(deallocate(y_, s_, 0, n_));
     collectiveLoop(std::move(body), out);
   }
 
@@ -88,12 +90,12 @@ class PairLowering {
     out.push_back(allocate(y_));
     std::vector<HostNode> body;
     int64_t h = 0;
-    body.push_back(allocate(x_, s_));  // the partial rows of chunk i of every rank's result
+    body.push_back(allocate(x_, s_, 0, n_));  // the partial rows of chunk i of every rank's result
     for (int64_t r = 0; r < n_; ++r)
-      body.push_back(gemm(block(gemmRows(), n_ * s_, {1}, 0, r * s_, axis_), block(x_, n_, {}, 0, r, axis_)));
+      body.push_back(gemm(block(gemmRows(), n_ * s_, {1}, 0, r * s_, axis_, 0, s_), block(x_, n_, {}, 0, r, axis_)));
     body.push_back(comm(CommKind::ReduceScatter, BlockRef::of(x_), block(y_, s_, {1}, 0, 0, axis_), &h));
     body.push_back(wait(h));
-    body.push_back(deallocate(x_, s_));
+    body.push_back(deallocate(x_, s_, 0, n_));
     collectiveLoop(std::move(body), out);
   }
 
@@ -120,15 +122,15 @@ class PairLowering {
     out.push_back(copy(BlockRef::of(x_), block(y_, n_, {}, 1, 0, axis_), false));
     out.push_back(event(HostNodeKind::RecordEvent, start));
     auto rows = [&](int64_t k_coeff, int64_t offset) {  // sub-chunk (r - k)*c + q + offset
-      return std::vector<BlockRef>{block(y_, nc, {-c * k_coeff, 1}, c, offset, axis_),
-                                   block(gemmOut(), nc, {-c * k_coeff, 1}, c, offset, axis_)};
+      return std::vector<BlockRef>{block(y_, nc, {-c * k_coeff, 1}, c, offset, axis_, 0, c),
+                                   block(gemmOut(), nc, {-c * k_coeff, 1}, c, offset, axis_, 0, c)};
     };
     // Steps k in [0, n - 1): forward the block (stream 1), compute on it (main stream).
     int64_t h = 0;
     std::vector<HostNode> step;
     step.push_back(onStream(1));
     step.push_back(event(HostNodeKind::WaitEvent, start));
-    step.push_back(comm(CommKind::SendRecv, rows(1, 0)[0], block(y_, nc, {-c, 1}, c, -c, axis_), &h));
+    step.push_back(comm(CommKind::SendRecv, rows(1, 0)[0], block(y_, nc, {-c, 1}, c, -c, axis_, 0, c), &h));
     step.push_back(wait(h));
     step.push_back(event(HostNodeKind::RecordEvent, arrived, {c, 1}));
     step.push_back(onStream(0));
@@ -138,8 +140,8 @@ class PairLowering {
     // The last step k = n - 1: block r + 1, nothing left to forward.
     std::vector<HostNode> last;
     last.push_back(event(HostNodeKind::WaitEvent, arrived, {1}, (n_ - 2) * c));
-    last.push_back(
-        gemm(block(y_, nc, {1}, c, -(n_ - 1) * c, axis_), block(gemmOut(), nc, {1}, c, -(n_ - 1) * c, axis_)));
+    last.push_back(gemm(block(y_, nc, {1}, c, -(n_ - 1) * c, axis_, 0, c),
+                        block(gemmOut(), nc, {1}, c, -(n_ - 1) * c, axis_, 0, c)));
     out.push_back(loop(c, std::move(last)));
     out.push_back(host::sync());
   }
@@ -154,10 +156,10 @@ class PairLowering {
     out.push_back(allocate(x_));
     out.push_back(allocate(x_, 1, 1));
     auto part = [&](std::vector<int64_t> coeffs, int64_t offset, int64_t slot = 0) {
-      return block(x_, nc, std::move(coeffs), c, offset, axis_, slot);
+      return block(x_, nc, std::move(coeffs), c, offset, axis_, slot, c);
     };
     auto rows = [&](std::vector<int64_t> coeffs, int64_t offset) {
-      return block(gemmRows(), nc, std::move(coeffs), c, offset, axis_);
+      return block(gemmRows(), nc, std::move(coeffs), c, offset, axis_, 0, c);
     };
     int64_t h = 0;
     // Step 0: b = r - 1.
@@ -207,11 +209,11 @@ class PairLowering {
   void allreduceRing(std::vector<HostNode>& out) {
     const int64_t c = s_ / n_, nc = n_ * c;
     out.push_back(allocate(y_));
-    reduceScatterRingInto(block(y_, nc, {1}, c, 0, axis_), out);
+    reduceScatterRingInto(block(y_, nc, {1}, c, 0, axis_, 0, c), out);
     int64_t h = 0;
     std::vector<HostNode> step;
-    step.push_back(
-        comm(CommKind::SendRecv, block(y_, nc, {-c, 1}, c, 0, axis_), block(y_, nc, {-c, 1}, c, -c, axis_), &h));
+    step.push_back(comm(CommKind::SendRecv, block(y_, nc, {-c, 1}, c, 0, axis_, 0, c),
+                        block(y_, nc, {-c, 1}, c, -c, axis_, 0, c), &h));
     step.push_back(wait(h));
     out.push_back(loop(n_ - 1, {loop(c, std::move(step))}));
   }

@@ -11,6 +11,9 @@
 //   ring-based (s = c*n): n - 1 circular-shift steps (send to r + 1, receive from r - 1) pass
 //     the blocks around while the GEMM runs on the block that arrived in the previous step; the
 //     reduce-scatter ring adds the partial it receives to its own and passes the sum on.
+// Chunks are torch.chunk's, of each rank's rows (of its block of a gathered or reduced tensor):
+// with uneven shards or chunks they differ in size, possibly empty, and each collective moves
+// blocks of different sizes (v-collectives), each ring step a block of its own size.
 // Collective-based iterations rotate through a pool of streams (each waits for the main stream
 // at the loop's start, the main stream joins them at the end); ring-based loops put the
 // send/recv steps on stream 1 beside the GEMMs on the main stream, ordered by events.

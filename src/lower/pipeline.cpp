@@ -46,7 +46,7 @@ const std::vector<FusionPass>& fusionPasses() {
        "into ops propagation can shard",
        plain(expandForSharding)},
       {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones",
-       [](Fusion& f, const PipelineOptions& o) { propagateShardings(f, o.propagation); }},
+       [](Fusion& f, const PipelineOptions& o) { propagateShardings(f, o.propagation, o.sizes); }},
       {"expand-attention-gradients", "rewrite each placed sdpa_grad into GEMMs and a softmax backward, sharded alike",
        plain(expandAttentionGradients), requirePropagated},
       {"decompose-reshardings", "split every op into local compute plus single-axis communications",
@@ -128,6 +128,23 @@ CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& o
   if (keep_stages) out.stages["segmented"] = printSegments(*out.fusion, *out.host.segments);
   if (keep_stages) out.stages["hostir"] = out.host.toString();
   return out;
+}
+
+bool compileDependsOnSizes(const Fusion& f, const OverlapOptions& options) {
+  bool symbolic = false, chunked = options.algorithm != OverlapAlgorithm::None, reshaped = false;
+  for (const TensorView* in : f.inputs())
+    for (const Extent& e : in->shape()) symbolic |= !e.isStatic();
+  for (const TensorView* tv : f.tensorViews()) chunked |= streamSplitOf(tv).has_value();
+  // A reshape that splits or merges a symbolic dim carries a shard only where torch.chunk's
+  // blocks line up, which depends on its size (propagation: carriesShard).
+  for (const Expr* e : f.exprs()) {
+    if (e->info().category != OpCategory::Reshape) continue;
+    const TensorView* in = static_cast<const TensorView*>(e->input(size_t{0}));
+    const std::vector<Extent> a = in->shape(), b = e->output()->shape();
+    for (const Extent& x : a)
+      reshaped |= !x.isStatic() && std::find(b.begin(), b.end(), x) == b.end();
+  }
+  return symbolic && (chunked || reshaped);
 }
 
 }  // namespace meshfuse

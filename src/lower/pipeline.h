@@ -49,6 +49,12 @@ struct CompiledProgram {
 const std::vector<std::string>& pipelineStages();
 // With `keep_stages`, the text of each stage is kept in CompiledProgram::stages.
 CompiledProgram compile(std::unique_ptr<Fusion> fusion, const PipelineOptions& options = {}, bool keep_stages = false);
+// Whether compiling `fusion` (placed, or decomposed) with other sizes may give another program:
+// it has symbolic sizes and chunked loops (overlap asked for, or Stream splits: their default
+// chunk counts depend on the rows), or a reshape that splits or merges a symbolic dim (whether a
+// shard passes through it depends on the size: torch.chunk's blocks must line up).
+// MultiDeviceExecutor compiles such programs for the sizes of each run.
+bool compileDependsOnSizes(const Fusion& fusion, const OverlapOptions& options);
 
 // A host pass: a host program in, a host program out (lower-to-host-ir takes a HostProgram
 // holding only the decomposed fusion). Each states its contract (requires / guarantees /

@@ -29,10 +29,11 @@ class Chooser {
                                   "sequence arrives split on mesh axis {} (all-to-alls move the fewest bytes)",
                                   e_->name(), n, a)};
     }
-    if (option_ == ContextParallel::Ulysses) headsDoNotDivide(a);
     const std::optional<size_t> unsplit = notSequenceSplit(a);
-    if (option_ == ContextParallel::Ring && (e_->kind() != OpKind::Sdpa || unsplit)) ringDoesNotApply(a, unsplit);
-    if (keysRotate(option_) && e_->kind() == OpKind::Sdpa && !unsplit) {
+    const bool even = sequenceDivides(a);
+    if (option_ == ContextParallel::Ring && (e_->kind() != OpKind::Sdpa || unsplit || !even))
+      ringDoesNotApply(a, unsplit);
+    if (keysRotate(option_) && e_->kind() == OpKind::Sdpa && !unsplit && even) {
       return CpChoice{CpStrategy::Ring,
                       fmt::format("ring attention: each rank keeps its query rows while k and v rotate around mesh "
                                   "axis {} ({} send/recv steps, one block in flight){}",
@@ -71,13 +72,15 @@ class Chooser {
         return false;
     return true;
   }
-  // The axes that take Ulysses: those the keys are split on, inner first, while the heads divide.
+  // The axes that take Ulysses: those the keys are split on, inner first, while the heads divide
+  // (asked for, every such axis: heads it does not divide are split as torch.chunk splits them).
   std::vector<bool> ulyssesAxes() const {
     std::vector<bool> out(mesh_.rank(), false);
     if (option_ != ContextParallel::Auto && option_ != ContextParallel::Ulysses) return out;
+    const bool asked = option_ == ContextParallel::Ulysses;
     int64_t split = headsSplitElsewhere();
     for (int64_t b = mesh_.rank() - 1; b >= 0; --b) {
-      if (!keysSplit(b) || !headsDivide(split * mesh_.size(b))) continue;
+      if (!keysSplit(b) || (!asked && !headsDivide(split * mesh_.size(b)))) continue;
       out[b] = true;
       split *= mesh_.size(b);
     }
@@ -96,18 +99,15 @@ class Chooser {
     return std::nullopt;
   }
 
-  std::string where(int64_t a) const {
-    return fmt::format("mesh axis {} ({} devices) of mesh {}", a, mesh_.size(a), mesh_.toString());
+  // Ring attention rotates blocks of one size: the sequence must divide among the axis's devices
+  // (torch.chunk's uneven blocks are gathered instead).
+  bool sequenceDivides(int64_t a) const {
+    const TensorView* q = operand(kQuery);
+    return q != nullptr && q->rank() > kSeq && q->dims()[kSeq]->extent().divisible(mesh_.size(a));
   }
 
-  [[noreturn]] void headsDoNotDivide(int64_t a) const {
-    const int64_t split = headsSplitElsewhere();
-    userError(ErrorKind::Unsupported,
-              "context parallelism \"ulysses\" for {}: {} has {} heads, which mesh axis {} ({} devices) does not "
-              "divide{} (its key/value sequence arrives sharded on {}); use \"auto\", \"ring\" or \"gather\"",
-              f_.displayName(e_->output()), f_.displayName(operand(kQuery)), heads(), a, mesh_.size(a),
-              split > 1 ? fmt::format(" after the other mesh axes split them {} ways", split) : std::string(),
-              where(a));
+  std::string where(int64_t a) const {
+    return fmt::format("mesh axis {} ({} devices) of mesh {}", a, mesh_.size(a), mesh_.toString());
   }
 
   [[noreturn]] void ringDoesNotApply(int64_t a, std::optional<size_t> unsplit) const {
@@ -117,6 +117,13 @@ class Chooser {
                 "context parallelism \"ring\" for {}: ring attention applies to sdpa, not {}; use \"auto\", "
                 "\"ulysses\" or \"gather\"",
                 op, e_->name());
+    if (!unsplit) {
+      const TensorView* q = operand(kQuery);
+      userError(ErrorKind::Unsupported,
+                "context parallelism \"ring\" for {}: ring attention rotates blocks of one size, but the sequence of "
+                "{} ({}) does not divide among the {} devices of {}; use \"auto\", \"ulysses\" or \"gather\"",
+                op, f_.displayName(q), q->dims()[kSeq]->extent().toString(), mesh_.size(a), where(a));
+    }
     const TensorView* t = operand(*unsplit);
     userError(ErrorKind::Unsupported,
               "context parallelism \"ring\" for {}: ring attention needs q, k and v all split along the sequence "

@@ -103,8 +103,8 @@ struct TvState {
 class Propagator {
  public:
   // `mesh`: the mesh of tensors nothing else decides.
-  Propagator(Fusion& f, int64_t mesh, const PropagationOptions& options)
-      : f_(f), mesh_index_(mesh), options_(options) {}
+  Propagator(Fusion& f, int64_t mesh, const PropagationOptions& options, SymbolBindings sizes)
+      : f_(f), mesh_index_(mesh), options_(options), sizes_(std::move(sizes)) {}
 
   void run() {
     for (TensorView* tv : f_.tensorViews())
@@ -189,7 +189,7 @@ class Propagator {
     std::vector<int64_t> moved;  // the mesh axes computed otherwise than pinned
     for (int64_t a = 0; a < mesh.rank(); ++a) {
       const AxisState& pin_state = pinned.sharding.axes[a];
-      std::vector<OutputChoice> cands = evenWithOtherAxes(out, s, mesh, a, candidates(e, rule, mesh, a));
+      std::vector<OutputChoice> cands = alignedWithOtherAxes(out, s, mesh, a, candidates(e, rule, mesh, a));
       OutputChoice as_pinned = outputChoice(e, a);
       bool listed = false;
       for (const OutputChoice& c : cands)
@@ -401,7 +401,7 @@ class Propagator {
     const DeviceMesh& mesh = f_.mesh(s.sharding.mesh);
     for (int64_t a = 0; a < mesh.rank(); ++a) {
       std::optional<OutputChoice> best =
-          choose(e, rule, mesh, a, evenWithOtherAxes(out, s, mesh, a, candidates(e, rule, mesh, a)), nullptr);
+          choose(e, rule, mesh, a, alignedWithOtherAxes(out, s, mesh, a, candidates(e, rule, mesh, a)), nullptr);
       MF_CHECK(best.has_value(), "no feasible sharding for {} on mesh axis {}", e->name(), a);
       take(e, rule, mesh, a, *best, s);
     }
@@ -462,34 +462,37 @@ class Propagator {
     s.hints[a] = hintFor(e, rule, mesh, a, c.state);
   }
 
-  // The candidates that, with what the other mesh axes of `state` already give `tv`, still
-  // split each dim evenly: on a 2x2 mesh, [Shard(0), ?] leaves Shard(0) for axis 1 only where
-  // dim 0 divides by 4, and a pending sum over a contracted dim split on axis 0 leaves another
-  // pending sum over it for axis 1 only where it divides by 4. (Found by the placement fuzzer: a
-  // 2-row tensor pinned [Shard(0), Replicate()] whose operand was [Replicate(), Shard(0)] got
-  // [Shard(0), Shard(0)], and compiling it failed with "uneven sharding not supported".)
-  std::vector<OutputChoice> evenWithOtherAxes(const TensorView* tv, const TvState& state, const DeviceMesh& mesh,
-                                              int64_t a, std::vector<OutputChoice> cands) const {
+  // The candidates whose Shard, nested with what the other mesh axes of `state` already give
+  // `tv` along the same dim (mesh-axis order, as applyPlacements splits), still cuts every
+  // operand dim it comes from into the blocks the op maps to the output's (carriesShard: a
+  // reshape that splits or merges the dim must keep torch.chunk's blocks lined up). Any size
+  // may be sharded, unevenly too; a pending sum over a contracted dim in any blocks (each rank
+  // sums its own). (Found by the placement fuzzer with even sizes only: a 2-row tensor pinned
+  // [Shard(0), Replicate()] whose operand was [Replicate(), Shard(0)] got [Shard(0), Shard(0)],
+  // which was refused then; nested uneven blocks of 1 and 0 rows are valid now.)
+  std::vector<OutputChoice> alignedWithOtherAxes(const TensorView* tv, const TvState& state, const DeviceMesh& mesh,
+                                                 int64_t a, std::vector<OutputChoice> cands) const {
+    const Expr* e = tv->definition();
+    if (e == nullptr) return cands;
+    const ShardingRule rule = shardingRuleOf(e);
     std::erase_if(cands, [&](const OutputChoice& c) {
-      const bool shard = c.state.kind == Placement::Shard;
-      if (!shard && (c.state.kind != Placement::Partial || c.contraction_dim < 0)) return false;
-      int64_t devices = mesh.size(a);
+      if (c.state.kind != Placement::Shard) return false;
+      std::vector<int64_t> devices;
       for (int64_t b = 0; b < mesh.rank(); ++b) {
-        const AxisState& other = state.sharding.axes[b];
-        const bool same = shard ? other.kind == Placement::Shard && other.dim == c.state.dim
-                                : other.kind == Placement::Partial && state.partial_dims[b] == c.contraction_dim;
-        if (b != a && same) devices *= mesh.size(b);
+        const AxisState& split = b == a ? c.state : state.sharding.axes[b];
+        if (split.kind == Placement::Shard && split.dim == c.state.dim) devices.push_back(mesh.size(b));
       }
-      return shard ? !shardable(tv, c.state.dim, devices)
-                   : !tv->logical().at(c.contraction_dim)->extent().divisible(devices);
+      for (size_t i = 0; i < e->inputs().size(); ++i) {
+        const std::vector<int64_t>& map = rule.operand_maps[i];
+        for (size_t d = 0; d < map.size(); ++d)
+          if (map[d] >= 0 && !tv->logical()[map[d]]->isReduction() && dimIndexOfLogical(tv, map[d]) == c.state.dim &&
+              !expands(e, rule, i, static_cast<int64_t>(d)) &&  // (a broadcast operand is whole there)
+              !carriesShard(e, rule, i, static_cast<int64_t>(d), devices, sizes_))
+            return true;
+      }
+      return false;
     });
     return cands;
-  }
-
-  // Whether dim `dim` (a dims() index) of `tv` splits evenly over `n` devices (a size-1 dim,
-  // broadcast or not, over one device only).
-  bool shardable(const TensorView* tv, int64_t dim, int64_t n) const {
-    return tv->dims().at(dim)->extent().divisible(n);
   }
 
   // Whether an earlier decision already moves `tv` to `state` on axis `a`.
@@ -512,7 +515,9 @@ class Propagator {
       if (!req.has_value()) return infeasible;
       TensorView* in = tensorAt(e, i);
       if (in == nullptr) continue;  // a scalar is the same value on every device
-      if (req->kind == Placement::Shard && !shardable(in, req->dim, mesh.size(a))) return infeasible;
+      if (req->kind == Placement::Shard && rule.operand_maps[i][req->dim] >= 0 &&
+          !carriesShard(e, rule, i, req->dim, {mesh.size(a)}, sizes_))
+        return infeasible;
       if (!decided(in) || !aligned(in, mesh)) {
         // An open value is placed as this op needs it, for free, and a value on a mesh of
         // another shape is moved anyway; neither becomes a pending sum (an open input's value
@@ -547,14 +552,13 @@ class Propagator {
         if (x.state == c.state && x.contraction_dim == c.contraction_dim) return;
       out.push_back(std::move(c));
     };
-    // Operand i's dim d, sharded on this axis (or upstream), carried to the output. Both the
-    // operand's dim and the output dim it becomes must split evenly: a reshape that merges
-    // [2, 16] into [32] cannot carry a 4-way split of the 32 back to the 2.
+    // Operand i's dim d, sharded on this axis (or upstream), carried to the output where the
+    // blocks line up (carriesShard): a reshape that merges [2, 16] into [32] cannot carry a
+    // 4-way split of the 32 back to the 2.
     auto fromDim = [&](size_t i, int64_t d, const char* how) {
       int64_t ol = rule.operand_maps[i][d];
-      if (ol < 0 || !shardable(tensorAt(e, i), d, n) || expands(e, rule, i, d)) return;
+      if (ol < 0 || expands(e, rule, i, d) || !carriesShard(e, rule, i, d, {n}, sizes_)) return;
       const IterDomain* id = o->logical()[ol];
-      if (!id->extent().divisible(n)) return;
       OutputChoice c;
       if (id->isReduction()) {
         if (!rule.contraction_ok) return;
@@ -644,12 +648,10 @@ class Propagator {
       for (int64_t d : upstream) {
         if (d >= static_cast<int64_t>(rule.operand_maps[i].size())) continue;
         int64_t ol = rule.operand_maps[i][d];
-        if (ol < 0 || o->logical()[ol]->isReduction() || !shardable(in, d, mesh.size(a)) || expands(e, rule, i, d))
+        if (ol < 0 || o->logical()[ol]->isReduction() || expands(e, rule, i, d) ||
+            !carriesShard(e, rule, i, d, {mesh.size(a)}, sizes_))
           continue;
         int64_t dim = dimIndexOfLogical(o, ol);
-        // Only a dim that can be sharded is worth remembering (a head count the mesh does not
-        // divide is not).
-        if (!shardable(o, dim, mesh.size(a))) continue;
         if (chosen.kind != Placement::Shard || chosen.dim != dim) return dim;
       }
     }
@@ -777,7 +779,7 @@ class Propagator {
         std::optional<int64_t> h = s.hints[a];
         bool taken = false;
         for (int64_t b = 0; b < mesh.rank(); ++b) taken |= b != a && h && target.axes[b] == Placement::shard(*h);
-        if (h && !taken && o->shape()[*h].divisible(mesh.size(a))) {
+        if (h && !taken) {  // (unevenly too: torch.chunk's blocks, a reduce-scatter of unequal counts)
           target.axes[a] = Placement::shard(*h);
           why.push_back(Provenance::literal(
               fmt::format("output materialized: Partial() reduce-scattered to Shard({}) on mesh axis {}, as dim {} is "
@@ -806,6 +808,7 @@ class Propagator {
   Fusion& f_;
   int64_t mesh_index_;
   PropagationOptions options_;
+  SymbolBindings sizes_;  // symbolic sizes known at compile time (whether a reshape's blocks line up)
   std::map<const TensorView*, TvState> states_;
   // Moves that decided ops need of their operands (tensor, mesh axis, state).
   struct Move {
@@ -821,14 +824,14 @@ class Propagator {
 
 }  // namespace
 
-void propagateShardings(Fusion& f, const PropagationOptions& options) {
+void propagateShardings(Fusion& f, const PropagationOptions& options, const SymbolBindings& sizes) {
   // Meshes may differ in shape: decomposition moves a value between them (see
   // decompose_reshardings.h for the moves it supports).
   int64_t mesh = -1;
   for (TensorView* tv : f.tensorViews())
     if (mesh < 0 && tv->meshIndex() >= 0) mesh = tv->meshIndex();
   if (mesh < 0) return;  // nothing placed: a single-device fusion
-  Propagator(f, mesh, options).run();
+  Propagator(f, mesh, options, sizes).run();
 }
 
 }  // namespace meshfuse

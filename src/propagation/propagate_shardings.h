@@ -7,8 +7,10 @@
 //   after the op is cheaper, is that set's output: see below); no op is given an output a
 //   Partial operand cannot pass to (requiredOperandState: a pending sum is never added to a
 //   scalar or passed through an operand the op is not linear in), except a pinned Partial the op
-//   cannot give (decomposition reports it); no Shard splits a dim the mesh axis does not divide,
-//   in the output or in the operand it comes from; every fusion output is materialized: an
+//   cannot give (decomposition reports it); a Shard may split a dim the mesh axis does not
+//   divide (torch.chunk's uneven blocks), but only where the blocks of the operand dim it comes
+//   from line up with the output's (carriesShard: a reshape's split or merge); every fusion
+//   output is materialized: an
 //   unpinned output that would be Partial gets a `set` that reduce-scatters it along a dim that
 //   was sharded on that mesh axis in the inputs it derives from (sequence parallelism keeps `t`
 //   sharded), or all-reduces it to Replicate otherwise.
@@ -57,12 +59,15 @@
 //           %y = set(%0) : f32[16] @m {split(0, 4), parallelize(0, DIDx)}                  (pinned)
 #pragma once
 
+#include "meshfuse/ir/extent.h"
 #include "meshfuse/options.h"
 
 namespace meshfuse {
 
 class Fusion;
 
-void propagateShardings(Fusion& fusion, const PropagationOptions& options = {});
+// `sizes`: symbolic sizes known at compile time; a reshape that splits or merges an unbound
+// symbolic dim keeps no shard through it (whether its blocks line up depends on the size).
+void propagateShardings(Fusion& fusion, const PropagationOptions& options = {}, const SymbolBindings& sizes = {});
 
 }  // namespace meshfuse

@@ -37,12 +37,9 @@ void writeSharding(TensorView* tv, const Sharding& s, const std::vector<int64_t>
       if (id == rid) loop_axis = static_cast<int64_t>(i);
     }
     MF_CHECK(loop_axis >= 0, "no loop axis for reduction dim {}", logical);
-    int64_t n = mesh.size(axis);
-    MF_USER_CHECK(tv->loop()[loop_axis]->extent().divisible(n), ErrorKind::Unsupported,
-                  "uneven sharding not supported: contracted dim of {} has size {} which mesh axis {} does not divide "
-                  "into {} shards",
-                  tv->fusion()->displayName(tv), tv->loop()[loop_axis]->extent().toString(), axis, n);
-    tv->split(loop_axis, n);
+    // A contracted dim the mesh axis does not divide is cut as torch.chunk cuts it (each rank
+    // sums its operands' blocks of it, of whatever size).
+    tv->split(loop_axis, mesh.size(axis));
     tv->parallelize(loop_axis, mesh.parallelTypeOfAxis(axis));
   }
 }

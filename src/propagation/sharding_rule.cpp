@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "meshfuse/ir/fusion.h"
 
@@ -132,6 +133,55 @@ bool expands(const Expr* e, const ShardingRule& rule, size_t operand, int64_t di
   const int64_t out_logical = rule.operand_maps.at(operand).at(dim);
   const IterDomain* id = tensorOperand(e, operand)->dims().at(dim);
   return out_logical >= 0 && id->isBroadcast() && id->extent() != e->output()->logical().at(out_logical)->extent();
+}
+
+namespace {
+
+// Whether cutting `a` (elements `pa` each) and `b` (elements `pb` each) by torch.chunk over the
+// nested `devices` gives every rank the same elements.
+bool chunksLineUp(int64_t a, int64_t pa, int64_t b, int64_t pb, const std::vector<int64_t>& devices, size_t level) {
+  if (level == devices.size()) return true;
+  for (int64_t r = 0; r < devices[level]; ++r) {
+    const Span x = chunkSpan(a, devices[level], r), y = chunkSpan(b, devices[level], r);
+    if (x.begin * pa != y.begin * pb || x.size * pa != y.size * pb) return false;
+    if (!chunksLineUp(x.size, pa, y.size, pb, devices, level + 1)) return false;
+  }
+  return true;
+}
+
+// The product of `dims` from `from` on, under `sizes`; nullopt when one is an unbound symbol.
+std::optional<int64_t> elementsFrom(const std::vector<Extent>& dims, size_t from, const SymbolBindings& sizes) {
+  int64_t n = 1;
+  for (size_t d = from; d < dims.size(); ++d) {
+    if (!dims[d].isStatic() && !sizes.count(dims[d].symbol())) return std::nullopt;
+    n *= dims[d].evaluate(sizes);
+  }
+  return n;
+}
+
+}  // namespace
+
+bool carriesShard(const Expr* e, const ShardingRule& rule, size_t operand, int64_t dim,
+                  const std::vector<int64_t>& devices, const SymbolBindings& sizes) {
+  const int64_t ol = rule.operand_maps.at(operand).at(dim);
+  if (ol < 0) return false;
+  const TensorView* in = tensorOperand(e, operand);
+  const IterDomain* out_id = e->output()->logical().at(ol);
+  const Extent& a = in->dims().at(dim)->extent();
+  const Extent& b = out_id->extent();
+  if (a == b || out_id->isReduction()) return true;
+  int64_t all = 1;
+  for (int64_t n : devices) all *= n;
+  if (e->info().category != OpCategory::Reshape) return a.divisible(all) && b.divisible(all);
+  // A reshape keeps elements in order: dim `dim` and the dims after it hold the same elements as
+  // output dim `ol` and those after it (the dims before are whole groups of equal size).
+  const std::vector<Extent> ins = in->shape(), outs = e->output()->shape();
+  int64_t od = 0;  // the dims() index of output dim `ol`
+  for (int64_t l = 0; l < ol; ++l) od += e->output()->logical()[l]->isReduction() ? 0 : 1;
+  std::optional<int64_t> pa = elementsFrom(ins, dim + 1, sizes), pb = elementsFrom(outs, od + 1, sizes),
+                         ea = elementsFrom({a}, 0, sizes), eb = elementsFrom({b}, 0, sizes);
+  if (!pa || !pb || !ea || !eb) return false;
+  return chunksLineUp(*ea, *pa, *eb, *pb, devices, 0);
 }
 
 ShardingRule shardingRuleOf(const Expr* e) {

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "meshfuse/ir/extent.h"
+
 namespace meshfuse {
 
 class Expr;
@@ -43,6 +45,19 @@ struct ShardingRule {
 };
 
 ShardingRule shardingRuleOf(const Expr* e);
+
+// Whether sharding operand `operand`'s dim `dim` over `devices` (the device counts of the mesh
+// axes that split it, outermost first: torch.chunk blocks, nested) gives every rank the part of
+// the output that the same sharding of the output dim it maps to gives it, so that the op
+// computes locally. A dim mapped to a dim of the same extent (pointwise ops, a GEMM's rows, a
+// reshape's untouched dims) always does; a contracted dim too (each rank sums its own block).
+// A reshape that splits or merges the dim does when torch.chunk's blocks of both line up in
+// elements: [8, 4] -> [32] over 2 ranks (16 + 16 elements either way), but not [7, 4] -> [28]
+// (rows 4 + 3 are 16 + 12 elements, the output's blocks 14 + 14); sizes are evaluated under
+// `sizes`, and an unbound symbolic size in a split or merge is not known to line up. Other dims
+// of different extents (grouped attention heads) only where both divide evenly.
+bool carriesShard(const Expr* e, const ShardingRule& rule, size_t operand, int64_t dim,
+                  const std::vector<int64_t>& devices, const SymbolBindings& sizes);
 
 // Whether operand `operand`'s dim `dim` (a dims() index) is a broadcast dim that `e` expands to a
 // larger output dim (add([1, h], [t, h]), broadcast_in_dim): each shard of that output dim needs

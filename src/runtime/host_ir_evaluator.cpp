@@ -12,6 +12,7 @@
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
 #include "lower/check_collectives.h"
+#include "runtime/communicator_checks.h"
 #include "runtime/tensor_blocks.h"
 
 namespace meshfuse {
@@ -148,38 +149,29 @@ int64_t HostIrEvaluator::eventInstance(const hir::EventNode& n) const {
   return index;
 }
 
-std::vector<int64_t> HostIrEvaluator::shapeOf(const TensorView* tv) {
-  auto it = shapes_.find(tv);
-  if (it != shapes_.end()) return it->second;
-  return shapes_[tv] = localShape(tv, bindings_);
-}
-
 int64_t HostIrEvaluator::iteration() const {
   int64_t it = 0;
   for (const Loop& l : loops_) it = it * l.trips + l.i;
   return it;
 }
 
-int64_t HostIrEvaluator::blockIndex(const BlockRef& ref) const {
-  MF_CHECK(ref.loop_coeffs.size() <= loops_.size(), "a block index over {} loops inside {} loops",
-           ref.loop_coeffs.size(), loops_.size());
-  int64_t index = ref.offset;
-  // The coefficients belong to the innermost loops (outermost first).
-  const size_t first = loops_.size() - ref.loop_coeffs.size();
-  for (size_t j = 0; j < ref.loop_coeffs.size(); ++j) index += ref.loop_coeffs[j] * loops_[first + j].i;
-  if (ref.rank_coeff != 0) index += ref.rank_coeff * ref.tv->mesh()->indexAlong(comm_.rank(), ref.mesh_axis);
-  return positiveMod(index, ref.blocks);
+std::vector<int64_t> HostIrEvaluator::loopValues() const {
+  std::vector<int64_t> out;
+  for (const Loop& l : loops_) out.push_back(l.i);
+  return out;
 }
 
 Tensor HostIrEvaluator::view(const BlockRef& ref) {
   Tensor& t = value(ref.tv, ref.slot);
   if (ref.whole()) return t;
-  const int64_t rows = t.shape().at(0);
-  MF_USER_CHECK(rows % ref.blocks == 0, ErrorKind::Unsupported,
-                "uneven chunking not supported: {} has {} rows on rank {}, which do not split into {} equal blocks",
-                program_.fusion->displayName(ref.tv), rows, comm_.rank(), ref.blocks);
-  const int64_t block = rows / ref.blocks;
-  return t.slice0(blockIndex(ref) * block, block);
+  Span rows = sizes_->rows(ref, comm_.rank(), loopValues());
+  MF_CHECK(rows.end() <= t.shape().at(0), "{} names rows [{}, {}) of a buffer of {} rows on rank {}",
+           ref.toString(*program_.fusion), rows.begin, rows.end(), t.shape()[0], comm_.rank());
+  return t.slice0(rows.begin, rows.size);
+}
+
+Counts HostIrEvaluator::memberCounts(const hir::Communication& n, const BlockRef& ref) const {
+  return memberElements(*sizes_, n, ref, loopValues());
 }
 
 HostIrEvaluator::DimBlock HostIrEvaluator::blockAlong(const BlockRef& ref, int64_t dim) {
@@ -193,7 +185,7 @@ HostIrEvaluator::DimBlock HostIrEvaluator::blockAlong(const BlockRef& ref, int64
                 "equal blocks",
                 program_.fusion->displayName(ref.tv), b.sizes[dim], dim, comm_.rank(), ref.blocks);
   b.sizes[dim] /= ref.blocks;
-  b.offsets[dim] = (ref.whole() ? 0 : blockIndex(ref)) * b.sizes[dim];
+  b.offsets[dim] = (ref.whole() ? 0 : BufferSizes::blockIndex(ref, comm_.rank(), loopValues())) * b.sizes[dim];
   return b;
 }
 
@@ -205,7 +197,7 @@ AttentionLaunch HostIrEvaluator::attentionLaunch(const hir::SegmentCall& n) cons
   auto rows = [&](const std::vector<BlockRef>& blocks, std::vector<AttentionLaunch::Rows>& out) {
     for (const BlockRef& b : blocks) {
       const int64_t len = b.tv->evaluateShape(bindings_).at(2) / b.blocks;
-      out.push_back({(b.whole() ? 0 : blockIndex(b)) * len, len});
+      out.push_back({(b.whole() ? 0 : BufferSizes::blockIndex(b, comm_.rank(), loopValues())) * len, len});
     }
   };
   rows(n.query_blocks, launch.query);
@@ -221,10 +213,12 @@ std::optional<AttentionLaunch> HostIrEvaluator::causalQueryBlock(const Segment& 
   if (e->info().category != OpCategory::Attention || !e->attr<bool>("is_causal")) return std::nullopt;
   const auto* q = static_cast<const TensorView*>(e->input(size_t{0}));
   constexpr int64_t kSeq = 2;
-  const std::vector<int64_t> local = shapeOf(q);
-  if (q->mesh() == nullptr || local.at(kSeq) == q->evaluateShape(bindings_).at(kSeq)) return std::nullopt;
+  if (q->mesh() == nullptr) return std::nullopt;
+  // torch.chunk's block of the sequence (uneven shards: its offset is not rank * size).
+  const Span rows = localBlock(q, bindings_, comm_.rank()).at(kSeq);
+  if (rows.size == q->evaluateShape(bindings_).at(kSeq)) return std::nullopt;
   AttentionLaunch launch;
-  launch.query.push_back({blockOffsets(q, local, comm_.rank()).at(kSeq), local[kSeq]});
+  launch.query.push_back({rows.begin, rows.size});
   return launch;
 }
 
@@ -262,8 +256,10 @@ std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs
                                          const std::vector<std::vector<int64_t>>& global_shapes) {
   const Fusion& f = *program_.fusion;
   SymbolBindings bindings = bindLocalInputs(f, local_inputs, comm_.rank(), global_shapes);
-  if (bindings != bindings_) shapes_.clear();  // local shapes depend on the sizes only
-  bindings_ = std::move(bindings);
+  if (!sizes_ || bindings != bindings_) {  // local shapes depend on the sizes only
+    bindings_ = std::move(bindings);
+    sizes_ = std::make_unique<BufferSizes>(program_, bindings_);
+  }
   values_.clear();
   handles_.clear();
   events_.clear();
@@ -360,13 +356,7 @@ void HostIrEvaluator::execute(const std::vector<HostNode>& nodes) {
 }
 
 void HostIrEvaluator::allocate(const hir::Allocate& n) {
-  std::vector<int64_t> shape = shapeOf(n.tv);
-  if (n.chunk_blocks > 1) {
-    MF_USER_CHECK(shape.at(0) % n.chunk_blocks == 0, ErrorKind::Unsupported,
-                  "uneven chunking not supported: {} has {} rows, which do not split into {} equal blocks",
-                  program_.fusion->displayName(n.tv), shape[0], n.chunk_blocks);
-    shape[0] /= n.chunk_blocks;
-  }
+  std::vector<int64_t> shape = sizes_->bufferShape(n.tv, n.slot, comm_.rank(), loopValues());
   // An output that updates an input in place (Fusion::aliasOutputToInput) is that input's
   // buffer: lower/check_aliases.h guarantees the program may write it there.
   if (const TensorView* in = program_.fusion->aliasedInput(n.tv); in && n.slot == 0 && n.chunk_blocks == 1) {
@@ -397,7 +387,15 @@ void HostIrEvaluator::wait(const hir::Wait& n) {
 void HostIrEvaluator::slice(const hir::ShardSlice& n) {
   Tensor in = view(n.in), out = view(n.out);
   std::vector<int64_t> off = zeros(out.shape().size());
-  off[n.out_dim] = n.out.tv->mesh()->indexAlong(comm_.rank(), n.mesh_axis) * out.shape()[n.out_dim];
+  // The slice adds the innermost split of its dim (resharding_steps.h): this rank's
+  // torch.chunk block of what the input holds.
+  const DeviceMesh& mesh = *n.out.tv->mesh();
+  const Span block =
+      chunkSpan(in.shape().at(n.out_dim), mesh.size(n.mesh_axis), mesh.indexAlong(comm_.rank(), n.mesh_axis));
+  MF_CHECK(block.size == out.shape()[n.out_dim], "slice of {}: rank {}'s block of {} has {} rows, its buffer {}",
+           program_.fusion->displayName(n.out.tv), comm_.rank(), in.shape()[n.out_dim], block.size,
+           out.shape()[n.out_dim]);
+  off[n.out_dim] = block.begin;
   Backend* backend = &backend_;
   submit(TaskKind::Copy, "slice",
          [backend, in, out, off]() mutable { backend->copyBlock(in, off, out, zeros(off.size()), out.shape()); });
@@ -460,13 +458,12 @@ void HostIrEvaluator::launch(const hir::SegmentCall& n) {
   // launch's intermediates are chunked along dim 0 like the operands they derive from. (Most
   // segments have none: their shapes are found among the operands.)
   std::vector<std::pair<const TensorView*, std::vector<int64_t>>> inner;
-  int64_t chunk = 1;
-  for (const BlockRef& v : n.views) chunk = std::max(chunk, v.blocks);
+  const bool chunked = std::any_of(n.views.begin(), n.views.end(), [](const BlockRef& v) { return !v.whole(); });
   for (const Expr* e : seg.exprs) {
     const TensorView* o = e->output();
     if (std::find(seg.outputs.begin(), seg.outputs.end(), o) != seg.outputs.end()) continue;
-    std::vector<int64_t> s = shapeOf(o);
-    if (chunk > 1 && !s.empty()) s[0] /= chunk;
+    std::vector<int64_t> s = sizes_->localShape(o, comm_.rank());
+    if (chunked && !s.empty()) s[0] = outs.at(0).shape().at(0);  // the rows of the block it computes
     inner.emplace_back(o, std::move(s));
   }
   Backend* backend = &backend_;
@@ -509,63 +506,47 @@ void HostIrEvaluator::communicate(const hir::Communication& n) {
   // Where this rank holds no buffer, an empty tensor: the Communicator reads or writes only the
   // root's (its null data pointer is what MPI and NCCL ignore on the other ranks).
   Tensor in = holds(n.in.tv, me) ? view(n.in) : Tensor(), out = holds(n.out.tv, me) ? view(n.out) : Tensor();
-  const int64_t team = static_cast<int64_t>(n.team.size());
   const DataType dt = n.in.tv->dtype();
   auto h = std::make_shared<Handle>();
   h->buffers = {in, out};
   handles_[{n.handle, iteration()}] = h;
   CollectiveInfo info = collectiveInfo(n, n.kind, n.team, in.defined() ? static_cast<int64_t>(in.nbytes()) : 0);
   info.root = n.root;
+  info.padded_bytes = paddedBytes(*sizes_, n, loopValues());
   executed_.push_back(std::move(info));
   Communicator* comm = &comm_;
   std::function<void()> issue;
+  // Blocks of different sizes (uneven shards) go by counts per member: each member's count is
+  // its view's, as BufferSizes computes it for every rank alike.
+  auto packed = [&](const Counts& counts, const Tensor& t, const char* what) {
+    MF_CHECK(totalCount(counts) == t.numel(), "{} {}: the members' blocks [{}] do not fill its {} elements", what,
+             program_.fusion->displayName(n.out.tv), fmt::join(counts, ", "), t.numel());
+  };
   switch (n.kind) {
     case CommKind::Allreduce:
       issue = [=]() mutable {
         h->work = comm->allreduce(in.data(), out.data(), in.numel(), dt, n.reduce_op, n.team);
       };
       break;
-    case CommKind::Allgather:
+    case CommKind::Allgather: {
       // layout-for-communication made the gathered dim outermost: rank j's block is the j-th
-      // contiguous chunk of the output.
+      // contiguous block of the output.
       MF_CHECK(contiguousBlocks(out.shape(), n.in_dim), "allgather along non-outermost dim {}", n.in_dim);
-      issue = [=]() mutable { h->work = comm->allgather(in.data(), out.data(), in.numel(), dt, n.team); };
+      Counts counts = memberCounts(n, n.in);
+      packed(counts, out, "allgather");
+      issue = [=]() mutable { h->work = comm->allgatherv(in.data(), out.data(), counts, dt, n.team); };
       break;
-    case CommKind::ReduceScatter:
+    }
+    case CommKind::ReduceScatter: {
       MF_CHECK(contiguousBlocks(in.shape(), n.out_dim), "reduce-scatter along non-outermost dim {}", n.out_dim);
+      Counts counts = memberCounts(n, n.out);
+      packed(counts, in, "reduce-scatter");
       issue = [=]() mutable {
-        h->work = comm->reduceScatter(in.data(), out.data(), out.numel(), dt, n.reduce_op, n.team);
-      };
-      break;
-    case CommKind::AllToAll: {
-      // Send chunk j = my slice j along out_dim; receive from rank j its block along in_dim.
-      // (Its send and receive blocks run along different dims: the runtime packs them.)
-      const size_t rank = in.shape().size();
-      std::vector<int64_t> chunk = in.shape();
-      chunk[n.out_dim] /= team;
-      const int64_t out_dim = n.out_dim, in_dim = n.in_dim;
-      Backend* backend = &backend_;
-      issue = [=] {
-        auto send = std::make_shared<Tensor>(backend->allocate(dt, stagingShape(chunk, team)));
-        auto recv = std::make_shared<Tensor>(backend->allocate(dt, stagingShape(chunk, team)));
-        for (int64_t j = 0; j < team; ++j) {
-          std::vector<int64_t> so(rank, 0), dof(rank, 0);
-          so[out_dim] = j * chunk[out_dim];
-          dof[0] = j * chunk[0];
-          backend->copyBlock(in, so, *send, dof, chunk);
-        }
-        h->work = comm->allToAll(send->data(), recv->data(), numel(chunk), dt, n.team);
-        h->finish = [backend, send, recv, chunk, in_dim, team, rank, out]() mutable {
-          for (int64_t j = 0; j < team; ++j) {
-            std::vector<int64_t> so(rank, 0), dof(rank, 0);
-            so[0] = j * chunk[0];
-            dof[in_dim] = j * chunk[in_dim];
-            backend->copyBlock(*recv, so, out, dof, chunk);
-          }
-        };
+        h->work = comm->reduceScatterv(in.data(), out.data(), counts, dt, n.reduce_op, n.team);
       };
       break;
     }
+    case CommKind::AllToAll: issue = allToAll(n, h, in, out); break;
     case CommKind::Broadcast: {
       // The root's output is the buffer it sends from (the root is in the team: its output
       // lives there too); every other member receives into its output.
@@ -578,18 +559,24 @@ void HostIrEvaluator::communicate(const hir::Communication& n) {
       };
       break;
     }
-    case CommKind::Scatter:
+    case CommKind::Scatter: {
       // layout-for-communication made the scattered dim outermost: member j receives the root's
-      // j-th contiguous chunk.
+      // j-th contiguous block.
       MF_CHECK(!in.defined() || contiguousBlocks(in.shape(), n.out_dim), "scatter along non-outermost dim {}",
                n.out_dim);
-      issue = [=]() mutable { h->work = comm->scatter(in.data(), out.data(), out.numel(), dt, n.root, n.team); };
+      Counts counts = memberCounts(n, n.out);
+      if (in.defined()) packed(counts, in, "scatter");
+      issue = [=]() mutable { h->work = comm->scatterv(in.data(), out.data(), counts, dt, n.root, n.team); };
       break;
-    case CommKind::Gather:
+    }
+    case CommKind::Gather: {
       MF_CHECK(!out.defined() || contiguousBlocks(out.shape(), n.in_dim), "gather along non-outermost dim {}",
                n.in_dim);
-      issue = [=]() mutable { h->work = comm->gather(in.data(), out.data(), in.numel(), dt, n.root, n.team); };
+      Counts counts = memberCounts(n, n.in);
+      if (out.defined()) packed(counts, out, "gather");
+      issue = [=]() mutable { h->work = comm->gatherv(in.data(), out.data(), counts, dt, n.root, n.team); };
       break;
+    }
     case CommKind::Reduce:
       issue = [=]() mutable {
         h->work = comm->reduce(in.data(), out.data(), in.numel(), dt, n.reduce_op, n.root, n.team);
@@ -598,6 +585,54 @@ void HostIrEvaluator::communicate(const hir::Communication& n) {
     case CommKind::SendRecv: MF_CHECK(false, "send/recv is not a collective (sendRecv() runs it)");
   }
   h->ticket = submitCommunication(taskName(n), std::move(issue));
+}
+
+// Shard(in_dim) -> Shard(out_dim) along the team: member j gets this rank's block j along
+// out_dim, and sends back its block along in_dim. The blocks run along different dims, so the
+// runtime packs them into staging buffers, block j after block j - 1; with uneven shards each
+// block has its own size (all_to_allv).
+std::function<void()> HostIrEvaluator::allToAll(const hir::Communication& n, const std::shared_ptr<Handle>& h, const Tensor& in,
+                                                const Tensor& out) {
+  const int64_t team = static_cast<int64_t>(n.team.size());
+  const int64_t out_dim = n.out_dim, in_dim = n.in_dim;
+  const DataType dt = n.in.tv->dtype();
+  // Block j of what this rank sends (its torch.chunk block j of out_dim), and of what it
+  // receives (member j's rows of in_dim, at this rank's block of out_dim).
+  std::vector<std::vector<int64_t>> send_shape(team, in.shape()), recv_shape(team, out.shape());
+  std::vector<int64_t> send_at(team), recv_at(team);
+  Counts send_counts(team), recv_counts(team);
+  for (int64_t j = 0; j < team; ++j) {
+    const Span s = chunkSpan(in.shape()[out_dim], team, j), r = chunkSpan(out.shape()[in_dim], team, j);
+    send_shape[j][out_dim] = s.size;
+    send_at[j] = s.begin;
+    recv_shape[j][in_dim] = r.size;
+    recv_at[j] = r.begin;
+    send_counts[j] = numel(send_shape[j]);
+    recv_counts[j] = numel(recv_shape[j]);
+  }
+  Backend* backend = &backend_;
+  Communicator* comm = &comm_;
+  Tensor src = in, dst = out;  // (the views share the buffers)
+  return [=] {
+    auto send = std::make_shared<Tensor>(backend->allocate(dt, {totalCount(send_counts)}));
+    auto recv = std::make_shared<Tensor>(backend->allocate(dt, {totalCount(recv_counts)}));
+    const std::vector<int64_t> send_off = displacements(send_counts), recv_off = displacements(recv_counts);
+    for (int64_t j = 0; j < team; ++j) {
+      Tensor packed = send->slice0(send_off[j], send_counts[j]).reshaped(send_shape[j]);
+      std::vector<int64_t> from(src.shape().size(), 0);
+      from[out_dim] = send_at[j];
+      backend->copyBlock(src, from, packed, std::vector<int64_t>(from.size(), 0), send_shape[j]);
+    }
+    h->work = comm->allToAllv(send->data(), send_counts, recv->data(), recv_counts, dt, n.team);
+    h->finish = [backend, send, recv, recv_shape, recv_at, recv_counts, recv_off, in_dim, team, dst]() mutable {
+      for (int64_t j = 0; j < team; ++j) {
+        Tensor block = recv->slice0(recv_off[j], recv_counts[j]).reshaped(recv_shape[j]);
+        std::vector<int64_t> to(dst.shape().size(), 0);
+        to[in_dim] = recv_at[j];
+        backend->copyBlock(block, std::vector<int64_t>(to.size(), 0), dst, to, recv_shape[j]);
+      }
+    };
+  };
 }
 
 int64_t HostIrEvaluator::submitCommunication(const std::string& name, std::function<void()> issue) {

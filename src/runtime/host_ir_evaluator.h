@@ -64,6 +64,9 @@ class HostIrEvaluator {
   void allocate(const hir::Allocate& n);
   void launch(const hir::SegmentCall& n);
   void communicate(const hir::Communication& n);
+  // The task that issues all-to-all `n` (packing its blocks) and sets h's work and finish.
+  std::function<void()> allToAll(const hir::Communication& n, const std::shared_ptr<Handle>& h, const Tensor& in,
+                                 const Tensor& out);
   void sendRecv(const hir::Communication& n);
   void wait(const hir::Wait& n);
   void slice(const hir::ShardSlice& n);
@@ -82,8 +85,9 @@ class HostIrEvaluator {
   std::optional<AttentionLaunch> causalQueryBlock(const Segment& seg);
   Tensor& value(const TensorView* tv, int64_t slot = 0);
   int64_t eventInstance(const hir::EventNode& n) const;
-  std::vector<int64_t> shapeOf(const TensorView* tv);
-  int64_t blockIndex(const BlockRef& ref) const;
+  std::vector<int64_t> loopValues() const;  // the enclosing loops' variables, outermost first
+  // The elements each member of n's team passes for `ref` (v-collectives' counts).
+  Counts memberCounts(const hir::Communication& n, const BlockRef& ref) const;
   std::string describe(const hir::SegmentCall& n) const;
   std::string describe(const hir::Communication& n) const;
   template <typename Node>
@@ -97,8 +101,8 @@ class HostIrEvaluator {
   Communicator& comm_;
   Streams& streams_;
   SymbolBindings bindings_;
-  std::map<std::pair<const TensorView*, int64_t>, Tensor> values_;      // (tensor, slot)
-  std::unordered_map<const TensorView*, std::vector<int64_t>> shapes_;  // local shapes, per run
+  std::map<std::pair<const TensorView*, int64_t>, Tensor> values_;  // (tensor, slot)
+  std::unique_ptr<BufferSizes> sizes_;  // blocks and buffers on every rank, for bindings_
   struct Loop {
     int64_t i, trips;
   };
@@ -126,21 +130,24 @@ class HostIrEvaluator {
 // team).
 std::vector<Team> communicationTeams(const HostProgram& program, const Team& program_ranks);
 
-// Binds symbolic sizes from local inputs: a sharded dim's global size is its local size times
-// the number of shards. Checks dtypes and shapes, naming the input and both shapes. An input
-// this rank does not hold is bound from `global_shapes[i]` when given. rank -1: the tensors are
-// full (unsharded) tensors and the shardings play no part (the reference executor).
+// Binds symbolic sizes from local inputs: from `global_shapes[i]` when given (an input this rank
+// does not hold, too), else a sharded dim's global size is its local size times the number of
+// shards, which holds for even shards only (an uneven symbolic size needs its global shape).
+// Checks dtypes, and that every local tensor is this rank's block of its global shape
+// (localBlock: uneven shards as torch.chunk cuts them), naming the input and both shapes.
+// rank -1: the tensors are full (unsharded) tensors and the shardings play no part (the
+// reference executor).
 SymbolBindings bindLocalInputs(const Fusion& fusion, const std::vector<Tensor>& local_inputs, int64_t rank,
                                const std::vector<std::vector<int64_t>>& global_shapes = {});
 
-// Offsets of `rank`'s block (of shape `local`) of `tv` in the global tensor, per dims() index.
-// Several mesh axes sharding one dim nest in mesh-axis order (axis 0 outermost).
-std::vector<int64_t> blockOffsets(const TensorView* tv, const std::vector<int64_t>& local, int64_t rank);
-// The block of the full (global) tensor that `rank` holds for `tv`'s sharding. A Partial axis
-// gives the whole value to the rank at index 0 along that axis and zeros to the others.
+// The block of the full (global) tensor that `rank` holds for `tv`'s sharding (localBlock; an
+// uneven shard may be empty). A Partial axis gives the whole value to the rank at index 0 along
+// that axis and zeros to the others.
 Tensor shardForRank(const TensorView* tv, const Tensor& full, int64_t rank);
 // The global tensor from every rank's local block (`locals[r]` for global rank r; Partial axes
-// are summed, replicated copies are taken from index 0 along the axis).
+// are summed, replicated copies are taken from index 0 along the axis). The global size of a
+// sharded dim is the sum of its blocks; a block that is not its rank's torch.chunk block of it
+// is a ShapeError.
 Tensor assembleGlobal(const TensorView* tv, const std::vector<Tensor>& locals);
 
 }  // namespace meshfuse

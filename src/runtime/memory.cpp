@@ -98,17 +98,19 @@ void checkAllocation(const std::string& what, DataType dtype, const std::vector<
 void checkProgramAllocations(const HostProgram& program, const SymbolBindings& sizes, const MemoryLimit& limit) {
   if (limit.bytes <= 0) return;
   std::set<std::pair<const TensorView*, int64_t>> seen;  // a loop's buffers, allocated per iteration
+  const BufferSizes buffers(program, sizes);
   forEachNode(program.nodes, [&](const HostNode& node) {
     const auto* a = node.as<hir::Allocate>();
-    if (a == nullptr || !seen.insert({a->tv, a->chunk_blocks}).second) return;
+    if (a == nullptr || !seen.insert({a->tv, a->slot}).second) return;
     const hir::Allocate& n = *a;
     std::vector<int64_t> shape;
     try {
-      shape = localShape(n.tv, sizes);
+      // The largest block of any rank (rank -1: coordinate 0 on every mesh axis), in the first
+      // iteration of its loop (the largest chunk): every rank checks the same shapes.
+      shape = buffers.bufferShape(n.tv, n.slot, -1, {});
     } catch (const std::exception&) {
-      return;  // an unbound size or an uneven shard: the run reports it, in its own words
+      return;  // an unbound size: the run reports it, in its own words
     }
-    if (n.chunk_blocks > 1 && !shape.empty()) shape[0] = (shape[0] + n.chunk_blocks - 1) / n.chunk_blocks;
     checkAllocation(program.fusion->displayName(n.tv) + ranksOf(n.tv), n.tv->dtype(), shape, limit);
   });
 }

@@ -46,10 +46,11 @@ std::string formatBytes(int64_t bytes);
 void checkAllocation(const std::string& what, DataType dtype, const std::vector<int64_t>& shape,
                      const MemoryLimit& limit);
 
-// checkAllocation for every buffer `program` allocates (its local shape for `sizes`; a chunk of
-// it inside a Stream-parallel loop). With the collective program (rank -1) every rank finds the
-// same first offender, so every rank raises the same error before running. A buffer whose shape
-// cannot be computed (an unbound size, an uneven shard) is left to the run to report.
+// checkAllocation for every buffer `program` allocates (its local shape for `sizes`, the largest
+// any rank holds where shards are uneven; a chunk of it inside a Stream-parallel loop). With the
+// collective program (rank -1) every rank finds the same first offender, so every rank raises
+// the same error before running. A buffer whose shape cannot be computed (an unbound size) is
+// left to the run to report.
 void checkProgramAllocations(const HostProgram& program, const SymbolBindings& sizes, const MemoryLimit& limit);
 
 }  // namespace meshfuse

@@ -221,18 +221,41 @@ class MpiCommunicator final : public Communicator {
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return size_; }
 
-  std::unique_ptr<Work> allgather(const void* send, void* recv, int64_t count, DataType dt, const Team& team) override {
+  std::unique_ptr<Work> allgatherv(const void* send, void* recv, const Counts& counts, DataType dt,
+                                   const Team& team) override {
     MPI_Comm c = commOf("allgather", team, -1);
-    return issue("allgather", team, [&](MPI_Request* r) {
-      return MPI_Iallgather(send, toInt(count), type(dt), recv, toInt(count), type(dt), c, r);
-    });
+    checkCounts("allgather", counts, team);
+    const int me = indexIn(team, rank_);
+    if (equalCounts(counts)) {
+      return issue("allgather", team, [&](MPI_Request* r) {
+        return MPI_Iallgather(send, toInt(counts[me]), type(dt), recv, toInt(counts[me]), type(dt), c, r);
+      });
+    }
+    auto v = std::make_shared<VCounts>(counts);
+    return issue(
+        "allgatherv", team,
+        [&](MPI_Request* r) {
+          return MPI_Iallgatherv(send, v->counts[me], type(dt), recv, v->counts.data(), v->displs.data(), type(dt), c,
+                                 r);
+        },
+        v);
   }
-  std::unique_ptr<Work> reduceScatter(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op,
-                                      const Team& team) override {
+  std::unique_ptr<Work> reduceScatterv(const void* send, void* recv, const Counts& counts, DataType dt, ReduceOp op,
+                                       const Team& team) override {
     MPI_Comm c = commOf("reduce_scatter", team, -1);
-    return issue("reduce_scatter", team, [&](MPI_Request* r) {
-      return MPI_Ireduce_scatter_block(send, recv, toInt(count), type(dt), mpiOp(dt, op), c, r);
-    });
+    checkCounts("reduce_scatter", counts, team);
+    if (equalCounts(counts)) {
+      return issue("reduce_scatter", team, [&](MPI_Request* r) {
+        return MPI_Ireduce_scatter_block(send, recv, toInt(counts[0]), type(dt), mpiOp(dt, op), c, r);
+      });
+    }
+    auto v = std::make_shared<VCounts>(counts);
+    return issue(
+        "reduce_scatterv", team,
+        [&](MPI_Request* r) {
+          return MPI_Ireduce_scatter(send, recv, v->counts.data(), type(dt), mpiOp(dt, op), c, r);
+        },
+        v);
   }
   std::unique_ptr<Work> allreduce(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op,
                                   const Team& team) override {
@@ -241,11 +264,25 @@ class MpiCommunicator final : public Communicator {
       return MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, toInt(count), type(dt), mpiOp(dt, op), c, r);
     });
   }
-  std::unique_ptr<Work> allToAll(const void* send, void* recv, int64_t count, DataType dt, const Team& team) override {
+  std::unique_ptr<Work> allToAllv(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,
+                                  DataType dt, const Team& team) override {
     MPI_Comm c = commOf("all_to_all", team, -1);
-    return issue("all_to_all", team, [&](MPI_Request* r) {
-      return MPI_Ialltoall(send, toInt(count), type(dt), recv, toInt(count), type(dt), c, r);
-    });
+    checkCounts("all_to_all", send_counts, team);
+    checkCounts("all_to_all", recv_counts, team);
+    if (equalCounts(send_counts) && send_counts == recv_counts) {
+      return issue("all_to_all", team, [&](MPI_Request* r) {
+        return MPI_Ialltoall(send, toInt(send_counts[0]), type(dt), recv, toInt(send_counts[0]), type(dt), c, r);
+      });
+    }
+    auto sv = std::make_shared<VCounts>(send_counts);
+    auto rv = std::make_shared<VCounts>(recv_counts);
+    return issue(
+        "all_to_allv", team,
+        [&](MPI_Request* r) {
+          return MPI_Ialltoallv(send, sv->counts.data(), sv->displs.data(), type(dt), recv, rv->counts.data(),
+                                rv->displs.data(), type(dt), c, r);
+        },
+        std::make_shared<std::pair<std::shared_ptr<VCounts>, std::shared_ptr<VCounts>>>(sv, rv));
   }
   std::unique_ptr<Work> broadcast(void* buf, int64_t count, DataType dt, int64_t root, const Team& team) override {
     MPI_Comm c = commOf("broadcast", team, root);
@@ -262,21 +299,45 @@ class MpiCommunicator final : public Communicator {
       return MPI_Ireduce(in_place ? MPI_IN_PLACE : send, recv, toInt(count), type(dt), mpiOp(dt, op), root_index, c, r);
     });
   }
-  std::unique_ptr<Work> gather(const void* send, void* recv, int64_t count, DataType dt, int64_t root,
-                               const Team& team) override {
-    MPI_Comm c = commOf("gather", team, root);
-    int root_index = indexIn(team, root);
-    return issue("gather", team, [&](MPI_Request* r) {
-      return MPI_Igather(send, toInt(count), type(dt), recv, toInt(count), type(dt), root_index, c, r);
-    });
-  }
-  std::unique_ptr<Work> scatter(const void* send, void* recv, int64_t count, DataType dt, int64_t root,
+  std::unique_ptr<Work> gatherv(const void* send, void* recv, const Counts& counts, DataType dt, int64_t root,
                                 const Team& team) override {
-    MPI_Comm c = commOf("scatter", team, root);
+    MPI_Comm c = commOf("gather", team, root);
+    checkCounts("gather", counts, team);
     int root_index = indexIn(team, root);
-    return issue("scatter", team, [&](MPI_Request* r) {
-      return MPI_Iscatter(send, toInt(count), type(dt), recv, toInt(count), type(dt), root_index, c, r);
-    });
+    const int me = indexIn(team, rank_);
+    if (equalCounts(counts)) {
+      return issue("gather", team, [&](MPI_Request* r) {
+        return MPI_Igather(send, toInt(counts[me]), type(dt), recv, toInt(counts[me]), type(dt), root_index, c, r);
+      });
+    }
+    auto v = std::make_shared<VCounts>(counts);
+    return issue(
+        "gatherv", team,
+        [&](MPI_Request* r) {
+          return MPI_Igatherv(send, v->counts[me], type(dt), recv, v->counts.data(), v->displs.data(), type(dt),
+                              root_index, c, r);
+        },
+        v);
+  }
+  std::unique_ptr<Work> scatterv(const void* send, void* recv, const Counts& counts, DataType dt, int64_t root,
+                                 const Team& team) override {
+    MPI_Comm c = commOf("scatter", team, root);
+    checkCounts("scatter", counts, team);
+    int root_index = indexIn(team, root);
+    const int me = indexIn(team, rank_);
+    if (equalCounts(counts)) {
+      return issue("scatter", team, [&](MPI_Request* r) {
+        return MPI_Iscatter(send, toInt(counts[me]), type(dt), recv, toInt(counts[me]), type(dt), root_index, c, r);
+      });
+    }
+    auto v = std::make_shared<VCounts>(counts);
+    return issue(
+        "scatterv", team,
+        [&](MPI_Request* r) {
+          return MPI_Iscatterv(send, v->counts.data(), v->displs.data(), type(dt), recv, v->counts[me], type(dt),
+                               root_index, c, r);
+        },
+        v);
   }
   std::unique_ptr<Work> send(const void* buf, int64_t count, DataType dt, int64_t peer, int64_t tag) override {
     checkPeer("send", peer);
@@ -350,8 +411,24 @@ class MpiCommunicator final : public Communicator {
   double timeoutSeconds() const { return timeout_s_; }
 
  private:
+  // Counts and displacements as MPI's v-collectives take them (int), kept alive until the
+  // operation completes: a non-blocking v-collective reads them while it runs.
+  struct VCounts {
+    std::vector<int> counts, displs;
+    explicit VCounts(const Counts& c) {
+      int64_t offset = 0;
+      for (int64_t n : c) {
+        counts.push_back(toInt(n));
+        displs.push_back(toInt(offset));
+        offset += n;
+      }
+      toInt(offset);  // the whole buffer is indexed by int displacements
+    }
+  };
+
+  // Starts an operation; `keep` (the arrays it reads) lives as long as its Work.
   template <typename Start>
-  std::unique_ptr<Work> issue(const char* what, const Team& team, Start&& start);
+  std::unique_ptr<Work> issue(const char* what, const Team& team, Start&& start, std::shared_ptr<void> keep = nullptr);
 
   MPI_Datatype type(DataType dt) const { return process_.type(dt).type; }
   MPI_Op mpiOp(DataType dt, ReduceOp op) const {
@@ -444,7 +521,8 @@ class MpiCommunicator final : public Communicator {
 
 class MpiWork final : public Work {
  public:
-  MpiWork(MpiCommunicator& comm, std::string what) : comm_(comm), what_(std::move(what)) {}
+  MpiWork(MpiCommunicator& comm, std::string what, std::shared_ptr<void> keep)
+      : comm_(comm), what_(std::move(what)), keep_(std::move(keep)) {}
   MPI_Request* request() { return &req_; }
 
   void wait() override {
@@ -471,12 +549,15 @@ class MpiWork final : public Work {
  private:
   MpiCommunicator& comm_;
   std::string what_;
+  std::shared_ptr<void> keep_;  // what the operation reads while it runs (v-collectives' counts)
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
 
 template <typename Start>
-std::unique_ptr<Work> MpiCommunicator::issue(const char* what, const Team& team, Start&& start) {
-  auto work = std::make_unique<MpiWork>(*this, fmt::format("{} on team [{}]", what, fmt::join(team, ", ")));
+std::unique_ptr<Work> MpiCommunicator::issue(const char* what, const Team& team, Start&& start,
+                                             std::shared_ptr<void> keep) {
+  auto work =
+      std::make_unique<MpiWork>(*this, fmt::format("{} on team [{}]", what, fmt::join(team, ", ")), std::move(keep));
   int rc = MPI_SUCCESS;
   {
     auto lk = lock();

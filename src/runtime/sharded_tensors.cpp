@@ -14,20 +14,44 @@ namespace {
 
 std::vector<int64_t> zeros(size_t n) { return std::vector<int64_t>(n, 0); }
 
-}  // namespace
-
-std::vector<int64_t> blockOffsets(const TensorView* tv, const std::vector<int64_t>& local, int64_t rank) {
-  std::vector<int64_t> off(local.size(), 0);
-  const DeviceMesh* mesh = tv->mesh();
-  if (mesh == nullptr) return off;
-  std::vector<Placement> ps = placementsOf(tv);
-  std::vector<int64_t> coords = mesh->coordinates(rank);
-  std::vector<int64_t> index(local.size(), 0);  // block index along each dim
-  for (int64_t a = 0; a < mesh->rank(); ++a)
-    if (ps[a].kind == Placement::Shard) index[ps[a].dim] = index[ps[a].dim] * mesh->size(a) + coords[a];
-  for (size_t d = 0; d < local.size(); ++d) off[d] = index[d] * local[d];
+std::vector<int64_t> offsetsOf(const std::vector<Span>& block) {
+  std::vector<int64_t> off;
+  for (const Span& s : block) off.push_back(s.begin);
   return off;
 }
+
+std::vector<int64_t> sizesOf(const std::vector<Span>& block) {
+  std::vector<int64_t> sizes;
+  for (const Span& s : block) sizes.push_back(s.size);
+  return sizes;
+}
+
+// Throws ShapeError unless the local tensor `t` of input `i` is `rank`'s block of its global
+// shape under `b` (localBlock: uneven shards are torch.chunk's); rank -1: the whole tensor.
+void checkBlock(const Fusion& f, size_t i, const Tensor& t, int64_t rank, const SymbolBindings& b, bool has_global) {
+  const TensorView* tv = f.inputs()[i];
+  const std::vector<int64_t> want = rank < 0 ? tv->evaluateShape(b) : localShape(tv, b, rank);
+  const std::vector<int64_t> factors = rank < 0 ? std::vector<int64_t>(want.size(), 1) : shardFactors(tv);
+  const std::vector<Extent> shape = tv->shape();
+  for (size_t d = 0; d < want.size(); ++d) {
+    if (t.shape()[d] == want[d]) continue;
+    const std::string name = f.displayName(tv);
+    if (shape[d].isStatic() && !has_global)
+      userError(ErrorKind::Shape, "input {} ({}): dim {} must be {}{} but the local tensor has shape {}", i, name, d,
+                shape[d].value(),
+                factors[d] == 1 ? std::string()
+                                : fmt::format(" globally ({} on rank {}: its block of {} shards)", want[d], rank,
+                                              factors[d]),
+                t.shapeString());
+    userError(ErrorKind::Shape,
+              "input {} ({}): the local tensor has shape {} but the global shape {} in {} shards along dim {} gives {} "
+              "there on rank {}",
+              i, name, t.shapeString(), fmt::format("[{}]", fmt::join(tv->evaluateShape(b), ", ")), factors[d], d, want[d],
+              rank);
+  }
+}
+
+}  // namespace
 
 SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& locals, int64_t rank,
                                const std::vector<std::vector<int64_t>>& global_shapes) {
@@ -36,85 +60,78 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
   SymbolBindings b;
   std::map<std::string, std::pair<size_t, size_t>> bound_by;  // symbol -> the input and dim that bound it
   const bool full = rank < 0;
+  auto given = [&](size_t i) { return !full && i < global_shapes.size() && !global_shapes[i].empty(); };
+  std::vector<bool> held(locals.size(), false);
   for (size_t i = 0; i < locals.size(); ++i) {
     const TensorView* tv = f.inputs()[i];
-    if (!full && tv->mesh() != nullptr && !tv->mesh()->contains(rank)) {
-      // Not held here (another pipeline stage): its global shape still binds symbolic sizes.
-      if (i < global_shapes.size() && global_shapes[i].size() == tv->shape().size())
-        for (size_t d = 0; d < global_shapes[i].size(); ++d)
-          if (!tv->shape()[d].isStatic() && b.emplace(tv->shape()[d].symbol(), global_shapes[i][d]).second)
-            bound_by[tv->shape()[d].symbol()] = {i, d};
-      continue;
-    }
-    const Tensor& t = locals[i];
     auto name = [&] { return f.displayName(tv); };  // only for messages: displayName scans the fusion
-    MF_USER_CHECK(t.dtype() == tv->dtype(), ErrorKind::Dtype, "input {} ({}): expected dtype {} but got {}", i, name(),
-                  dtypeName(tv->dtype()), dtypeName(t.dtype()));
     std::vector<Extent> shape = tv->shape();
-    const char* what = full ? "tensor" : "local tensor";
-    MF_USER_CHECK(t.rank() == static_cast<int64_t>(shape.size()), ErrorKind::Shape,
-                  "input {} ({}): expected rank {} but got a {} of shape {}", i, name(), shape.size(), what,
-                  t.shapeString());
-    std::vector<int64_t> factors = full ? std::vector<int64_t>(shape.size(), 1) : shardFactors(tv);
-    // A caller that knows the global shape (distributeTensor, DTensors) gets uneven shards and
-    // blocks of the wrong size named here, not a program that binds each rank's sizes apart.
-    const bool has_global = !full && i < global_shapes.size() && !global_shapes[i].empty();
-    if (has_global) {
-      MF_USER_CHECK(global_shapes[i].size() == shape.size(), ErrorKind::Shape,
-                    "input {} ({}): expected rank {} but the global shape given is [{}]", i, name(), shape.size(),
-                    fmt::join(global_shapes[i], ", "));
-      for (size_t d = 0; d < shape.size(); ++d) {
-        MF_USER_CHECK(global_shapes[i][d] % factors[d] == 0, ErrorKind::Unsupported,
-                      "uneven sharding not supported: input {} ({}) dim {} has size {} which does not divide into {} "
-                      "shards",
-                      i, name(), d, global_shapes[i][d], factors[d]);
-        MF_USER_CHECK(global_shapes[i][d] == t.shape()[d] * factors[d], ErrorKind::Shape,
-                      "input {} ({}): the {} has shape {} but the global shape [{}] in {} shards along dim {} "
-                      "gives {} there",
-                      i, name(), what, t.shapeString(), fmt::join(global_shapes[i], ", "), factors[d], d,
-                      global_shapes[i][d] / factors[d]);
+    // The global size of each dim: given (distributeTensor, DTensors, a rank of another pipeline
+    // stage), else the local block times its shards, which is exact for even shards only: an
+    // uneven symbolic size needs the global shape (a local block alone does not tell 8 rows
+    // split 4 + 4 from 7 split 4 + 3).
+    std::vector<int64_t> global;
+    if (!full && tv->mesh() != nullptr && !tv->mesh()->contains(rank)) {
+      if (!given(i) || global_shapes[i].size() != shape.size()) continue;
+      global = global_shapes[i];
+    } else {
+      held[i] = true;
+      const Tensor& t = locals[i];
+      MF_USER_CHECK(t.dtype() == tv->dtype(), ErrorKind::Dtype, "input {} ({}): expected dtype {} but got {}", i,
+                    name(), dtypeName(tv->dtype()), dtypeName(t.dtype()));
+      MF_USER_CHECK(t.rank() == static_cast<int64_t>(shape.size()), ErrorKind::Shape,
+                    "input {} ({}): expected rank {} but got a {} of shape {}", i, name(), shape.size(),
+                    full ? "tensor" : "local tensor", t.shapeString());
+      if (given(i)) {
+        global = global_shapes[i];
+        MF_USER_CHECK(global.size() == shape.size(), ErrorKind::Shape,
+                      "input {} ({}): expected rank {} but the global shape given is [{}]", i, name(), shape.size(),
+                      fmt::join(global, ", "));
+      } else {
+        global = t.shape();
+        std::vector<int64_t> factors = full ? std::vector<int64_t>(shape.size(), 1) : shardFactors(tv);
+        for (size_t d = 0; d < global.size(); ++d) global[d] *= factors[d];
       }
     }
     for (size_t d = 0; d < shape.size(); ++d) {
-      int64_t global = t.shape()[d] * factors[d];
       if (shape[d].isStatic()) {
-        MF_USER_CHECK(shape[d].value() == global, ErrorKind::Shape,
-                      "input {} ({}): dim {} must be {}{} but the {} has shape {}", i, name(), d, shape[d].value(),
-                      factors[d] == 1 ? std::string()
-                                      : fmt::format(" globally ({} per rank over {} shards)",
-                                                    shape[d].value() / factors[d], factors[d]),
-                      what, t.shapeString());
+        MF_USER_CHECK(!given(i) || shape[d].value() == global[d], ErrorKind::Shape,
+                      "input {} ({}): dim {} must be {} but the global shape given is [{}]", i, name(), d,
+                      shape[d].value(), fmt::join(global, ", "));
         continue;
       }
-      auto [it, fresh] = b.emplace(shape[d].symbol(), global);
-      if (fresh) bound_by[shape[d].symbol()] = {i, d};
-      const auto [first_input, first_dim] = bound_by[shape[d].symbol()];
-      MF_USER_CHECK(fresh || it->second == global, ErrorKind::Shape,
+      // The symbol's value: a dim of extent ?t*num/den of size g has ?t = g*den/num.
+      const Extent& e = shape[d];
+      MF_USER_CHECK((global[d] * e.den()) % e.num() == 0, ErrorKind::Shape,
+                    "input {} ({}): dim {} has size {}, which its extent {} gives for no integer ?{}", i, name(), d,
+                    global[d], e.toString(), e.symbol());
+      const int64_t value = global[d] * e.den() / e.num();
+      auto [it, fresh] = b.emplace(e.symbol(), value);
+      if (fresh) bound_by[e.symbol()] = {i, d};
+      const auto [first_input, first_dim] = bound_by[e.symbol()];
+      MF_USER_CHECK(fresh || it->second == value, ErrorKind::Shape,
                     "input {} ({}): dim {} is ?{} = {} but input {} ({}) has ?{} = {} (dim {})", i, name(), d,
-                    shape[d].symbol(), global, first_input, f.displayName(f.inputs()[first_input]), shape[d].symbol(),
-                    it->second, first_dim);
+                    e.symbol(), value, first_input, f.displayName(f.inputs()[first_input]), e.symbol(), it->second,
+                    first_dim);
     }
   }
   f.checkExtentConstraints(b);
+  // Every block held here is this rank's block of the global shape (a full tensor: all of it).
+  for (size_t i = 0; i < locals.size(); ++i)
+    if (held[i]) checkBlock(f, i, locals[i], rank, b, given(i));
   return b;
 }
 
 Tensor shardForRank(const TensorView* tv, const Tensor& full, int64_t rank) {
   if (tv->mesh() == nullptr) return full;
-  std::vector<int64_t> factors = shardFactors(tv);
-  std::vector<int64_t> local = full.shape();
-  for (size_t d = 0; d < local.size(); ++d) {
-    MF_USER_CHECK(local[d] % factors[d] == 0, ErrorKind::Unsupported,
-                  "uneven sharding not supported: {} dim {} has size {} which does not divide into {} shards",
-                  tv->fusion()->displayName(tv), d, local[d], factors[d]);
-    local[d] /= factors[d];
-  }
+  std::vector<Span> block = localBlockOf(tv, full.shape(), rank);
+  std::vector<int64_t> local = sizesOf(block);
   Tensor out(full.dtype(), local);
   std::vector<Placement> ps = placementsOf(tv);
   std::vector<int64_t> coords = tv->mesh()->coordinates(rank);
   for (size_t a = 0; a < ps.size(); ++a)
     if (ps[a].kind == Placement::Partial && coords[a] != 0) return out;  // zeros: the sum is held by index 0
-  copyBlock(full, blockOffsets(tv, local, rank), out, zeros(local.size()), local);
+  copyBlock(full, offsetsOf(block), out, zeros(local.size()), local);
   return out;
 }
 
@@ -122,11 +139,18 @@ Tensor assembleGlobal(const TensorView* tv, const std::vector<Tensor>& locals) {
   const DeviceMesh* mesh = tv->mesh();
   if (mesh == nullptr) return locals.at(0);
   std::vector<Placement> ps = placementsOf(tv);
-  std::vector<int64_t> factors = shardFactors(tv);
-  const Tensor& first = locals.at(mesh->devices()[0]);
-  std::vector<int64_t> global = first.shape();
-  for (size_t d = 0; d < global.size(); ++d) global[d] *= factors[d];
-  Tensor out(first.dtype(), global);
+  // Dim d's global size: the sizes of the blocks along it, which the ranks at coordinate 0 on
+  // every mesh axis that does not shard d hold one each.
+  std::vector<int64_t> global(static_cast<size_t>(tv->rank()), 0);
+  for (size_t d = 0; d < global.size(); ++d)
+    for (int64_t r : mesh->devices()) {
+      std::vector<int64_t> coords = mesh->coordinates(r);
+      bool along = true;
+      for (size_t a = 0; a < ps.size(); ++a)
+        along &= coords[a] == 0 || (ps[a].kind == Placement::Shard && ps[a].dim == static_cast<int64_t>(d));
+      if (along) global[d] += locals.at(r).shape().at(d);
+    }
+  Tensor out(locals.at(mesh->devices()[0]).dtype(), global);
   for (int64_t r : mesh->devices()) {
     std::vector<int64_t> coords = mesh->coordinates(r);
     bool skip = false, partial = false;
@@ -136,10 +160,16 @@ Tensor assembleGlobal(const TensorView* tv, const std::vector<Tensor>& locals) {
     }
     if (skip) continue;
     const Tensor& l = locals.at(r);
+    std::vector<Span> block = localBlockOf(tv, global, r);
+    MF_USER_CHECK(l.shape() == sizesOf(block), ErrorKind::Shape,
+                  "{}: rank {}'s block has shape {}, but the blocks of the global shape [{}] are split as torch.chunk "
+                  "splits, which gives it [{}]",
+                  tv->fusion()->displayName(tv), r, l.shapeString(), fmt::join(global, ", "),
+                  fmt::join(sizesOf(block), ", "));
     if (partial)
-      addBlock(l, zeros(global.size()), out, blockOffsets(tv, l.shape(), r), l.shape());
+      addBlock(l, zeros(block.size()), out, offsetsOf(block), l.shape());
     else
-      copyBlock(l, zeros(global.size()), out, blockOffsets(tv, l.shape(), r), l.shape());
+      copyBlock(l, zeros(block.size()), out, offsetsOf(block), l.shape());
   }
   return out;
 }

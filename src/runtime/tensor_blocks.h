@@ -15,11 +15,4 @@ void copyBlock(const Tensor& src, const std::vector<int64_t>& src_offsets, Tenso
 void addBlock(const Tensor& src, const std::vector<int64_t>& src_offsets, Tensor& dst,
               const std::vector<int64_t>& dst_offsets, const std::vector<int64_t>& sizes);
 
-// A staging buffer for `n` chunks of `chunk_shape`, laid out as one tensor whose dim 0 is n
-// times longer: chunk j is the block at dim-0 offset j * chunk_shape[0] (contiguous).
-inline std::vector<int64_t> stagingShape(std::vector<int64_t> chunk_shape, int64_t n) {
-  chunk_shape.at(0) *= n;
-  return chunk_shape;
-}
-
 }  // namespace meshfuse

@@ -74,17 +74,13 @@ TEST(ContextParallel, AutoRotatesKAndVWhenTheHeadsDoNotDivide) {
   expectPlan(run, Strs(6, "send_recv"));
 }
 
-TEST(ContextParallel, UlyssesAskedForWithHeadsThatDoNotDivideIsAnError) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (2 heads divide 1 and 2)";
-  try {
-    attention(/*heads=*/2, /*causal=*/false, /*pin_seq=*/false, ContextParallel::Ulysses);
-    FAIL() << "expected an UnsupportedError";
-  } catch (const UserError& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("context parallelism \"ulysses\" for %a: %q has 2 heads, which mesh "
-                                               "axis 0 (4 devices) does not divide (its key/value sequence arrives sharded on mesh axis "
-                                               "0 (4 devices) of mesh [0, 1, 2, 3]); use \"auto\", \"ring\" or \"gather\""));
-  }
+// Asked for, Ulysses splits heads the mesh does not divide as torch.chunk does: 2 heads on 4
+// ranks are 1, 1, 0, 0 (two ranks attend to no head); all-to-alls of blocks of different sizes.
+TEST(ContextParallel, UlyssesAskedForWithHeadsThatDoNotDivideSplitsThemUnevenly) {
+  ShardedRun run = attention(/*heads=*/2, /*causal=*/false, /*pin_seq=*/false, ContextParallel::Ulysses);
+  expectPlan(run, {"all_to_all", "all_to_all", "all_to_all"});
+  EXPECT_EQ(run.local_outputs[0].placements, Ps{S(1)});
+  EXPECT_EQ(run.local_outputs[0].local.shape()[1], chunkSpan(2, worldSize(), worldRank()).size);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 
 #include "cli_common.h"
@@ -136,16 +137,16 @@ class NcclLikeCommunicator final : public Communicator {
   int64_t rank() const override { return mpi_->rank(); }
   int64_t size() const override { return mpi_->size(); }
 
-  std::unique_ptr<Work> allgather(const void* s, void* r, int64_t n, DataType dt, const Team& team) override {
-    device("allgather", s, n, dt), device("allgather", r, n * tsize(team), dt);
+  std::unique_ptr<Work> allgatherv(const void* s, void* r, const Counts& n, DataType dt, const Team& team) override {
+    device("allgather", s, n[index(team)], dt), device("allgather", r, total(n), dt);
     join(team);
-    return mpi_->allgather(s, r, n, dt, team);
+    return mpi_->allgatherv(s, r, n, dt, team);
   }
-  std::unique_ptr<Work> reduceScatter(const void* s, void* r, int64_t n, DataType dt, ReduceOp op,
-                                      const Team& team) override {
-    device("reduce_scatter", s, n * tsize(team), dt), device("reduce_scatter", r, n, dt);
+  std::unique_ptr<Work> reduceScatterv(const void* s, void* r, const Counts& n, DataType dt, ReduceOp op,
+                                       const Team& team) override {
+    device("reduce_scatter", s, total(n), dt), device("reduce_scatter", r, n[index(team)], dt);
     join(team);
-    return mpi_->reduceScatter(s, r, n, dt, op, team);
+    return mpi_->reduceScatterv(s, r, n, dt, op, team);
   }
   std::unique_ptr<Work> allreduce(const void* s, void* r, int64_t n, DataType dt, ReduceOp op,
                                   const Team& team) override {
@@ -153,10 +154,11 @@ class NcclLikeCommunicator final : public Communicator {
     join(team);
     return mpi_->allreduce(s, r, n, dt, op, team);
   }
-  std::unique_ptr<Work> allToAll(const void* s, void* r, int64_t n, DataType dt, const Team& team) override {
-    device("all_to_all", s, n * tsize(team), dt), device("all_to_all", r, n * tsize(team), dt);
+  std::unique_ptr<Work> allToAllv(const void* s, const Counts& sn, void* r, const Counts& rn, DataType dt,
+                                  const Team& team) override {
+    device("all_to_all", s, total(sn), dt), device("all_to_all", r, total(rn), dt);
     join(team);
-    return mpi_->allToAll(s, r, n, dt, team);
+    return mpi_->allToAllv(s, sn, r, rn, dt, team);
   }
   std::unique_ptr<Work> broadcast(void* b, int64_t n, DataType dt, int64_t root, const Team& team) override {
     device("broadcast", b, n, dt);
@@ -170,19 +172,19 @@ class NcclLikeCommunicator final : public Communicator {
     join(team);
     return mpi_->reduce(s, r, n, dt, op, root, team);
   }
-  std::unique_ptr<Work> gather(const void* s, void* r, int64_t n, DataType dt, int64_t root,
-                               const Team& team) override {
-    device("gather", s, n, dt);
-    if (root == rank()) device("gather", r, n * tsize(team), dt);
-    join(team);
-    return mpi_->gather(s, r, n, dt, root, team);
-  }
-  std::unique_ptr<Work> scatter(const void* s, void* r, int64_t n, DataType dt, int64_t root,
+  std::unique_ptr<Work> gatherv(const void* s, void* r, const Counts& n, DataType dt, int64_t root,
                                 const Team& team) override {
-    if (root == rank()) device("scatter", s, n * tsize(team), dt);
-    device("scatter", r, n, dt);
+    device("gather", s, n[index(team)], dt);
+    if (root == rank()) device("gather", r, total(n), dt);
     join(team);
-    return mpi_->scatter(s, r, n, dt, root, team);
+    return mpi_->gatherv(s, r, n, dt, root, team);
+  }
+  std::unique_ptr<Work> scatterv(const void* s, void* r, const Counts& n, DataType dt, int64_t root,
+                                 const Team& team) override {
+    if (root == rank()) device("scatter", s, total(n), dt);
+    device("scatter", r, n[index(team)], dt);
+    join(team);
+    return mpi_->scatterv(s, r, n, dt, root, team);
   }
   // A lone send or receive returns when the peer has matched it (a rendezvous: the receiver
   // acknowledges), as an NCCL kernel holds its stream until then.
@@ -230,7 +232,8 @@ class NcclLikeCommunicator final : public Communicator {
 
  private:
   static constexpr int64_t kAck = int64_t{1} << 24;
-  static int64_t tsize(const Team& t) { return static_cast<int64_t>(t.size()); }
+  int64_t index(const Team& t) const { return std::find(t.begin(), t.end(), rank()) - t.begin(); }
+  static int64_t total(const Counts& n) { return std::accumulate(n.begin(), n.end(), int64_t{0}); }
 
   void device(const char* what, const void* p, int64_t count, DataType dt) {
     const size_t bytes = static_cast<size_t>(count) * static_cast<size_t>(dtypeSize(dt));

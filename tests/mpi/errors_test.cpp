@@ -47,30 +47,39 @@ TEST(Errors, WrongNumberOfInputs) {
               HasSubstr("the fusion takes 3 inputs but 2 were given"));
 }
 
-TEST(Errors, UnevenShardIsRejectedClearly) {
+// n + 1 rows over n ranks are torch.chunk's 2, 2, ..., 1, 0 blocks: ranks given one row each,
+// without the global shape, all raise the same error (the ranks first agree on what they were
+// given, a static size being the definition's), which names the blocks that are not theirs.
+TEST(Errors, BlockThatIsNotTheRanksUnevenBlockOfAStaticSize) {
   if (worldSize() == 1) GTEST_SKIP() << "every size divides into one shard";
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({worldSize() + 1, 4}, DataType::Float, "x")));
   MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {1, 4}), worldMesh(), {S(0)}}};
-  EXPECT_THAT(errorOf(ErrorKind::Unsupported, [&] { exec.run(in); }),
-              HasSubstr(fmt::format("uneven sharding not supported: %x dim 0 has size {}", worldSize() + 1)));
+  EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
+              AllOf(HasSubstr(fmt::format("MultiDeviceExecutor: the ranks disagree: input 0 (%x) global shape is [{}, 4]",
+                                          worldSize() + 1)),
+                    HasSubstr("with local shape [1, 4] (not [2, 4])")));
 }
 
-// A symbolic size has no static extent to check against: the global shape a caller gives
-// (distributeTensor, DTensors) is what tells an uneven split, on every rank alike.
-TEST(Errors, UnevenShardOfASymbolicSizeIsRejectedClearly) {
-  if (worldSize() == 1) GTEST_SKIP() << "every size divides into one shard";
+// With the global shape given (distributeTensor, DTensors), uneven blocks are torch.chunk's; one
+// rank given another block makes every rank raise the same error (the ranks first agree on what
+// they were given), naming that rank's block and the one it should hold.
+TEST(Errors, BlockThatIsNotTheRanksUnevenBlockIsOneErrorOnEveryRank) {
+  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({-1, 4}, DataType::Float, "x")));
+  const int64_t rows = 2 * worldSize() + 1, last = worldSize() - 1;
+  auto block = [&](int64_t r) { return chunkSpan(rows, worldSize(), r).size; };
+  std::vector<ShardedTensor> in = {{Tensor(DataType::Float, {block(worldRank()), 4}), worldMesh(), {S(0)}, {rows, 4}}};
+  EXPECT_EQ(MultiDeviceExecutor(f.clone(), world()).run(in).size(), 1u);  // torch.chunk's blocks run
+  // (A fresh executor: the ranks agree on a signature the first time they see it.)
   MultiDeviceExecutor exec(f.clone(), world());
-  const int64_t rows = 2 * worldSize() + 1;  // torch.chunk would give rank 0 three rows
-  std::vector<ShardedTensor> in = {
-      {Tensor(DataType::Float, {worldRank() == 0 ? int64_t{3} : int64_t{2}, 4}), worldMesh(), {S(0)}, {rows, 4}}};
-  EXPECT_THAT(errorOf(ErrorKind::Unsupported, [&] { exec.run(in); }),
-              HasSubstr(fmt::format("uneven sharding not supported: input 0 (%x) dim 0 has size {} which does not "
-                                    "divide into {} shards",
-                                    rows, worldSize())));
+  if (worldRank() == last) in[0].local = Tensor(DataType::Float, {block(last) + 1, 4});
+  EXPECT_THAT(errorOf(ErrorKind::Value, [&] { exec.run(in); }),
+              HasSubstr(fmt::format("input 0 (%x) global shape is [{}, 4] with local shape [{}, 4] (not [{}, 4]) on "
+                                    "rank {}",
+                                    rows, block(last) + 1, block(last), last)));
 }
 
 TEST(Errors, BlockThatDoesNotMatchTheGivenGlobalShape) {

@@ -45,19 +45,34 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
   run.peak_estimate = peakMemoryBytes(exec.programFor(inputs), sizes);
   for (const ShardedTensor& in : inputs) run.input_bytes += in.local.defined() ? in.local.nbytes() : 0;
   run.trace = exec.lastTrace();
-  // Gather every output's blocks on every rank (all blocks of an output have one shape).
-  Team everyone(worldSize());
-  std::iota(everyone.begin(), everyone.end(), 0);
+  // Gather every output's blocks on every rank (uneven shards: blocks of different shapes).
   for (size_t i = 0; i < run.local_outputs.size(); ++i) {
-    const Tensor& local = run.local_outputs[i].local;
-    Tensor all(local.dtype(), {worldSize() * std::max<int64_t>(local.numel(), 1)});
-    world().allgather(local.data(), all.data(), local.numel(), local.dtype(), everyone)->wait();
-    std::vector<Tensor> blocks;
-    for (int64_t r = 0; r < worldSize(); ++r)
-      blocks.push_back(all.slice0(r * local.numel(), local.numel()).reshaped(local.shape()));
-    run.gathered.push_back(assembleGlobal(plan.fusion->outputs()[i], blocks));
+    const TensorView* tv = plan.fusion->outputs()[i];
+    run.gathered.push_back(assembleGlobal(tv, everyRanksBlock(run.local_outputs[i].local, tv->rank(), tv->dtype())));
   }
   return run;
+}
+
+std::vector<Tensor> everyRanksBlock(const Tensor& given, int64_t dims, DataType dtype) {
+  Team everyone(worldSize());
+  std::iota(everyone.begin(), everyone.end(), 0);
+  // A rank that holds no block (outside the tensor's mesh) sends an empty one.
+  const Tensor local = given.defined() ? given : Tensor(dtype, std::vector<int64_t>(dims, 0));
+  const int64_t n = worldSize();
+  std::vector<int64_t> shapes(static_cast<size_t>(n * dims));
+  world().allgather(local.shape().data(), shapes.data(), dims, DataType::Int64, everyone)->wait();
+  Counts counts;
+  for (int64_t r = 0; r < n; ++r)
+    counts.push_back(numel({shapes.begin() + r * dims, shapes.begin() + (r + 1) * dims}));
+  Tensor all(local.dtype(), {std::max<int64_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0}), 1)});
+  world().allgatherv(local.data(), all.data(), counts, local.dtype(), everyone)->wait();
+  std::vector<Tensor> blocks;
+  int64_t at = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    blocks.push_back(all.slice0(at, counts[r]).reshaped({shapes.begin() + r * dims, shapes.begin() + (r + 1) * dims}));
+    at += counts[r];
+  }
+  return blocks;
 }
 
 std::vector<std::string> kinds(const std::vector<CollectiveInfo>& cs) {
@@ -106,6 +121,7 @@ void expectSameCollectives(const std::vector<CollectiveInfo>& reported, const st
     SCOPED_TRACE(fmt::format("collective {}: {} {} -> {}", i, commKindName(executed[i].kind), executed[i].source,
                              executed[i].tensor));
     EXPECT_EQ(reported[i].bytes, executed[i].bytes);
+    EXPECT_EQ(reported[i].padded_bytes, executed[i].padded_bytes);
     EXPECT_EQ(reported[i].team, executed[i].team);
     EXPECT_EQ(reported[i].mesh_axis, executed[i].mesh_axis);
     EXPECT_EQ(reported[i].root, executed[i].root);

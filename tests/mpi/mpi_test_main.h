@@ -57,6 +57,11 @@ ShardedRun runSharded(const Fusion& definition, const std::vector<std::pair<Devi
                       const SymbolBindings& sizes = {}, const ExecutorOptions& options = {},
                       std::unique_ptr<Backend> backend = nullptr);
 
+// Every rank's `local` block of a tensor of `dims` dims and `dtype` (any shape: uneven shards; an
+// undefined tensor, on a rank that holds none, counts as empty), indexed by global rank, on
+// every rank (collective over the world).
+std::vector<Tensor> everyRanksBlock(const Tensor& local, int64_t dims, DataType dtype);
+
 // Kinds of the collectives, in execution order: "allreduce", "allgather", ...
 std::vector<std::string> kinds(const std::vector<CollectiveInfo>& cs);
 // Asserts every gathered output matches the reference within dtype tolerance.

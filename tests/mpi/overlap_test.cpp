@@ -266,70 +266,60 @@ TEST(Overlap, PeakMemoryEstimateBoundsWhatTheRunHolds) {
   }
 }
 
-// Chunk counts against the sizes (decompose_for_overlap.h): a count the user chose that does not
-// split each rank's rows is one typed error, raised on every rank before anything runs; it names
-// the op, the user's tensor, the rows and the counts that would do.
-TEST(Overlap, ChosenChunkCountThatDoesNotSplitTheRowsIsOneErrorOnEveryRank) {
-  if (worldSize() == 1) GTEST_SKIP() << "no collective to overlap on one rank";
+// Chunks are torch.chunk's blocks of each rank's rows (decompose_for_overlap.h): a count that
+// does not split the rows evenly runs, chunks of different sizes (some empty), and computes what
+// the undecomposed program does: 16 rows of %inp per rank in 3 collective-based chunks (6, 6,
+// 4), a ring of 3 sub-chunks per block, an allreduce of 10 rows in 4 chunks (3, 3, 3, 1), and 3
+// rows in 4 chunks (1, 1, 1 and an empty one).
+TEST(Overlap, ChunkCountsThatDoNotSplitTheRowsRunAsTorchChunkBlocks) {
   const int64_t n = worldSize();
-  // 16 rows of %inp per rank (sequenceParallelMlp): 3 chunks do not split them.
-  EXPECT_THAT(
-      errorOf(ErrorKind::Value, [] { sequenceParallelMlp(overlap("collective", 3)); }),
-      ::testing::HasSubstr("linear %1: collective-based overlap of its allgather in 3 chunks (the overlap "
-                           "option --chunks=3) needs the 16 rows of %inp per rank (dim 0) to split into 3 equal "
-                           "chunks; use --chunks=N (OverlapOptions::chunks) with N dividing 16: 2, 4, 8, 16"));
-  // A ring over n blocks: 3n chunks are 3 per block of 16 rows.
-  EXPECT_THAT(
-      errorOf(ErrorKind::Value, [&] { sequenceParallelMlp(overlap("ring", 3 * n)); }),
-      ::testing::HasSubstr(fmt::format(
-          "linear %1: ring-based overlap of its allgather in {} chunks (the overlap option --chunks={}) needs "
-          "the 16 rows of %inp per rank (dim 0) to split into 3 equal chunks; use --chunks=N "
-          "(OverlapOptions::chunks) with N a multiple of the {} devices and N/{} dividing 16: {}, {}, {}, {}, {}",
-          3 * n, 3 * n, n, n, n, 2 * n, 4 * n, 8 * n, 16 * n)));
-  // An allreduce chunks the rows every rank holds (t = 10): 4 chunks do not split them.
-  EXPECT_THAT(errorOf(ErrorKind::Value, [] { rowParallel(/*scatter=*/false, overlap("collective", 4), 10); }),
-              ::testing::HasSubstr("linear %1: collective-based overlap of its allreduce in 4 chunks (the overlap "
-                                   "option --chunks=4) needs the 10 rows of %1 per rank (dim 0) to split into 4 equal "
-                                   "chunks; use --chunks=N (OverlapOptions::chunks) with N dividing 10: 2, 5, 10"));
+  const int64_t per_pair = n > 1 ? 1 : 0;
+  ShardedRun sp = sequenceParallelMlp(overlap("collective", 3));
+  expectMatchesReference(sp);
+  expectSameCollectives(sp.reported, sp.collectives);
+  EXPECT_EQ(sp.collectives.size(), static_cast<size_t>(2 * 3 * per_pair));
+  ShardedRun ring = sequenceParallelMlp(overlap("ring", 3 * n));
+  expectMatchesReference(ring);
+  EXPECT_EQ(count(ring.collectives, "send_recv"), 2 * (n - 1) * 3);
+  for (int64_t rows : {10, 3}) {
+    SCOPED_TRACE(fmt::format("{} rows", rows));
+    ShardedRun row = rowParallel(/*scatter=*/false, overlap("collective", 4), rows);
+    expectMatchesReference(row);
+    expectSameCollectives(row.reported, row.collectives);
+    EXPECT_EQ(count(row.collectives, "allreduce"), 4 * per_pair);
+  }
 }
 
-// The default count (one chunk per device) is not the user's choice: it becomes the largest count
-// below it that splits the rows of each run (the program is compiled for each run's sizes), and
-// the collective's provenance says so; with no such count the pair is not decomposed.
-TEST(Overlap, DefaultChunkCountIsTheLargestThatSplitsEachRunsRows) {
+// The default count (one chunk per device) is not the user's choice: it is capped at the rows of
+// the largest shard of each run (the program is compiled for each run's sizes; more chunks would
+// only be empty), and the collective's provenance says so; one row is not decomposed.
+TEST(Overlap, DefaultChunkCountIsCappedAtEachRunsRows) {
   if (worldSize() == 1) GTEST_SKIP() << "no collective to overlap on one rank";
   const int64_t n = worldSize();
-  auto fitting = [&](int64_t rows) {  // what the test expects: the largest d <= n dividing rows
-    int64_t d = n;
-    while (rows % d != 0) --d;
-    return d;
-  };
   Fusion f;
   rowParallelLinear(f, /*scatter=*/false);
   MultiDeviceExecutor exec(f.clone(), world(), nullptr, overlap("collective", 0));
-  for (int64_t rows : {2 * n, int64_t{3}, 2 * n}) {
+  for (int64_t rows : {2 * n, int64_t{3}, int64_t{1}, 2 * n}) {
     SCOPED_TRACE(fmt::format("{} rows", rows));
     std::vector<ShardedTensor> in = {{Tensor::random(DataType::Float, {rows, 32 / n}, 1), worldMesh(), {S(1)}},
                                      {Tensor::random(DataType::Float, {24, 32 / n}, 2), worldMesh(), {S(1)}}};
     exec.run(in);
     const std::vector<CollectiveInfo>& cs = exec.lastCollectives();
-    ASSERT_EQ(count(cs, "allreduce"), fitting(rows));
-    if (fitting(rows) == n) {
+    const int64_t chunks = std::min(n, rows);
+    ASSERT_EQ(count(cs, "allreduce"), chunks);
+    if (chunks == n) {
       EXPECT_THAT(cs[0].provenance, ::testing::Not(::testing::HasSubstr("default")));
-    } else if (fitting(rows) > 1) {
+    } else if (chunks > 1) {
       EXPECT_THAT(cs[0].provenance, ::testing::HasSubstr(fmt::format(
-                                        "overlapped in {} chunks, not the default {} (one per device): %1 has 3 rows "
+                                        "overlapped in {} chunks, not the default {} (one per device): %1 has {} rows "
                                         "per rank",
-                                        fitting(rows), n)));
+                                        chunks, n, rows)));
     } else {
-      EXPECT_THAT(cs[0].provenance,
-                  ::testing::HasSubstr(fmt::format("not overlapped: no collective-based chunk count from 2 to the "
-                                                   "default {} splits the 3 rows of %1 per rank",
-                                                   n)));
+      EXPECT_THAT(cs[0].provenance, ::testing::HasSubstr("not overlapped: %1 has 1 row per rank, too few for chunks"));
     }
   }
   // One program per size, each compiled once (the second 2n-row call finds it in the cache).
-  EXPECT_EQ(exec.cacheSize(), 2);
+  EXPECT_EQ(exec.cacheSize(), 3);
   for (int64_t rows : {2 * n, int64_t{3}}) expectMatchesReference(rowParallel(false, overlap("collective", 0), rows));
 }
 

@@ -233,5 +233,27 @@ TEST(RingAttention, RingAskedForWithAQueryThatIsNotSplitIsAnError) {
                            worldSize(), worldMesh().toString())));
 }
 
+// A sequence the ranks do not divide (torch.chunk's uneven blocks): ring attention rotates
+// blocks of one size, so `auto` gathers k and v instead (still matching single device), and ring
+// asked for is an error that says why.
+TEST(RingAttention, AnUnevenSequenceIsGatheredAndRingAskedForIsAnError) {
+  if (worldSize() == 1) GTEST_SKIP() << "nothing is split on one rank";
+  Attention at;
+  at.seq = 4 * worldSize() + 1;
+  at.causal = true;
+  at.cp = ContextParallel::Auto;
+  at.heads = worldSize() + 1;  // heads the ranks do not divide either: Ulysses is not chosen
+  ShardedRun r = run(at, worldMesh(), {S(2)});
+  expectMatchesReference(r);
+  expectSameCollectives(r.reported, r.collectives);
+  EXPECT_EQ(kinds(r.collectives), Strs(2, "allgather"));
+  at.cp = ContextParallel::Ring;
+  const std::string message = errorOf(ErrorKind::Unsupported, [&] { compiled(at, worldMesh(), {S(2)}); });
+  EXPECT_THAT(message, ::testing::HasSubstr(fmt::format(
+                           "context parallelism \"ring\" for %a: ring attention rotates blocks of one size, but the "
+                           "sequence of %q ({}) does not divide among the {} devices of mesh axis 0",
+                           at.seq, worldSize())));
+}
+
 }  // namespace
 }  // namespace meshfuse::testing

@@ -29,11 +29,10 @@ TEST(SizeOneDims, DistributeTensorShardsASizeOneDimOnOneDevice) {
   } else {
     EXPECT_FALSE(s.local.defined()) << "a rank outside the mesh holds nothing";
   }
-  // Several devices cannot split one row: that is the uneven-shard error, not a broadcast one.
-  if (worldSize() >= 2)
-    EXPECT_EQ(errorOf(ErrorKind::Unsupported, [&] { distributeTensor(full, worldMesh(), {S(0)}, worldRank()); }),
-              "uneven sharding not supported: %tensor dim 0 has size 1 which mesh axis 0 does not divide into " +
-                  std::to_string(worldSize()) + " equal shards (Shard(0))");
+  // Over several devices one row is an uneven shard (torch.chunk): rank 0 holds it, the others
+  // an empty block.
+  ShardedTensor w = distributeTensor(full, worldMesh(), {S(0)}, worldRank());
+  EXPECT_EQ(w.local.shape(), (std::vector<int64_t>{worldRank() == 0 ? 1 : 0, 4}));
 }
 
 // x [1, 16] sharded on both axes of a [1, n] mesh (its size-1 dim on the one-device axis), z

@@ -49,18 +49,9 @@ StagedRun runStaged(const std::string& text) {
   run.collectives = exec.lastCollectives();
   // The static report (`meshfuse collectives`, plan()) says what the run did, rank by rank.
   expectSameCollectives(collectives(exec.programFor(inputs), {}), run.collectives);
-  Team everyone(worldSize());
-  std::iota(everyone.begin(), everyone.end(), 0);
   for (size_t i = 0; i < outs.size(); ++i) {
     const TensorView* tv = run.compiled->outputs()[i];
-    // Every block of an output has its local shape; a rank outside its mesh sends zeros.
-    Tensor local = tv->mesh()->contains(worldRank()) ? outs[i].local : Tensor(DataType::Float, localShape(tv, {}));
-    Tensor all(DataType::Float, {worldSize() * local.numel()});
-    world().allgather(local.data(), all.data(), local.numel(), DataType::Float, everyone)->wait();
-    std::vector<Tensor> blocks;
-    for (int64_t r = 0; r < worldSize(); ++r)
-      blocks.push_back(all.slice0(r * local.numel(), local.numel()).reshaped(local.shape()));
-    run.gathered.push_back(assembleGlobal(tv, blocks));
+    run.gathered.push_back(assembleGlobal(tv, everyRanksBlock(outs[i].local, tv->rank(), tv->dtype())));
   }
   return run;
 }

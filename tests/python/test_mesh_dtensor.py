@@ -142,24 +142,28 @@ def test_bad_data_is_rejected_with_the_reason(world_mesh):
     H.assert_close(distribute_tensor(x, world_mesh, [R]).full_tensor(), x)
 
 
-@pytest.mark.world(2, 4)
-def test_uneven_shards_are_unsupported(world_mesh):
+def test_uneven_shards_are_torch_chunk_blocks(world_mesh):
+    """n + 1 rows on n ranks: torch.chunk gives the leading ranks 2 rows, then 1s, then empties
+    (torch's DTensor alike); the global shape is the full one, and the blocks round-trip."""
     n = meshfuse.world_size()
-    with pytest.raises(meshfuse.UnsupportedError, match="uneven sharding not supported"):
-        distribute_tensor(np.zeros((n + 1, 4), dtype=np.float32), world_mesh, [S(0)])
-    # A global shape= that the mesh does not divide: the same error with a local and without one
-    # (as on a rank outside the mesh).
-    uneven = rf"^DTensor: uneven sharding not supported: the tensor dim 0 has size {n + 1} which mesh axis 0 does " \
-             rf"not divide into {n} equal shards \(Shard\(0\)\)$"
-    for local in [np.zeros((1, 4), dtype=np.float32), None]:
-        with pytest.raises(meshfuse.UnsupportedError, match=uneven):
-            DTensor(local, world_mesh, [S(0)], shape=(n + 1, 4))
+    full = np.arange((n + 1) * 4, dtype=np.float32).reshape(n + 1, 4)
+    x = distribute_tensor(full, world_mesh, [S(0)])
+    chunk = -(-(n + 1) // n)
+    start = min(n + 1, chunk * meshfuse.rank())
+    np.testing.assert_array_equal(x.to_local(), full[start:start + chunk])
+    assert x.shape == (n + 1, 4)
+    np.testing.assert_array_equal(x.full_tensor(), full)
+    # Built from its block with the global shape=, as torch's from_local(shape=...).
+    y = DTensor(x.to_local(), world_mesh, [S(0)], shape=(n + 1, 4))
+    np.testing.assert_array_equal(y.full_tensor(), full)
 
 
 def test_a_shape_that_the_local_shape_contradicts_is_a_shape_error(world_mesh):
     n = meshfuse.world_size()
-    with pytest.raises(meshfuse.ShapeError, match=rf"^DTensor: local shape \(1, 4\) with placements \[Shard\(dim=0\)\] "
-                                                  rf"on mesh .* makes global shape \({n}, 4\), not the shape=\(8, 8\) given$"):
+    rows = -(-8 // n)
+    with pytest.raises(meshfuse.ShapeError, match=rf"^DTensor: local shape \(1, 4\) is not rank {meshfuse.rank()}'s "
+                                                  rf"block of shape=\(8, 8\) with placements \[Shard\(dim=0\)\] on "
+                                                  rf"mesh .*, which is \({rows}, 8\) \(torch.chunk's blocks\)$"):
         DTensor(np.zeros((1, 4), dtype=np.float32), world_mesh, [S(0)], shape=(8, 8))
 
 

@@ -1,7 +1,8 @@
 """A size-1 dim is a dim like any other to a placement (issue 14): a mesh axis of one device shards
 it, whether the array comes from distribute_tensor, DTensor(...) or torch, and whatever the
-definition calls it (a definition's 1 is a broadcast dim: one elementwise ops may expand). Two
-devices or more cannot split it evenly: that is the uneven-shard error. numpy is the oracle."""
+definition calls it (a definition's 1 is a broadcast dim: one elementwise ops may expand). Over
+two devices or more it is an uneven shard (torch.chunk: the first rank holds it, the others
+nothing). numpy is the oracle."""
 
 import numpy as np
 import pytest
@@ -38,12 +39,15 @@ def test_distribute_tensor_shards_a_size_one_dim_on_one_device(definition_shape,
             H.assert_close(y.full_tensor(), np.exp(full.astype(np.float64)))
 
 
-@pytest.mark.world(2, 4)
-def test_a_size_one_dim_over_several_devices_is_an_uneven_shard(world_mesh):
-    with pytest.raises(meshfuse.UnsupportedError) as e:
-        meshfuse.distribute_tensor(np.ones((1, 4), np.float32), world_mesh, [S(0)])
-    assert str(e.value) == ("uneven sharding not supported: %x dim 0 has size 1 which mesh axis 0 does not divide "
-                            f"into {meshfuse.world_size()} equal shards (Shard(0))")
+def test_a_size_one_dim_over_several_devices_is_an_uneven_shard(world_mesh, rng):
+    """One row over n ranks: rank 0 holds it, the others an empty block (torch.chunk); exp runs on
+    each block, the empty ones included."""
+    full = H.randn(rng, 1, 4)
+    x = meshfuse.distribute_tensor(full, world_mesh, [S(0)])
+    assert x.to_local().shape == ((1, 4) if meshfuse.rank() == 0 else (0, 4))
+    (y,) = FusionDefinitionWrapper(define_exp([-1, 4]))([x])
+    assert y.placements == (S(0),)
+    H.assert_close(y.full_tensor(), np.exp(full.astype(np.float64)))
 
 
 # A [1, n] mesh: axis 0 has one device, axis 1 every rank. x's size-1 dim is sharded on axis 0;

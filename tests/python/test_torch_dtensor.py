@@ -175,24 +175,23 @@ def test_unsupported_torch_placements_are_errors(rng, torch_mesh):
         fdw([torch_distribute(torch.zeros(8, 4, dtype=torch.float64), torch_mesh, [TReplicate()])])
 
 
-@pytest.mark.world(2, 4)
-def test_uneven_torch_shards_are_rejected_on_every_rank(rng, torch_mesh):
-    """torch shards 7 rows as 4 + 3 (2 + 2 + 2 + 1): meshfuse rejects them alike on every rank."""
-    n = meshfuse.world_size()
-    uneven = r"^input 0: uneven sharding not supported: %x dim 0 has size 7 which mesh axis 0 does not divide " \
-             rf"into {n} equal shards \(Shard\(0\)\)$"
-    x = torch_distribute(torch.from_numpy(H.randn(rng, 7, 4)), torch_mesh, [TShard(0)])
+def test_uneven_torch_shards_go_in_and_come_out_as_torch_lays_them_out(rng, torch_mesh):
+    """torch shards 7 rows as 4 + 3 (2 + 2 + 2 + 1): meshfuse takes the blocks as they are and
+    gives back a torch DTensor of the same layout, local blocks of different sizes."""
+    full = H.randn(rng, 7, 4)
+    x = torch_distribute(torch.from_numpy(full), torch_mesh, [TShard(0)])
     fdw = FusionDefinitionWrapper(lambda fd: fd.add_output(fd.define_tensor([-1, 4], name="x") + 1))
-    with pytest.raises(meshfuse.UnsupportedError, match=uneven):
-        fdw([x])
-    assert fdw.cache_size == 0
+    (y,) = fdw([x])
+    assert isinstance(y, TorchDTensor) and tuple(y.shape) == (7, 4)
+    assert tuple(y.to_local().shape) == tuple(x.to_local().shape)
+    H.assert_close(y.full_tensor().numpy(), full.astype(np.float64) + 1)
+    assert H.kinds(fdw.plan([x])) == []
 
 
 @pytest.mark.world(2, 4)
 def test_sequence_parallel_mlp_with_8_then_7_tokens(rng, torch_mesh):
     """The cache keys on the global shape: 7 tokens is not the cached 8 on any rank (ranks holding
     4 rows of both would otherwise hit the cache while the others compile)."""
-    n = meshfuse.world_size()
     weights = [torch_distribute(torch.from_numpy(a), torch_mesh, [p]) for a, p in
                [(H.randn(rng, 4 * HIDDEN, HIDDEN), TShard(0)), (H.randn(rng, HIDDEN, 4 * HIDDEN), TShard(1))]]
 
@@ -205,8 +204,7 @@ def test_sequence_parallel_mlp_with_8_then_7_tokens(rng, torch_mesh):
     x8 = H.randn(rng, 8, HIDDEN)
     (out,) = fdw([torch_distribute(torch.from_numpy(x8), torch_mesh, [TShard(0)]), *weights])
     H.assert_close(out.full_tensor().numpy(), H.mlp(x8, *(w.full_tensor().numpy() for w in weights)))
-    x7 = torch_distribute(torch.from_numpy(H.randn(rng, 7, HIDDEN)), torch_mesh, [TShard(0)])
-    with pytest.raises(meshfuse.UnsupportedError, match=rf"^input 0: uneven sharding not supported: %x dim 0 has "
-                                                        rf"size 7 which mesh axis 0 does not divide into {n} equal"):
-        fdw([x7, *weights])
-    assert fdw.cache_size == 1
+    x7 = H.randn(rng, 7, HIDDEN)
+    (out,) = fdw([torch_distribute(torch.from_numpy(x7), torch_mesh, [TShard(0)]), *weights])
+    H.assert_close(out.full_tensor().numpy(), H.mlp(x7, *(w.full_tensor().numpy() for w in weights)))
+    assert fdw.cache_size == 2

@@ -120,7 +120,7 @@ TEST(AllocationDomain, AllocatedShapeIsTheLocalShape) {
   const SymbolBindings b = {{"t", 5}};
   std::vector<int64_t> evaluated;
   for (const Extent& e : x->allocatedShape()) evaluated.push_back(e.evaluate(b));
-  EXPECT_EQ(evaluated, localShape(x, b));
+  EXPECT_EQ(evaluated, localShape(x, b, 0));
   EXPECT_EQ(evaluated, (std::vector<int64_t>{5, 4, 5}));
 }
 

@@ -518,20 +518,26 @@ TEST(CudaHostStaging, SendRecvStagesBothBuffersAndStaysOneOperation) {
       };
       return std::make_unique<Done>();
     }
-    std::unique_ptr<Work> allgather(const void*, void*, int64_t, DataType, const Team&) override { return none(); }
-    std::unique_ptr<Work> reduceScatter(const void*, void*, int64_t, DataType, ReduceOp, const Team&) override {
+    std::unique_ptr<Work> allgatherv(const void*, void*, const Counts&, DataType, const Team&) override {
+      return none();
+    }
+    std::unique_ptr<Work> reduceScatterv(const void*, void*, const Counts&, DataType, ReduceOp, const Team&) override {
       return none();
     }
     std::unique_ptr<Work> allreduce(const void*, void*, int64_t, DataType, ReduceOp, const Team&) override {
       return none();
     }
-    std::unique_ptr<Work> allToAll(const void*, void*, int64_t, DataType, const Team&) override { return none(); }
+    std::unique_ptr<Work> allToAllv(const void*, const Counts&, void*, const Counts&, DataType, const Team&) override {
+      return none();
+    }
     std::unique_ptr<Work> broadcast(void*, int64_t, DataType, int64_t, const Team&) override { return none(); }
     std::unique_ptr<Work> reduce(const void*, void*, int64_t, DataType, ReduceOp, int64_t, const Team&) override {
       return none();
     }
-    std::unique_ptr<Work> gather(const void*, void*, int64_t, DataType, int64_t, const Team&) override { return none(); }
-    std::unique_ptr<Work> scatter(const void*, void*, int64_t, DataType, int64_t, const Team&) override {
+    std::unique_ptr<Work> gatherv(const void*, void*, const Counts&, DataType, int64_t, const Team&) override {
+      return none();
+    }
+    std::unique_ptr<Work> scatterv(const void*, void*, const Counts&, DataType, int64_t, const Team&) override {
       return none();
     }
     std::unique_ptr<Work> send(const void*, int64_t, DataType, int64_t peer, int64_t) override {
@@ -609,20 +615,26 @@ TEST(CudaHostStaging, TwinsOutliveTheInnerOperationOfADroppedWork) {
       w->log = log;
       return w;
     }
-    std::unique_ptr<Work> allgather(const void*, void*, int64_t, DataType, const Team&) override { return slow(); }
-    std::unique_ptr<Work> reduceScatter(const void*, void*, int64_t, DataType, ReduceOp, const Team&) override {
+    std::unique_ptr<Work> allgatherv(const void*, void*, const Counts&, DataType, const Team&) override {
+      return slow();
+    }
+    std::unique_ptr<Work> reduceScatterv(const void*, void*, const Counts&, DataType, ReduceOp, const Team&) override {
       return slow();
     }
     std::unique_ptr<Work> allreduce(const void*, void*, int64_t, DataType, ReduceOp, const Team&) override {
       return slow();
     }
-    std::unique_ptr<Work> allToAll(const void*, void*, int64_t, DataType, const Team&) override { return slow(); }
+    std::unique_ptr<Work> allToAllv(const void*, const Counts&, void*, const Counts&, DataType, const Team&) override {
+      return slow();
+    }
     std::unique_ptr<Work> broadcast(void*, int64_t, DataType, int64_t, const Team&) override { return slow(); }
     std::unique_ptr<Work> reduce(const void*, void*, int64_t, DataType, ReduceOp, int64_t, const Team&) override {
       return slow();
     }
-    std::unique_ptr<Work> gather(const void*, void*, int64_t, DataType, int64_t, const Team&) override { return slow(); }
-    std::unique_ptr<Work> scatter(const void*, void*, int64_t, DataType, int64_t, const Team&) override {
+    std::unique_ptr<Work> gatherv(const void*, void*, const Counts&, DataType, int64_t, const Team&) override {
+      return slow();
+    }
+    std::unique_ptr<Work> scatterv(const void*, void*, const Counts&, DataType, int64_t, const Team&) override {
       return slow();
     }
     std::unique_ptr<Work> send(const void*, int64_t, DataType, int64_t, int64_t) override { return slow(); }

@@ -253,11 +253,6 @@ TEST(ErrorMessages, DidAxisBeyondTheMeshRankNamesTheTensor) {
               AllOf(HasSubstr("%x"), HasSubstr("DIDy")));
 }
 
-TEST(ErrorMessages, SplitFactorThatDoesNotDivide) {
-  EXPECT_EQ(parseError(ErrorKind::Value, "fusion {\n  mesh @m = [0, 1]\n  %x = input f32[6] @m {split(0, 4)}\n}\n"),
-            "bad.mf:3:25: split of %x axis 0: factor 4 does not divide the extent 6 (uneven splits are not supported)");
-}
-
 TEST(ErrorMessages, PlacementsThatDoNotFit) {
   Fusion f;
   TensorView* x = f.defineTensor({6, 16}, DataType::Float, "x");
@@ -270,12 +265,6 @@ TEST(ErrorMessages, PlacementsThatDoNotFit) {
                                applyPlacements(x, grid, {Placement::replicate(), Placement::shard(-3)});
                              }),
             "%x: placement Shard(-3) on mesh axis 1 names a dim that %x of rank 2 does not have");
-  EXPECT_EQ(userErrorMessage(ErrorKind::Unsupported,
-                             [&] {
-                               applyPlacements(x, DeviceMesh({0, 1, 2, 3}), {Placement::shard(0)});
-                             }),
-            "uneven sharding not supported: %x dim 0 has size 6 which mesh axis 0 does not divide into 4 equal "
-            "shards (Shard(0))");
 }
 
 TEST(ErrorMessages, AFusionWithoutOutputs) {

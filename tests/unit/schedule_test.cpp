@@ -68,16 +68,26 @@ TEST(Split, ReductionDimsSplitIntoReductionDims) {
 TEST(Split, RejectsBadFactorsAndAxes) {
   Fusion f;
   TensorView* x = f.defineTensor({6, 1}, DataType::Float, "x");
-  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(0, 4); }),
-              HasSubstr("split of %x axis 0: factor 4 does not divide the extent 6"));
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(0, 0); }), HasSubstr("factor 0 must be positive"));
-  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(1, 2); }),
-              HasSubstr("split of %x axis 1: factor 2 does not divide the extent 1"));
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(2, 2); }),
               HasSubstr("split: axis 2 is out of range for %x whose loop domain has 2 axes"));
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { x->split(-3, 2); }), HasSubstr("axis -3 is out of range"));
   EXPECT_TRUE(x->schedule().empty()) << "a rejected step is not recorded";
   EXPECT_EQ(x->loop(), x->logical());
+}
+
+// A factor that does not divide the extent splits it as torch.chunk splits it: the remainder's
+// extent is the leading parts' ceil (placement.h: localBlock gives each rank its own).
+TEST(Split, AFactorThatDoesNotDivideSplitsAsTorchChunk) {
+  Fusion f;
+  TensorView* x = f.defineTensor({6, 1}, DataType::Float, "x");
+  x->setDeviceMesh(DeviceMesh({0, 1, 2, 3}));
+  x->split(0, 4)->parallelize(0, ParallelType::DIDx);
+  EXPECT_EQ(x->loop()[0]->extent(), Extent(4));
+  EXPECT_EQ(x->loop()[1]->extent(), Extent(2));
+  std::vector<std::vector<int64_t>> shapes;
+  for (int64_t r = 0; r < 4; ++r) shapes.push_back(localShape(x, {}, r));
+  EXPECT_EQ(shapes, (std::vector<std::vector<int64_t>>{{2, 1}, {2, 1}, {2, 1}, {0, 1}}));
 }
 
 // A size-1 dim is a dim like any other to a schedule (a definition's 1 is a broadcast dim: one

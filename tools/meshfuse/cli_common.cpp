@@ -134,9 +134,11 @@ std::string summary(const Tensor& t) {
 }
 
 std::string formatCollective(const CollectiveInfo& c) {
-  return fmt::format("{:<15} {} -> {}  mesh axis {}  team [{}]{}  {} bytes  ({})", commKindName(c.kind), c.source,
+  // Blocks of different sizes (uneven shards): what padding them to the largest costs on NCCL.
+  const std::string padded = c.padded_bytes > 0 ? fmt::format(" ({} padded, NCCL)", c.padded_bytes) : "";
+  return fmt::format("{:<15} {} -> {}  mesh axis {}  team [{}]{}  {} bytes{}  ({})", commKindName(c.kind), c.source,
                      c.tensor, c.mesh_axis, fmt::join(c.team, ", "),
-                     c.root >= 0 ? fmt::format("  root {}", c.root) : "", c.bytes, c.provenance);
+                     c.root >= 0 ? fmt::format("  root {}", c.root) : "", c.bytes, padded, c.provenance);
 }
 
 std::set<int64_t> meshRanks(const CompiledProgram& program) {

@@ -76,7 +76,8 @@ std::set<int64_t> meshRanks(const CompiledProgram& program);
 // the ranks there are otherwise.
 void checkRankOption(const CompiledProgram& program, int64_t rank, bool all_allowed);
 
-// "allreduce  axis 0  team [0, 1]  4096 bytes  -> %5  (why)".
+// "allreduce  %4 -> %5  mesh axis 0  team [0, 1]  4096 bytes  (why)"; an allgather or reduce-scatter of
+// blocks of different sizes adds what padding them costs on NCCL: "768 bytes (1024 padded, NCCL)".
 std::string formatCollective(const CollectiveInfo& c);
 // Every rank's collectives (or only `ranks`') without running, for `meshfuse collectives`.
 // check-collectives over every rank's program: one line saying what was proved and its cost;

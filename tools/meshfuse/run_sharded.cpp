@@ -41,7 +41,7 @@ Tensor gatherGlobal(Communicator& comm, const TensorView* tv, const Tensor& loca
       blocks[r] = local;
       continue;
     }
-    blocks[r] = Tensor(tv->dtype(), localShape(tv, bindings));
+    blocks[r] = Tensor(tv->dtype(), localShape(tv, bindings, r));
     comm.recv(blocks[r].data(), blocks[r].numel(), tv->dtype(), r, /*tag=*/7)->wait();
   }
   return assembleGlobal(tv, blocks);

@@ -38,6 +38,10 @@ struct CollectiveInfo {
   std::string source;      // the input's name
   std::string provenance;  // why this collective exists
   int64_t root = -1;       // broadcast, scatter, gather, reduce: the root's global rank
+  // An allgather or reduce-scatter of blocks of different sizes (uneven shards): the bytes this
+  // rank sends where the backend needs equal counts and pads every block to the largest (NCCL);
+  // 0 when the blocks are equal. (MPI sends `bytes`: its v-collectives take counts per rank.)
+  int64_t padded_bytes = 0;
 };
 
 }  // namespace meshfuse

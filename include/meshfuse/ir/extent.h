@@ -47,6 +47,18 @@ class Extent {
   int64_t num_ = 1, den_ = 1;
 };
 
+// torch.chunk's split of `extent` elements into `parts` (the rule DTensor's Shard follows):
+// part `index` starts at `begin` and holds `size` elements. Leading parts hold ceil(extent /
+// parts), the trailing ones less, possibly none: 5 over 4 is 2, 2, 1, 0 (torch.chunk then
+// returns only 3 chunks; DTensor gives the fourth rank an empty shard, as here).
+struct Span {
+  int64_t begin = 0;
+  int64_t size = 0;
+  int64_t end() const { return begin + size; }
+  bool operator==(const Span&) const = default;
+};
+Span chunkSpan(int64_t extent, int64_t parts, int64_t index);
+
 // The element count of an evaluated shape whose sizes are known to be valid (no overflow check).
 int64_t numel(const std::vector<int64_t>& shape);
 // The element count of `shape`, or nullopt when it, or its size in bytes (times

@@ -33,9 +33,10 @@ struct Placement {
 std::string placementsToString(const std::vector<Placement>& ps);  // "[Shard(0), Replicate()]"
 
 // Puts `tv` on `mesh` with `placements` (one per mesh axis, negative Shard dims allowed),
-// replacing its loop schedule (a Stream split is kept, after the DID splits); pins it. Throws PlacementError naming the tensor when the number
-// of placements differs from the mesh rank or a Shard dim is out of range, and
-// UnsupportedError ("uneven sharding not supported") when a static dim does not divide.
+// replacing its loop schedule (a Stream split is kept, after the DID splits); pins it. Throws
+// PlacementError naming the tensor when the number of placements differs from the mesh rank or
+// a Shard dim is out of range. A dim the mesh axis does not divide is sharded unevenly
+// (localBlock).
 void applyPlacements(TensorView* tv, const DeviceMesh& mesh, const std::vector<Placement>& placements);
 
 // The placements `tv`'s loop domain expresses, one per axis of its mesh. Throws
@@ -54,11 +55,18 @@ std::optional<StreamSplit> streamSplitOf(const TensorView* tv);
 // dims, and UnsupportedError when its schedule merged that dim into another.
 void applyStreamSplit(TensorView* tv, const StreamSplit& s);
 
-// The per-rank (local) extent of each non-reduction logical dim: global extent divided by the
-// DID splits derived from it. Throws UnsupportedError on uneven sharding. The concrete
-// counterpart of TensorView::allocatedShape(): that one stays symbolic for printing ("?t/4"),
-// this one divides bound global sizes so that an uneven shard is caught and named here.
-std::vector<int64_t> localShape(const TensorView* tv, const SymbolBindings& bindings);
+// The block of the global tensor that `rank` holds: per non-reduction logical dim, its offset
+// and size. Each DID split cuts what the splits outside it left as torch.chunk does (leading
+// ranks ceil(n / D), trailing ones less, possibly nothing), several mesh axes on one dim nested
+// in mesh-axis order, as torch's DTensor does. A rank outside the mesh, or rank -1, gets the
+// block of coordinate 0 on every axis, which is the largest. Symbolic sizes are evaluated under
+// `bindings` (ShapeError when unbound). TensorView::allocatedShape() is the printed
+// counterpart ("?t/4": the leading ranks' ceil).
+std::vector<Span> localBlock(const TensorView* tv, const SymbolBindings& bindings, int64_t rank);
+// localBlock() of the global shape `shape` (evaluated already: a full tensor's).
+std::vector<Span> localBlockOf(const TensorView* tv, const std::vector<int64_t>& shape, int64_t rank);
+// The sizes of localBlock().
+std::vector<int64_t> localShape(const TensorView* tv, const SymbolBindings& bindings, int64_t rank);
 // Number of devices each non-reduction logical dim is split across.
 std::vector<int64_t> shardFactors(const TensorView* tv);
 

@@ -61,34 +61,37 @@ class HostStagedCommunicator final : public Communicator {
   int64_t rank() const override { return inner_->rank(); }
   int64_t size() const override { return inner_->size(); }
 
-  std::unique_ptr<Work> allgather(const void* send, void* recv, int64_t count, DataType dt, const Team& team) override {
-    const int64_t t = teamSize("allgather", team, -1);
-    return staged(send, count, recv, count * t, dt, [&](const void* s, void* r) {
-      return inner_->allgather(s, r, count, dt, team);
+  std::unique_ptr<Work> allgatherv(const void* send, void* recv, const Counts& counts, DataType dt,
+                                   const Team& team) override {
+    const int64_t me = member("allgather", team, -1, counts);
+    return staged(send, counts[me], recv, totalCount(counts), dt, [&](const void* s, void* r) {
+      return inner_->allgatherv(s, r, counts, dt, team);
     });
   }
-  std::unique_ptr<Work> reduceScatter(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op,
-                                      const Team& team) override {
-    const int64_t t = teamSize("reduce_scatter", team, -1);
-    return staged(send, count * t, recv, count, dt, [&](const void* s, void* r) {
-      return inner_->reduceScatter(s, r, count, dt, op, team);
+  std::unique_ptr<Work> reduceScatterv(const void* send, void* recv, const Counts& counts, DataType dt, ReduceOp op,
+                                       const Team& team) override {
+    const int64_t me = member("reduce_scatter", team, -1, counts);
+    return staged(send, totalCount(counts), recv, counts[me], dt, [&](const void* s, void* r) {
+      return inner_->reduceScatterv(s, r, counts, dt, op, team);
     });
   }
   std::unique_ptr<Work> allreduce(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op,
                                   const Team& team) override {
-    teamSize("allreduce", team, -1);
+    checkTeamAndRoot("allreduce", team, -1, rank(), size());
     return staged(send, count, recv, count, dt, [&](const void* s, void* r) {
       return inner_->allreduce(s, r, count, dt, op, team);
     });
   }
-  std::unique_ptr<Work> allToAll(const void* send, void* recv, int64_t count, DataType dt, const Team& team) override {
-    const int64_t t = teamSize("all_to_all", team, -1);
-    return staged(send, count * t, recv, count * t, dt, [&](const void* s, void* r) {
-      return inner_->allToAll(s, r, count, dt, team);
+  std::unique_ptr<Work> allToAllv(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,
+                                  DataType dt, const Team& team) override {
+    member("all_to_all", team, -1, send_counts);
+    checkCounts("all_to_all", recv_counts, team);
+    return staged(send, totalCount(send_counts), recv, totalCount(recv_counts), dt, [&](const void* s, void* r) {
+      return inner_->allToAllv(s, send_counts, r, recv_counts, dt, team);
     });
   }
   std::unique_ptr<Work> broadcast(void* buf, int64_t count, DataType dt, int64_t root, const Team& team) override {
-    teamSize("broadcast", team, root);
+    checkTeamAndRoot("broadcast", team, root, rank(), size());
     const bool is_root = root == rank();
     // The root's buffer is read, everyone else's written: one twin, staged one way.
     return staged(is_root ? buf : nullptr, is_root ? count : 0, is_root ? nullptr : buf, is_root ? 0 : count, dt,
@@ -98,28 +101,28 @@ class HostStagedCommunicator final : public Communicator {
   }
   std::unique_ptr<Work> reduce(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op, int64_t root,
                                const Team& team) override {
-    teamSize("reduce", team, root);
+    checkTeamAndRoot("reduce", team, root, rank(), size());
     const bool is_root = root == rank();
     return staged(send, count, is_root ? recv : nullptr, is_root ? count : 0, dt, [&](const void* s, void* r) {
       return inner_->reduce(s, is_root ? r : nullptr, count, dt, op, root, team);
     });
   }
-  std::unique_ptr<Work> gather(const void* send, void* recv, int64_t count, DataType dt, int64_t root,
-                               const Team& team) override {
-    const int64_t t = teamSize("gather", team, root);
-    const bool is_root = root == rank();
-    return staged(send, count, is_root ? recv : nullptr, is_root ? count * t : 0, dt, [&](const void* s, void* r) {
-      return inner_->gather(s, is_root ? r : nullptr, count, dt, root, team);
-    });
-  }
-  std::unique_ptr<Work> scatter(const void* send, void* recv, int64_t count, DataType dt, int64_t root,
+  std::unique_ptr<Work> gatherv(const void* send, void* recv, const Counts& counts, DataType dt, int64_t root,
                                 const Team& team) override {
-    const int64_t t = teamSize("scatter", team, root);
+    const int64_t me = member("gather", team, root, counts);
     const bool is_root = root == rank();
-    return staged(is_root ? send : nullptr, is_root ? count * t : 0, recv, count, dt, [&](const void* s, void* r) {
-      return inner_->scatter(is_root ? s : nullptr, r, count, dt, root, team);
-    });
+    return staged(send, counts[me], is_root ? recv : nullptr, is_root ? totalCount(counts) : 0, dt,
+                  [&](const void* s, void* r) { return inner_->gatherv(s, is_root ? r : nullptr, counts, dt, root, team); });
   }
+  std::unique_ptr<Work> scatterv(const void* send, void* recv, const Counts& counts, DataType dt, int64_t root,
+                                 const Team& team) override {
+    const int64_t me = member("scatter", team, root, counts);
+    const bool is_root = root == rank();
+    return staged(is_root ? send : nullptr, is_root ? totalCount(counts) : 0, recv, counts[me], dt,
+                  [&](const void* s, void* r) { return inner_->scatterv(is_root ? s : nullptr, r, counts, dt, root, team); });
+  }
+  // Staging changes no count: the inner communicator pads where it must.
+  bool paddedBlocks() const override { return inner_->paddedBlocks(); }
   std::unique_ptr<Work> send(const void* buf, int64_t count, DataType dt, int64_t peer, int64_t tag) override {
     return staged(buf, count, nullptr, 0, dt,
                   [&](const void* s, void*) { return inner_->send(s, count, dt, peer, tag); });
@@ -143,9 +146,11 @@ class HostStagedCommunicator final : public Communicator {
   }
 
  private:
-  int64_t teamSize(const char* what, const Team& team, int64_t root) {
-    checkTeamAndRoot(what, team, root, rank(), size());
-    return static_cast<int64_t>(team.size());
+  // This rank's index in `team`, once the team, root and counts are checked.
+  int64_t member(const char* what, const Team& team, int64_t root, const Counts& counts) {
+    const int64_t me = checkTeamAndRoot(what, team, root, rank(), size());
+    checkCounts(what, counts, team);
+    return me;
   }
 
   // Stages `send` (read, `send_count` elements) and `recv` (written, `recv_count` elements)

@@ -126,19 +126,56 @@ class NcclCommunicator final : public Communicator {
   int64_t rank() const override { return bootstrap_->rank(); }
   int64_t size() const override { return bootstrap_->size(); }
 
-  std::unique_ptr<Work> allgather(const void* send, void* recv, int64_t count, DataType dt, const Team& team) override {
+  // Unequal blocks are padded to the largest (NCCL's allgather takes one count): each rank's
+  // block goes into a padded scratch block, and the gathered blocks are copied out of theirs.
+  std::unique_ptr<Work> allgatherv(const void* send, void* recv, const Counts& counts, DataType dt,
+                                   const Team& team) override {
     ncclComm_t c = commOf("allgather", team, -1);
-    return run("allgather", team, [&](cudaStream_t s) {
-      MF_NCCL_CHECK(dyn::ncclAllGather(send, recv, n(count), ncclTypeOf(dt).type, c, s));
+    checkCounts("allgather", counts, team);
+    const int64_t me = indexIn(team, rank());
+    if (equalCounts(counts)) {
+      return run("allgather", team, [&](cudaStream_t s) {
+        MF_NCCL_CHECK(dyn::ncclAllGather(send, recv, n(counts[me]), ncclTypeOf(dt).type, c, s));
+      });
+    }
+    const int64_t largest = *std::max_element(counts.begin(), counts.end()), t = static_cast<int64_t>(team.size());
+    const size_t elem = static_cast<size_t>(dtypeSize(dt));
+    Tensor block = scratch(dt, largest), gathered = scratch(dt, largest * t);  // alive until run() returns
+    const std::vector<int64_t> displs = displacements(counts);
+    return run("allgather (padded)", team, [&](cudaStream_t s) {
+      MF_CUDA_CHECK(cudaMemsetAsync(block.data(), 0, n(largest) * elem, s));
+      copyOwn(block.data(), send, n(counts[me]) * elem, s);
+      MF_NCCL_CHECK(dyn::ncclAllGather(block.data(), gathered.data(), n(largest), ncclTypeOf(dt).type, c, s));
+      for (int64_t j = 0; j < t; ++j)
+        copyOwn(at(recv, n(displs[j]) * elem), at(gathered.data(), n(j * largest) * elem), n(counts[j]) * elem, s);
     });
   }
-  std::unique_ptr<Work> reduceScatter(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op,
-                                      const Team& team) override {
+  // Unequal blocks are padded to the largest: the blocks to reduce go into padded scratch blocks
+  // (zeros in the padding), and this rank's sum is copied out of its block.
+  std::unique_ptr<Work> reduceScatterv(const void* send, void* recv, const Counts& counts, DataType dt, ReduceOp op,
+                                       const Team& team) override {
     ncclComm_t c = commOf("reduce_scatter", team, -1);
-    return run("reduce_scatter", team, [&](cudaStream_t s) {
-      MF_NCCL_CHECK(dyn::ncclReduceScatter(send, recv, n(count), ncclTypeOf(dt).type, redOp(dt, op), c, s));
+    checkCounts("reduce_scatter", counts, team);
+    const int64_t me = indexIn(team, rank());
+    if (equalCounts(counts)) {
+      return run("reduce_scatter", team, [&](cudaStream_t s) {
+        MF_NCCL_CHECK(dyn::ncclReduceScatter(send, recv, n(counts[me]), ncclTypeOf(dt).type, redOp(dt, op), c, s));
+      });
+    }
+    const int64_t largest = *std::max_element(counts.begin(), counts.end()), t = static_cast<int64_t>(team.size());
+    const size_t elem = static_cast<size_t>(dtypeSize(dt));
+    Tensor blocks = scratch(dt, largest * t), mine = scratch(dt, largest);  // alive until run() returns
+    const std::vector<int64_t> displs = displacements(counts);
+    return run("reduce_scatter (padded)", team, [&](cudaStream_t s) {
+      MF_CUDA_CHECK(cudaMemsetAsync(blocks.data(), 0, n(largest * t) * elem, s));
+      for (int64_t j = 0; j < t; ++j)
+        copyOwn(at(blocks.data(), n(j * largest) * elem), at(send, n(displs[j]) * elem), n(counts[j]) * elem, s);
+      MF_NCCL_CHECK(
+          dyn::ncclReduceScatter(blocks.data(), mine.data(), n(largest), ncclTypeOf(dt).type, redOp(dt, op), c, s));
+      copyOwn(recv, mine.data(), n(counts[me]) * elem, s);
     });
   }
+  bool paddedBlocks() const override { return true; }
   std::unique_ptr<Work> allreduce(const void* send, void* recv, int64_t count, DataType dt, ReduceOp op,
                                   const Team& team) override {
     ncclComm_t c = commOf("allreduce", team, -1);
@@ -146,19 +183,28 @@ class NcclCommunicator final : public Communicator {
       MF_NCCL_CHECK(dyn::ncclAllReduce(send, recv, n(count), ncclTypeOf(dt).type, redOp(dt, op), c, s));
     });
   }
-  std::unique_ptr<Work> allToAll(const void* send, void* recv, int64_t count, DataType dt, const Team& team) override {
+  // Point to point with every peer: each pair exchanges its own counts (no padding).
+  std::unique_ptr<Work> allToAllv(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,
+                                  DataType dt, const Team& team) override {
     ncclComm_t c = commOf("all_to_all", team, -1);
+    checkCounts("all_to_all", send_counts, team);
+    checkCounts("all_to_all", recv_counts, team);
     const int64_t me = indexIn(team, rank());
-    const size_t chunk = n(count) * static_cast<size_t>(dtypeSize(dt));
+    const size_t elem = static_cast<size_t>(dtypeSize(dt));
+    const std::vector<int64_t> sd = displacements(send_counts), rd = displacements(recv_counts);
     return run("all_to_all", team, [&](cudaStream_t s) {
       MF_NCCL_CHECK(dyn::ncclGroupStart());
       for (int64_t j = 0; j < static_cast<int64_t>(team.size()); ++j) {
         if (j == me) continue;
-        MF_NCCL_CHECK(dyn::ncclSend(at(send, j * chunk), n(count), ncclTypeOf(dt).type, static_cast<int>(j), c, s));
-        MF_NCCL_CHECK(dyn::ncclRecv(at(recv, j * chunk), n(count), ncclTypeOf(dt).type, static_cast<int>(j), c, s));
+        if (send_counts[j] > 0)
+          MF_NCCL_CHECK(dyn::ncclSend(at(send, n(sd[j]) * elem), n(send_counts[j]), ncclTypeOf(dt).type,
+                                      static_cast<int>(j), c, s));
+        if (recv_counts[j] > 0)
+          MF_NCCL_CHECK(dyn::ncclRecv(at(recv, n(rd[j]) * elem), n(recv_counts[j]), ncclTypeOf(dt).type,
+                                      static_cast<int>(j), c, s));
       }
       MF_NCCL_CHECK(dyn::ncclGroupEnd());
-      copyOwn(at(recv, me * chunk), at(send, me * chunk), chunk, s);
+      copyOwn(at(recv, n(rd[me]) * elem), at(send, n(sd[me]) * elem), n(send_counts[me]) * elem, s);
     });
   }
   std::unique_ptr<Work> broadcast(void* buf, int64_t count, DataType dt, int64_t root, const Team& team) override {
@@ -174,40 +220,46 @@ class NcclCommunicator final : public Communicator {
       MF_NCCL_CHECK(dyn::ncclReduce(send, recv, n(count), ncclTypeOf(dt).type, redOp(dt, op), indexIn(team, root), c, s));
     });
   }
-  std::unique_ptr<Work> gather(const void* send, void* recv, int64_t count, DataType dt, int64_t root,
-                               const Team& team) override {
+  std::unique_ptr<Work> gatherv(const void* send, void* recv, const Counts& counts, DataType dt, int64_t root,
+                                const Team& team) override {
     ncclComm_t c = commOf("gather", team, root);
+    checkCounts("gather", counts, team);
     const int64_t me = indexIn(team, rank()), r = indexIn(team, root);
-    const size_t chunk = n(count) * static_cast<size_t>(dtypeSize(dt));
+    const size_t elem = static_cast<size_t>(dtypeSize(dt));
+    const std::vector<int64_t> displs = displacements(counts);
     return run("gather", team, [&](cudaStream_t s) {
       MF_NCCL_CHECK(dyn::ncclGroupStart());
       if (me == r) {
         for (int64_t j = 0; j < static_cast<int64_t>(team.size()); ++j)
-          if (j != me)
-            MF_NCCL_CHECK(dyn::ncclRecv(at(recv, j * chunk), n(count), ncclTypeOf(dt).type, static_cast<int>(j), c, s));
-      } else {
-        MF_NCCL_CHECK(dyn::ncclSend(send, n(count), ncclTypeOf(dt).type, static_cast<int>(r), c, s));
+          if (j != me && counts[j] > 0)
+            MF_NCCL_CHECK(dyn::ncclRecv(at(recv, n(displs[j]) * elem), n(counts[j]), ncclTypeOf(dt).type,
+                                        static_cast<int>(j), c, s));
+      } else if (counts[me] > 0) {
+        MF_NCCL_CHECK(dyn::ncclSend(send, n(counts[me]), ncclTypeOf(dt).type, static_cast<int>(r), c, s));
       }
       MF_NCCL_CHECK(dyn::ncclGroupEnd());
-      if (me == r) copyOwn(at(recv, me * chunk), send, chunk, s);
+      if (me == r) copyOwn(at(recv, n(displs[me]) * elem), send, n(counts[me]) * elem, s);
     });
   }
-  std::unique_ptr<Work> scatter(const void* send, void* recv, int64_t count, DataType dt, int64_t root,
-                                const Team& team) override {
+  std::unique_ptr<Work> scatterv(const void* send, void* recv, const Counts& counts, DataType dt, int64_t root,
+                                 const Team& team) override {
     ncclComm_t c = commOf("scatter", team, root);
+    checkCounts("scatter", counts, team);
     const int64_t me = indexIn(team, rank()), r = indexIn(team, root);
-    const size_t chunk = n(count) * static_cast<size_t>(dtypeSize(dt));
+    const size_t elem = static_cast<size_t>(dtypeSize(dt));
+    const std::vector<int64_t> displs = displacements(counts);
     return run("scatter", team, [&](cudaStream_t s) {
       MF_NCCL_CHECK(dyn::ncclGroupStart());
       if (me == r) {
         for (int64_t j = 0; j < static_cast<int64_t>(team.size()); ++j)
-          if (j != me)
-            MF_NCCL_CHECK(dyn::ncclSend(at(send, j * chunk), n(count), ncclTypeOf(dt).type, static_cast<int>(j), c, s));
-      } else {
-        MF_NCCL_CHECK(dyn::ncclRecv(recv, n(count), ncclTypeOf(dt).type, static_cast<int>(r), c, s));
+          if (j != me && counts[j] > 0)
+            MF_NCCL_CHECK(dyn::ncclSend(at(send, n(displs[j]) * elem), n(counts[j]), ncclTypeOf(dt).type,
+                                        static_cast<int>(j), c, s));
+      } else if (counts[me] > 0) {
+        MF_NCCL_CHECK(dyn::ncclRecv(recv, n(counts[me]), ncclTypeOf(dt).type, static_cast<int>(r), c, s));
       }
       MF_NCCL_CHECK(dyn::ncclGroupEnd());
-      if (me == r) copyOwn(recv, at(send, me * chunk), chunk, s);
+      if (me == r) copyOwn(recv, at(send, n(displs[me]) * elem), n(counts[me]) * elem, s);
     });
   }
   // NCCL has no tags: messages between a pair match in issue order, which the evaluator keeps
@@ -268,6 +320,9 @@ class NcclCommunicator final : public Communicator {
   static ncclRedOp_t redOp(DataType dt, ReduceOp op) {
     return op == ReduceOp::Max ? ncclTypeOf(dt).max : ncclTypeOf(dt).sum;
   }
+  // Device scratch memory for padded blocks, from the context's cache (freed blocks are fenced
+  // after the work submitted before: keep it alive until run() returned).
+  Tensor scratch(DataType dt, int64_t elements) { return CudaContext::allocateTensor(ctx_, dt, {elements}); }
   static void copyOwn(void* dst, const void* src, size_t bytes, cudaStream_t s) {
     if (bytes > 0 && dst != src) MF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
   }
