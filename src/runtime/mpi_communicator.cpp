@@ -269,11 +269,9 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm c = commOf("all_to_all", team, -1);
     checkCounts("all_to_all", send_counts, team);
     checkCounts("all_to_all", recv_counts, team);
-    if (equalCounts(send_counts) && send_counts == recv_counts) {
-      return issue("all_to_all", team, [&](MPI_Request* r) {
-        return MPI_Ialltoall(send, toInt(send_counts[0]), type(dt), recv, toInt(send_counts[0]), type(dt), c, r);
-      });
-    }
+    // Always the v-form: unlike an allgather's or reduce-scatter's, these counts are this rank's
+    // own, so one rank of an uneven exchange may see uniform counts (all zero, say) while its
+    // peers do not, and MPI_Ialltoall against peers' MPI_Ialltoallv is a mismatched collective.
     auto sv = std::make_shared<VCounts>(send_counts);
     auto rv = std::make_shared<VCounts>(recv_counts);
     return issue(
