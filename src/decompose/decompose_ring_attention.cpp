@@ -47,6 +47,13 @@ int64_t ringAxis(const Fusion& f, const Expr* sdpa) {
   for (const TensorView* t : {query, static_cast<const TensorView*>(sdpa->output())})
     if (t->mesh() == nullptr || *t->mesh() != *sdpa->output()->mesh() || placementsOf(t)[a] != Placement::shard(kSeq))
       return -1;
+  // The ring rotates blocks of one size: a sequence its mesh axes do not divide (torch.chunk's
+  // uneven blocks) stays gathered.
+  int64_t split = 1;
+  const std::vector<Placement> ps = placementsOf(query);
+  for (size_t b = 0; b < ps.size(); ++b)
+    if (ps[b] == Placement::shard(kSeq)) split *= query->mesh()->size(static_cast<int64_t>(b));
+  if (!query->shape()[kSeq].divisible(split)) return -1;
   return a;
 }
 

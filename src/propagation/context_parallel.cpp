@@ -103,7 +103,10 @@ class Chooser {
   // (torch.chunk's uneven blocks are gathered instead).
   bool sequenceDivides(int64_t a) const {
     const TensorView* q = operand(kQuery);
-    return q != nullptr && q->rank() > kSeq && q->dims()[kSeq]->extent().divisible(mesh_.size(a));
+    int64_t split = mesh_.size(a);
+    for (int64_t b = 0; b < mesh_.rank(); ++b)
+      if (b != a && splitOnSeq(kQuery, b)) split *= mesh_.size(b);
+    return q != nullptr && q->rank() > kSeq && q->dims()[kSeq]->extent().divisible(split);
   }
 
   std::string where(int64_t a) const {
