@@ -73,15 +73,16 @@ struct CaseSpec {
 std::vector<Shape> shapesOf(const CaseSpec& c);
 std::vector<int64_t> extents(const CaseSpec& c, const Shape& s);
 
-// A deterministic random case for a world of `world` ranks (seed and index name it).
-CaseSpec generateCase(uint64_t seed, int64_t index, int64_t world, int max_ops);
+// A deterministic random case for a world of `world` ranks (seed and index name it); `uneven`:
+// the percent of shard draws that may split a dim the mesh axis does not divide.
+CaseSpec generateCase(uint64_t seed, int64_t index, int64_t world, int max_ops, int uneven = 0);
 
 // The single-device definition (no meshes), with the outputs' pins applied on the mesh. Throws
 // the builder's UserError when the case is not well formed (the shrinker relies on that).
 std::unique_ptr<Fusion> buildDefinition(const CaseSpec& c);
 DeviceMesh meshOf(const CaseSpec& c);
-// Whether every input placement and output pin shards only dims it divides evenly (uneven
-// sharding is refused by design: a shrunk case that breaks this is not a case).
+// Whether every input placement and output pin shards only dims it divides evenly (the oracle
+// counts bytes of even blocks only: an uneven case gets checks (a) and (b), not (c)).
 bool evenlyPlaced(const CaseSpec& c);
 
 // One-line text form of the case (written into reproducers, read back by --replay).

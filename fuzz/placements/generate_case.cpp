@@ -30,10 +30,12 @@ struct Builder {
   CaseSpec c;
   std::vector<Shape> shapes;  // of every tensor so far
   Rng rng;
+  int uneven = 0;  // percent of shard draws that may pick a dim the mesh axis does not divide
 
   int newSlot() {
     static const int64_t menu[] = {2, 3, 4, 6, 8, 2, 4, 6, 12};
-    c.slots.push_back(menu[rng.pick(std::size(menu))]);
+    static const int64_t uneven_menu[] = {2, 3, 4, 5, 6, 7, 8, 3, 12};  // odd sizes for 2 and 4 ranks
+    c.slots.push_back(uneven > 0 ? uneven_menu[rng.pick(std::size(uneven_menu))] : menu[rng.pick(std::size(menu))]);
     return static_cast<int>(c.slots.size() - 1);
   }
   Shape freshShape(int64_t rank) {
@@ -41,16 +43,21 @@ struct Builder {
     for (int64_t i = 0; i < rank; ++i) s.push_back({newSlot()});
     return s;
   }
-  // A random placement per mesh axis for a tensor of `shape`; shards only where they divide
-  // evenly (uneven sharding is refused by design, not a finding). Partial only where allowed.
+  // A random placement per mesh axis for a tensor of `shape`; shards where they divide evenly,
+  // and with `uneven` percent any dim (torch.chunk's blocks, empty ones included). Partial only
+  // where allowed. (With uneven = 0 no extra number is drawn: seeds name the same cases as
+  // before uneven draws existed, so known failures keep their names.)
   std::vector<Placement> placements(const Shape& shape, bool allow_partial) {
     std::vector<int64_t> ext = extents(c, shape), split(shape.size(), 1);
     std::vector<Placement> ps;
     for (int64_t m : c.mesh_shape) {
       int64_t r = rng.pick(100);
-      std::vector<int64_t> dims;
+      // An uneven draw takes the dims the axis does not divide (where there are any).
+      const bool uneven_draw = uneven > 0 && rng.chance(uneven);
+      std::vector<int64_t> dims, odd;
       for (size_t d = 0; d < ext.size(); ++d)
-        if (ext[d] % (split[d] * m) == 0) dims.push_back(static_cast<int64_t>(d));
+        (ext[d] % (split[d] * m) == 0 ? dims : odd).push_back(static_cast<int64_t>(d));
+      if (uneven_draw && !odd.empty()) dims = odd;
       if (r >= 35 && r < 80 && !dims.empty()) {
         int64_t d = dims[rng.pick(static_cast<int64_t>(dims.size()))];
         split[d] *= m;
@@ -209,9 +216,10 @@ std::optional<OpSpec> drawOp(Builder& b, int x) {
 
 }  // namespace
 
-CaseSpec generateCase(uint64_t seed, int64_t index, int64_t world, int max_ops) {
-  Builder b{CaseSpec{}, {}, Rng(seed * 0x100000001B3ull + static_cast<uint64_t>(world) * 7919 + index)};
-  b.c.name = fmt::format("s{}-w{}-c{}", seed, world, index);
+CaseSpec generateCase(uint64_t seed, int64_t index, int64_t world, int max_ops, int uneven) {
+  Builder b{CaseSpec{}, {}, Rng(seed * 0x100000001B3ull + static_cast<uint64_t>(world) * 7919 + index), uneven};
+  b.c.name = uneven > 0 ? fmt::format("s{}-w{}-u{}-c{}", seed, world, uneven, index)
+                        : fmt::format("s{}-w{}-c{}", seed, world, index);
   b.c.mesh_shape = world == 4 && b.rng.chance(40) ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{world};
   static const int64_t ranks[] = {2, 2, 2, 3, 3, 4};
   b.addInput(b.freshShape(ranks[b.rng.pick(std::size(ranks))]));

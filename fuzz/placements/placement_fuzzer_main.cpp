@@ -4,7 +4,7 @@
 // (program, placements, both plans), shrunk and written as a .mf reproducer.
 //
 //   mpirun -np N meshfuse_placement_fuzzer --cases 200 --seed 1 [--first I] [--max-ops 5] [--out DIR]
-//                                          [--known FILE] [--no-shrink]
+//                                          [--known FILE] [--no-shrink] [--uneven PERCENT]
 //   mpirun -np N meshfuse_placement_fuzzer --replay DIR/<case>.mf
 #define OMPI_SKIP_MPICXX 1
 #include <fmt/format.h>
@@ -35,6 +35,7 @@ struct Args {
   std::string known;   // a file of "<case name> <reason>" lines: failures the run expects
   std::string replay;  // a reproducer to run instead
   bool shrink = true;
+  int uneven = 0;  // percent of shard draws that may split a dim unevenly
 };
 
 Args parseArgs(int argc, char** argv) {
@@ -53,6 +54,7 @@ Args parseArgs(int argc, char** argv) {
     else if (k == "--known") a.known = value();
     else if (k == "--replay") a.replay = value();
     else if (k == "--no-shrink") a.shrink = false;
+    else if (k == "--uneven") a.uneven = std::stoi(value());
     else throw std::invalid_argument("unknown option " + k);
   }
   return a;
@@ -165,7 +167,7 @@ int fuzz(const Args& a, Communicator& world) {
   const auto start = std::chrono::steady_clock::now();
   Tally t;
   for (int64_t i = 0; i < a.cases; ++i) {
-    fuzzOne(a, generateCase(a.seed, a.first + i, world.size(), a.max_ops), world, known, t);
+    fuzzOne(a, generateCase(a.seed, a.first + i, world.size(), a.max_ops, a.uneven), world, known, t);
     if (rank0 && ((i + 1) % 50 == 0 || i + 1 == a.cases))
       std::cout << fmt::format("[{} ranks] {}/{} cases, {} failed, {} known, {} refused, {} oracle-checked, {:.0f} s\n",
                                world.size(), i + 1, a.cases, t.failed, t.expected, t.refused, t.oracle_checked,

@@ -54,7 +54,9 @@ TEST(PinnedReductions, SumPinnedShardIsOneReduceScatterWhateverTheRowCount) {
     ShardedRun run = reduceRows(OpKind::Sum, rows, S(0), /*via_set=*/false);
     expectPlan(run, {"reduce_scatter"}, {64});
     EXPECT_EQ(run.local_outputs[0].placements, Ps{S(0)});
-    if (worldSize() > 1) EXPECT_EQ(run.collectives[0].provenance, "pinned by the user: %y = sum placed [Shard(0)]");
+    if (worldSize() > 1) {
+      EXPECT_EQ(run.collectives[0].provenance, "pinned by the user: %y = sum placed [Shard(0)]");
+    }
   }
 }
 

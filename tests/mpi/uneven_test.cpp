@@ -85,7 +85,9 @@ TEST(Uneven, EveryCollectiveKindMovesBlocksOfDifferentSizesExactly) {
   const int64_t root = n - 1;
   std::vector<float> gathered(static_cast<size_t>(total) + 1, -1);
   world().gatherv(mine.data(), me == root ? gathered.data() : nullptr, counts, DataType::Float, root, everyone())->wait();
-  if (me == root) EXPECT_EQ(gathered, want);
+  if (me == root) {
+    EXPECT_EQ(gathered, want);
+  }
   std::vector<float> piece(static_cast<size_t>(counts[me]) + 1, -1), piece_want = blockOf(me, 0, counts[me]);
   piece_want.push_back(-1);
   world().scatterv(me == root ? want.data() : nullptr, piece.data(), counts, DataType::Float, root, everyone())->wait();
