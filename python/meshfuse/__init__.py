@@ -16,6 +16,7 @@
 Run on N ranks with ``python -m meshfuse.launch -n N script.py``. See docs/python.md.
 """
 
+from . import _blas  # noqa: F401  (first: sets OPENBLAS_CORETYPE before _C loads OpenBLAS)
 from . import _C
 from ._errors import *  # noqa: F401,F403  (meshfuse.Error and one subclass per error kind)
 from ._errors import Error

@@ -27,8 +27,6 @@ bool contiguousBlocks(const std::vector<int64_t>& shape, int64_t d) {
   return true;
 }
 
-int64_t positiveMod(int64_t a, int64_t m) { return ((a % m) + m) % m; }
-
 std::string currentExceptionMessage() {
   try {
     throw;
