@@ -44,8 +44,8 @@ struct Builder {
     return s;
   }
   // A random placement per mesh axis for a tensor of `shape`; shards where they divide evenly,
-  // and with `uneven` percent any dim (torch.chunk's blocks, empty ones included). Partial only
-  // where allowed. (With uneven = 0 no extra number is drawn: seeds name the same cases as
+  // except that `uneven` percent of the draws take the dims the axis does not divide (torch.chunk's
+  // blocks, empty ones included). Partial only where allowed. (With uneven = 0 no extra number is drawn: seeds name the same cases as
   // before uneven draws existed, so known failures keep their names.)
   std::vector<Placement> placements(const Shape& shape, bool allow_partial) {
     std::vector<int64_t> ext = extents(c, shape), split(shape.size(), 1);
