@@ -61,7 +61,8 @@ int64_t ringAxis(const Fusion& f, const Expr* sdpa) {
 // work, unless the sizes are static and a device's rows do not split in two.
 int64_t chunksOf(const Expr* sdpa, int64_t devices) {
   if (!sdpa->attr<bool>("is_causal")) return devices;
-  const Extent& seq = static_cast<const TensorView*>(sdpa->input(size_t{0}))->shape()[kSeq];
+  // A copy: shape() returns its extents by value.
+  const Extent seq = static_cast<const TensorView*>(sdpa->input(size_t{0}))->shape()[kSeq];
   return seq.isStatic() && !seq.divisible(2 * devices) ? devices : 2 * devices;
 }
 
