@@ -70,22 +70,6 @@ std::shared_ptr<Communicator> communicatorFor(const Backend& backend) {
   return c.cuda;
 }
 
-// Binds the symbolic sizes of `f`'s inputs from their global shapes (one per input).
-SymbolBindings bindGlobalShapes(const Fusion& f, const std::vector<std::vector<int64_t>>& shapes) {
-  MF_USER_CHECK(shapes.size() == f.inputs().size(), ErrorKind::Value, "the fusion takes {} inputs but {} were given",
-                f.inputs().size(), shapes.size());
-  SymbolBindings b;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    std::vector<Extent> shape = f.inputs()[i]->shape();
-    MF_USER_CHECK(shape.size() == shapes[i].size(), ErrorKind::Shape,
-                  "input {} ({}): expected rank {} but got shape [{}]", i, f.displayName(f.inputs()[i]), shape.size(),
-                  fmt::join(shapes[i], ", "));
-    for (size_t d = 0; d < shape.size(); ++d)
-      if (!shape[d].isStatic()) b.emplace(shape[d].symbol(), shapes[i][d]);
-  }
-  return b;
-}
-
 // PipelineOptions from Python keyword arguments {name: value}, through the compile-option table
 // (the CLI's flags come from the same table): a bool is "true"/"false", a number its digits.
 PipelineOptions pipelineOptions(const py::dict& options) {
@@ -133,6 +117,10 @@ struct PyProgram {
   std::vector<std::vector<int64_t>> input_shapes;  // global, for symbolic sizes
 
   const Fusion& fusion() const { return *compiled->fusion; }
+  // The symbolic sizes the input shapes bind (all of them given, so checked against the static dims).
+  SymbolBindings sizes() const {
+    return bindSizes(fusion(), input_shapes, std::vector<bool>(input_shapes.size(), true));
+  }
   int64_t rankOrThis(std::optional<int64_t> rank) const {
     int64_t r = rank.value_or(owner->comm->rank());
     MF_USER_CHECK(r >= 0 && r < owner->comm->size(), ErrorKind::Value, "rank {} is not in this world of {} ranks", r,
@@ -324,21 +312,21 @@ void bindCompiledPrograms(py::module_& m) {
           "collectives",
           [](const PyProgram& p, std::optional<int64_t> rank) {
             HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
-            return collectives(h, bindGlobalShapes(p.fusion(), p.input_shapes));
+            return collectives(h, p.sizes());
           },
           "rank"_a = py::none())
       .def(
           "peak_memory",
           [](const PyProgram& p, std::optional<int64_t> rank) {
             HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
-            return peakMemoryBytes(h, bindGlobalShapes(p.fusion(), p.input_shapes));
+            return peakMemoryBytes(h, p.sizes());
           },
           "rank"_a = py::none())
       .def(
           "attention_blocks",
           [](const PyProgram& p, std::optional<int64_t> rank) {
             HostProgram h = programForRank(*p.compiled, p.rankOrThis(rank));
-            return attentionBlocks(h, bindGlobalShapes(p.fusion(), p.input_shapes));
+            return attentionBlocks(h, p.sizes());
           },
           "rank"_a = py::none())
       .def(
@@ -367,7 +355,7 @@ void bindCompiledPrograms(py::module_& m) {
                                return out;
                              })
       .def_property_readonly("output_shapes", [](const PyProgram& p) {
-        SymbolBindings b = bindGlobalShapes(p.fusion(), p.input_shapes);
+        SymbolBindings b = p.sizes();
         std::vector<std::vector<int64_t>> out;
         for (const TensorView* tv : p.fusion().outputs()) {
           std::vector<int64_t> s;

@@ -191,74 +191,21 @@ class GraphBuilder {
 
   void build(const meshfuse::Expr* e) {
     const TensorView* out = e->output();
-    const DataType odt = out->dtype();
-    const Type ot = computeType(odt);
     std::vector<int64_t> shape = shape_of_(out);
-    const OpKind k = e->kind();
     ENode* result = nullptr;
     switch (e->info().category) {
-      case OpCategory::Unary: {
-        const bool tanh_approx = k == OpKind::Gelu && e->attr<std::string>("approximate") == "tanh";
-        result = map(
-            shape, ot, odt, {operand(e->input(size_t{0}))},
-            [k, tanh_approx, ot, odt](const auto& a) {
-              return roundTo(unaryFormula(k, tanh_approx, cast(a[0], ot)), odt);
-            },
-            out);
-        break;
-      }
+      case OpCategory::Unary:
       case OpCategory::Binary:
-        result = map(
-            shape, ot, odt, {operand(e->input(size_t{0})), operand(e->input(size_t{1}))},
-            [k, ot, odt](const auto& a) { return roundTo(binaryFormula(k, cast(a[0], ot), cast(a[1], ot)), odt); },
-            out);
-        break;
-      case OpCategory::Compare:  // in f64: exact for every dtype and for any scalar operand
-        result = map(
-            shape, ot, odt, {operand(e->input(size_t{0})), operand(e->input(size_t{1}))},
-            [k](const auto& a) { return binaryFormula(k, cast(a[0], Type::F64), cast(a[1], Type::F64)); }, out);
-        break;
+      case OpCategory::Compare:
       case OpCategory::Ternary:
-        result = map(
-            shape, ot, odt, {operand(e->input(size_t{0})), operand(e->input(size_t{1})), operand(e->input(size_t{2}))},
-            [ot, odt](const auto& a) {
-              return roundTo(select(cast(a[0], Type::Bool), cast(a[1], ot), cast(a[2], ot)), odt);
-            },
-            out);
-        break;
       case OpCategory::Cast:
-      case OpCategory::Set:
-        result = map(
-            shape, ot, odt, {operand(e->input(size_t{0}))},
-            [ot, odt](const auto& a) { return roundTo(cast(a[0], ot), odt); }, out);
-        break;
+      case OpCategory::Set: result = elementwise(e, shape); break;
       case OpCategory::Reduction: result = reduction(e, shape); break;
       case OpCategory::BroadcastInDim: result = broadcastInDim(e, shape); break;
       case OpCategory::Reshape: result = reshape(e, shape); break;
-      case OpCategory::Permute: {
-        ENode* x = operand(e->input(size_t{0}));
-        std::vector<int64_t> perm = e->attr<std::vector<int64_t>>("dims");
-        for (int64_t& p : perm) p = p < 0 ? p + static_cast<int64_t>(perm.size()) : p;
-        result = indexNode(
-            x, shape,
-            [perm](const std::vector<Expr>& idx) {
-              std::vector<Expr> in(idx.size());
-              for (size_t d = 0; d < perm.size(); ++d) in[perm[d]] = idx[d];
-              return in;
-            },
-            out);
-        break;
-      }
+      case OpCategory::Permute: result = permute(e, shape); break;
       case OpCategory::Slice: result = slice(e, shape); break;
-      case OpCategory::Cat: {
-        ENode n{ENode::Cat, shape, ot, odt};
-        for (const Val* v : e->inputs()) n.operands.push_back(operand(v));
-        int64_t dim = e->attr<int64_t>("dim");
-        n.dim = dim < 0 ? dim + static_cast<int64_t>(shape.size()) : dim;
-        n.tv = out;
-        result = addNode(std::move(n));
-        break;
-      }
+      case OpCategory::Cat: result = cat(e, shape); break;
       case OpCategory::Softmax: result = softmax(e, shape); break;
       case OpCategory::Norm: result = norm(e, shape); break;
       case OpCategory::Indexing: result = indexing(e, shape); break;
@@ -274,6 +221,73 @@ class GraphBuilder {
   ENode* valueOf(const TensorView* tv) const { return values_.at(tv); }
 
  private:
+  // One Map node: the op's formula at each index, computed in the output's compute type and
+  // rounded to its dtype (compares in f64: exact for every dtype and for any scalar operand).
+  ENode* elementwise(const meshfuse::Expr* e, const std::vector<int64_t>& shape) {
+    const TensorView* out = e->output();
+    const DataType odt = out->dtype();
+    const Type ot = computeType(odt);
+    const OpKind k = e->kind();
+    const OpCategory c = e->info().category;
+    const size_t arity = c == OpCategory::Ternary ? 3 : c == OpCategory::Binary || c == OpCategory::Compare ? 2 : 1;
+    std::vector<ENode*> operands;
+    for (size_t i = 0; i < arity; ++i) operands.push_back(operand(e->input(i)));
+    switch (c) {
+      case OpCategory::Unary: {
+        const bool tanh_approx = k == OpKind::Gelu && e->attr<std::string>("approximate") == "tanh";
+        return map(
+            shape, ot, odt, operands,
+            [k, tanh_approx, ot, odt](const auto& a) {
+              return roundTo(unaryFormula(k, tanh_approx, cast(a[0], ot)), odt);
+            },
+            out);
+      }
+      case OpCategory::Binary:
+        return map(
+            shape, ot, odt, operands,
+            [k, ot, odt](const auto& a) { return roundTo(binaryFormula(k, cast(a[0], ot), cast(a[1], ot)), odt); },
+            out);
+      case OpCategory::Compare:
+        return map(
+            shape, ot, odt, operands,
+            [k](const auto& a) { return binaryFormula(k, cast(a[0], Type::F64), cast(a[1], Type::F64)); }, out);
+      case OpCategory::Ternary:
+        return map(
+            shape, ot, odt, operands,
+            [ot, odt](const auto& a) {
+              return roundTo(select(cast(a[0], Type::Bool), cast(a[1], ot), cast(a[2], ot)), odt);
+            },
+            out);
+      default:  // Cast, Set
+        return map(
+            shape, ot, odt, operands, [ot, odt](const auto& a) { return roundTo(cast(a[0], ot), odt); }, out);
+    }
+  }
+
+  ENode* permute(const meshfuse::Expr* e, const std::vector<int64_t>& shape) {
+    ENode* x = operand(e->input(size_t{0}));
+    std::vector<int64_t> perm = e->attr<std::vector<int64_t>>("dims");
+    for (int64_t& p : perm) p = p < 0 ? p + static_cast<int64_t>(perm.size()) : p;
+    return indexNode(
+        x, shape,
+        [perm](const std::vector<Expr>& idx) {
+          std::vector<Expr> in(idx.size());
+          for (size_t d = 0; d < perm.size(); ++d) in[perm[d]] = idx[d];
+          return in;
+        },
+        e->output());
+  }
+
+  ENode* cat(const meshfuse::Expr* e, const std::vector<int64_t>& shape) {
+    const DataType odt = e->output()->dtype();
+    ENode n{ENode::Cat, shape, computeType(odt), odt};
+    for (const Val* v : e->inputs()) n.operands.push_back(operand(v));
+    int64_t dim = e->attr<int64_t>("dim");
+    n.dim = dim < 0 ? dim + static_cast<int64_t>(shape.size()) : dim;
+    n.tv = e->output();
+    return addNode(std::move(n));
+  }
+
   ENode* reduction(const meshfuse::Expr* e, const std::vector<int64_t>& shape) {
     ENode* x = operand(e->input(size_t{0}));
     const int64_t rank = static_cast<int64_t>(x->shape.size());

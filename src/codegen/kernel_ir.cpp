@@ -76,6 +76,16 @@ Expr load(int64_t buffer, Type t, Expr flat_index) {
 
 bool isConst(const Expr& e, double v) { return e->op == Op::Const && e->value == v; }
 
+bool sameExpr(const Expr& a, const Expr& b) {
+  if (a == b) return true;
+  if (a->op != b->op || a->type != b->type || a->value != b->value || a->id != b->id || a->round_to != b->round_to ||
+      a->args.size() != b->args.size())
+    return false;
+  for (size_t i = 0; i < a->args.size(); ++i)
+    if (!sameExpr(a->args[i], b->args[i])) return false;
+  return true;
+}
+
 Expr unary(Op op, Expr x) {
   Type t = x->type;
   return make({op, t, 0, -1, DataType::Float, {std::move(x)}});

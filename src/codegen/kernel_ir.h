@@ -95,6 +95,8 @@ Expr select(Expr cond, Expr a, Expr b);
 inline Expr add(Expr a, Expr b) { return binary(Op::Add, std::move(a), std::move(b)); }
 inline Expr mul(Expr a, Expr b) { return binary(Op::Mul, std::move(a), std::move(b)); }
 bool isConst(const Expr& e, double v);
+// The same tree (op, type, value, id, rounding and arguments, recursively), not just the same node.
+bool sameExpr(const Expr& a, const Expr& b);
 
 // ---- statements ---------------------------------------------------------------------------
 struct Stmt {

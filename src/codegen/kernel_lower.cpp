@@ -33,16 +33,6 @@
 namespace meshfuse::kir {
 namespace {
 
-bool sameExpr(const Expr& a, const Expr& b) {
-  if (a == b) return true;
-  if (a->op != b->op || a->type != b->type || a->value != b->value || a->id != b->id || a->round_to != b->round_to ||
-      a->args.size() != b->args.size())
-    return false;
-  for (size_t i = 0; i < a->args.size(); ++i)
-    if (!sameExpr(a->args[i], b->args[i])) return false;
-  return true;
-}
-
 struct Storage {
   enum Kind { None, Buffer, Let, Accumulator } kind = None;
   int64_t id = -1;          // buffer or scalar

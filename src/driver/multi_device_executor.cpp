@@ -14,27 +14,24 @@
 namespace meshfuse {
 namespace {
 
-// The sizes `inputs` bind in `placed` (a definition with the inputs' placements): their global
-// shapes where given, else their local blocks times their shards; nullopt without either (plan()
-// of layouts alone). Mismatches are the run's to report (bindLocalInputs), with names.
+// The sizes `inputs` bind in `placed` (a definition with the inputs' placements; bindSizes): from
+// their global shapes where given, else from their local blocks times their shards; nullopt
+// without either for some input (plan() of layouts alone), the run's to report.
 std::optional<SymbolBindings> runSizes(const Fusion& placed, const std::vector<ShardedTensor>& inputs, int64_t rank) {
-  SymbolBindings sizes;
-  for (size_t i = 0; i < inputs.size() && i < placed.inputs().size(); ++i) {
+  if (inputs.size() != placed.inputs().size()) return std::nullopt;
+  std::vector<std::vector<int64_t>> globals(inputs.size());
+  std::vector<bool> stated(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorView* tv = placed.inputs()[i];
-    const std::vector<Extent> shape = tv->shape();
-    std::vector<int64_t> global = inputs[i].global_shape;
+    const size_t rank_of_tv = tv->shape().size();
+    stated[i] = !inputs[i].global_shape.empty();
+    globals[i] = inputs[i].global_shape;
     const bool held = tv->mesh() == nullptr || tv->mesh()->contains(rank);
-    if (global.empty() && held && inputs[i].local.defined() &&
-        static_cast<size_t>(inputs[i].local.rank()) == shape.size()) {
-      global = inputs[i].local.shape();
-      std::vector<int64_t> factors = shardFactors(tv);
-      for (size_t d = 0; d < global.size(); ++d) global[d] *= factors[d];
-    }
-    if (global.size() != shape.size()) return std::nullopt;
-    for (size_t d = 0; d < shape.size(); ++d)
-      if (!shape[d].isStatic()) sizes.emplace(shape[d].symbol(), global[d]);
+    if (!stated[i] && held && inputs[i].local.defined() && static_cast<size_t>(inputs[i].local.rank()) == rank_of_tv)
+      globals[i] = impliedGlobalShape(tv, inputs[i].local, rank);
+    if (globals[i].size() != rank_of_tv) return std::nullopt;
   }
-  return sizes;
+  return bindSizes(placed, globals, stated);
 }
 
 }  // namespace

@@ -119,82 +119,19 @@ class Evaluator {
     Array out{std::move(out_shape), {}};
     out.data.resize(numel(out.shape));
     switch (e->info().category) {
-      case OpCategory::Unary: {
-        auto r = reader(e->input(size_t{0}));
-        forEachIndex(out.shape, [&](int64_t flat, const auto& idx) { out.data[flat] = unary(e->kind(), r(idx), e); });
-        break;
-      }
+      case OpCategory::Unary:
       case OpCategory::Binary:
-      case OpCategory::Compare: {
-        auto a = reader(e->input(size_t{0}));
-        auto b = reader(e->input(size_t{1}));
-        forEachIndex(out.shape, [&](int64_t flat, const auto& idx) {
-          out.data[flat] = binary(e->kind(), a(idx), b(idx), out_tv->dtype());
-        });
-        break;
-      }
-      case OpCategory::Ternary: {
-        auto c = reader(e->input(size_t{0}));
-        auto a = reader(e->input(size_t{1}));
-        auto b = reader(e->input(size_t{2}));
-        forEachIndex(out.shape, [&](int64_t flat, const auto& idx) { out.data[flat] = c(idx) != 0 ? a(idx) : b(idx); });
-        break;
-      }
+      case OpCategory::Compare:
+      case OpCategory::Ternary: elementwise(e, out); break;
       case OpCategory::Cast:
-      case OpCategory::Set: out.data = in(e, 0).data; break;
+      case OpCategory::Set:
+      case OpCategory::Reshape: out.data = in(e, 0).data; break;
       case OpCategory::Reduction: reduce(e, out); break;
       case OpCategory::Gemm: gemm(e, out); break;
-      case OpCategory::BroadcastInDim: {
-        const Array& x = in(e, 0);
-        const auto& bd = e->attr<std::vector<int64_t>>("broadcast_dims");
-        std::vector<int64_t> st = stridesOf(x.shape);
-        forEachIndex(out.shape, [&](int64_t flat, const auto& idx) {
-          int64_t off = 0;
-          for (size_t i = 0; i < bd.size(); ++i) off += (x.shape[i] == 1 ? 0 : idx[bd[i]]) * st[i];
-          out.data[flat] = x.data[off];
-        });
-        break;
-      }
-      case OpCategory::Reshape: out.data = in(e, 0).data; break;
-      case OpCategory::Permute: {
-        const Array& x = in(e, 0);
-        const auto& perm = e->attr<std::vector<int64_t>>("dims");
-        std::vector<int64_t> st = stridesOf(x.shape);
-        forEachIndex(out.shape, [&](int64_t flat, const auto& idx) {
-          int64_t off = 0;
-          for (size_t d = 0; d < perm.size(); ++d) off += idx[d] * st[(perm[d] + perm.size()) % perm.size()];
-          out.data[flat] = x.data[off];
-        });
-        break;
-      }
-      case OpCategory::Slice: {
-        const Array& x = in(e, 0);
-        const auto& starts = e->attr<std::vector<int64_t>>("starts");
-        std::vector<int64_t> st = stridesOf(x.shape);
-        forEachIndex(out.shape, [&](int64_t flat, const auto& idx) {
-          int64_t off = 0;
-          for (size_t d = 0; d < idx.size(); ++d) off += (idx[d] + starts[d]) * st[d];
-          out.data[flat] = x.data[off];
-        });
-        break;
-      }
-      case OpCategory::Cat: {
-        int64_t dim = e->attr<int64_t>("dim");
-        if (dim < 0) dim += static_cast<int64_t>(out.shape.size());
-        int64_t base = 0;
-        for (size_t i = 0; i < e->inputs().size(); ++i) {
-          const Array& x = in(e, i);
-          std::vector<int64_t> ost = stridesOf(out.shape);
-          forEachIndex(x.shape, [&](int64_t flat, const auto& idx) {
-            int64_t off = 0;
-            for (size_t d = 0; d < idx.size(); ++d)
-              off += (idx[d] + (static_cast<int64_t>(d) == dim ? base : 0)) * ost[d];
-            out.data[off] = x.data[flat];
-          });
-          base += x.shape[dim];
-        }
-        break;
-      }
+      case OpCategory::BroadcastInDim:
+      case OpCategory::Permute:
+      case OpCategory::Slice: gatherElements(e, out); break;
+      case OpCategory::Cat: cat(e, out); break;
       case OpCategory::Softmax: softmax(e, out); break;
       case OpCategory::Norm: norm(e, out); break;
       case OpCategory::Attention: attention(e, out); break;
@@ -207,6 +144,79 @@ class Evaluator {
   }
 
  private:
+  void elementwise(const Expr* e, Array& out) {
+    const DataType dtype = e->output()->dtype();
+    switch (e->info().category) {
+      case OpCategory::Unary: {
+        auto r = reader(e->input(size_t{0}));
+        forEachIndex(out.shape, [&](int64_t flat, const auto& idx) { out.data[flat] = unary(e->kind(), r(idx), e); });
+        break;
+      }
+      case OpCategory::Ternary: {
+        auto c = reader(e->input(size_t{0}));
+        auto a = reader(e->input(size_t{1}));
+        auto b = reader(e->input(size_t{2}));
+        forEachIndex(out.shape, [&](int64_t flat, const auto& idx) { out.data[flat] = c(idx) != 0 ? a(idx) : b(idx); });
+        break;
+      }
+      default: {  // Binary, Compare
+        auto a = reader(e->input(size_t{0}));
+        auto b = reader(e->input(size_t{1}));
+        forEachIndex(out.shape, [&](int64_t flat, const auto& idx) {
+          out.data[flat] = binary(e->kind(), a(idx), b(idx), dtype);
+        });
+        break;
+      }
+    }
+  }
+
+  // broadcast_in_dim, permute, slice: each output element is one input element, at the offset
+  // the op's index map gives.
+  void gatherElements(const Expr* e, Array& out) {
+    const Array& x = in(e, 0);
+    const std::vector<int64_t> st = stridesOf(x.shape);
+    std::function<int64_t(const std::vector<int64_t>&)> offset;
+    if (e->info().category == OpCategory::BroadcastInDim) {
+      const auto& bd = e->attr<std::vector<int64_t>>("broadcast_dims");
+      offset = [&](const std::vector<int64_t>& idx) {
+        int64_t off = 0;
+        for (size_t i = 0; i < bd.size(); ++i) off += (x.shape[i] == 1 ? 0 : idx[bd[i]]) * st[i];
+        return off;
+      };
+    } else if (e->info().category == OpCategory::Permute) {
+      const auto& perm = e->attr<std::vector<int64_t>>("dims");
+      offset = [&](const std::vector<int64_t>& idx) {
+        int64_t off = 0;
+        for (size_t d = 0; d < perm.size(); ++d) off += idx[d] * st[(perm[d] + perm.size()) % perm.size()];
+        return off;
+      };
+    } else {
+      const auto& starts = e->attr<std::vector<int64_t>>("starts");
+      offset = [&](const std::vector<int64_t>& idx) {
+        int64_t off = 0;
+        for (size_t d = 0; d < idx.size(); ++d) off += (idx[d] + starts[d]) * st[d];
+        return off;
+      };
+    }
+    forEachIndex(out.shape, [&](int64_t flat, const auto& idx) { out.data[flat] = x.data[offset(idx)]; });
+  }
+
+  void cat(const Expr* e, Array& out) {
+    int64_t dim = e->attr<int64_t>("dim");
+    if (dim < 0) dim += static_cast<int64_t>(out.shape.size());
+    const std::vector<int64_t> ost = stridesOf(out.shape);
+    int64_t base = 0;
+    for (size_t i = 0; i < e->inputs().size(); ++i) {
+      const Array& x = in(e, i);
+      forEachIndex(x.shape, [&](int64_t flat, const auto& idx) {
+        int64_t off = 0;
+        for (size_t d = 0; d < idx.size(); ++d) off += (idx[d] + (static_cast<int64_t>(d) == dim ? base : 0)) * ost[d];
+        out.data[off] = x.data[flat];
+      });
+      base += x.shape[dim];
+    }
+  }
+
   void reduce(const Expr* e, Array& out) {
     const Array& x = in(e, 0);
     std::vector<int64_t> dims = e->attr<std::vector<int64_t>>("dims");

@@ -44,115 +44,154 @@ std::string Token::describe() const {
   return "?";
 }
 
-std::vector<Token> lex(std::string_view s, std::string_view filename) {
-  std::vector<Token> out;
-  int line = 1, col = 1;
-  size_t i = 0;
-  auto advance = [&](size_t n) {
-    for (size_t k = 0; k < n; ++k, ++i) {
-      if (s[i] == '\n') {
-        ++line;
-        col = 1;
+namespace {
+
+bool isNameChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; }
+bool isDigit(char c) { return std::isdigit(static_cast<unsigned char>(c)); }
+
+// A cursor over the text that keeps the line and column of the next byte, and one method per
+// token class; each starts at the token's first byte and leaves the cursor after its last.
+class Lexer {
+ public:
+  Lexer(std::string_view s, std::string_view filename) : s_(s), filename_(filename) {}
+
+  std::vector<Token> run() {
+    MF_USER_CHECK(!s_.starts_with("\xEF\xBB\xBF"), ErrorKind::Parse,
+                  "{}:1:1: the file starts with a UTF-8 byte-order mark (bytes \\xEF\\xBB\\xBF); save it without one",
+                  filename_);
+    std::vector<Token> out;
+    while (i_ < s_.size()) {
+      const char c = s_[i_];
+      if (std::isspace(static_cast<unsigned char>(c))) {
+        advance(1);
+      } else if (c == '#') {
+        while (i_ < s_.size() && s_[i_] != '\n') advance(1);
       } else {
-        ++col;
+        out.push_back(token(c));
       }
     }
-  };
-  auto isName = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; };
-  MF_USER_CHECK(!s.starts_with("\xEF\xBB\xBF"), ErrorKind::Parse,
-                "{}:1:1: the file starts with a UTF-8 byte-order mark (bytes \\xEF\\xBB\\xBF); save it without one",
-                filename);
-  while (i < s.size()) {
-    char c = s[i];
-    if (std::isspace(static_cast<unsigned char>(c))) {
-      advance(1);
-      continue;
+    out.push_back({Token::End, "", line_, col_});
+    return out;
+  }
+
+ private:
+  void advance(size_t n) {
+    for (size_t k = 0; k < n; ++k, ++i_) {
+      if (s_[i_] == '\n') {
+        ++line_;
+        col_ = 1;
+      } else {
+        ++col_;
+      }
     }
-    if (c == '#') {
-      while (i < s.size() && s[i] != '\n') advance(1);
-      continue;
-    }
-    Token t{Token::Punct, "", line, col};
-    size_t start = i;
+  }
+  char at(size_t k) const { return k < s_.size() ? s_[k] : '\0'; }
+
+  Token token(char c) {
+    Token t{Token::Punct, "", line_, col_};
+    const size_t start = i_;
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
-      while (i < s.size() && isName(s[i])) advance(1);
+      while (i_ < s_.size() && isNameChar(s_[i_])) advance(1);
       t.kind = Token::Ident;
-      t.text = std::string(s.substr(start, i - start));
+      t.text = std::string(s_.substr(start, i_ - start));
       if (t.text == "inf" || t.text == "nan") t.kind = Token::Float;  // non-finite scalars
     } else if (c == '%' || c == '@') {
-      advance(1);
-      size_t name_start = i;
-      while (i < s.size() && isName(s[i])) advance(1);
-      MF_USER_CHECK(i > name_start, ErrorKind::Parse, "{}:{}:{}: expected a name after '{}'", filename, t.line, t.col,
-                    c);
-      t.kind = c == '%' ? Token::Value : Token::Mesh;
-      t.text = std::string(s.substr(name_start, i - name_start));
-    } else if (c == '-' && s.substr(i, 4) == "-inf" && (i + 4 == s.size() || !isName(s[i + 4]))) {
+      sigilName(t, c);
+    } else if (c == '-' && s_.substr(i_, 4) == "-inf" && (i_ + 4 == s_.size() || !isNameChar(s_[i_ + 4]))) {
       advance(4);
       t.kind = Token::Float;
       t.text = "-inf";
-    } else if (std::isdigit(static_cast<unsigned char>(c)) ||
-               (c == '-' && i + 1 < s.size() &&
-                (std::isdigit(static_cast<unsigned char>(s[i + 1])) || s[i + 1] == '.'))) {
-      advance(1);
-      bool is_float = false;
-      while (i < s.size()) {
-        char d = s[i];
-        if (std::isdigit(static_cast<unsigned char>(d))) {
-          advance(1);
-          continue;
-        }
-        if (d == '.' || d == 'e' || d == 'E') {
-          is_float = true;
-          advance(1);
-          if ((d == 'e' || d == 'E') && i < s.size() && (s[i] == '-' || s[i] == '+')) advance(1);
-          continue;
-        }
-        break;
-      }
-      t.kind = is_float ? Token::Float : Token::Int;
-      t.text = std::string(s.substr(start, i - start));
+    } else if (isDigit(c) || (c == '-' && (isDigit(at(i_ + 1)) || at(i_ + 1) == '.'))) {
+      number(t);
     } else if (c == '"') {
-      advance(1);
-      while (true) {
-        MF_USER_CHECK(i < s.size() && s[i] != '\n', ErrorKind::Parse, "{}:{}:{}: unterminated string", filename, t.line,
-                      t.col);
-        if (s[i] == '"') {
-          advance(1);
-          break;
-        }
-        if (s[i] == '\\' && i + 1 < s.size()) {  // the escapes quoteString writes, and no others
-          const int esc_line = line, esc_col = col;
-          advance(1);
-          const char e = s[i];
-          if (e == 'x' && i + 2 < s.size() && hexDigit(s[i + 1]) >= 0 && hexDigit(s[i + 2]) >= 0) {
-            t.text += static_cast<char>(hexDigit(s[i + 1]) * 16 + hexDigit(s[i + 2]));
-            advance(3);
-            continue;
-          }
-          const std::string_view known = "\\\"ntr";
-          MF_USER_CHECK(known.find(e) != std::string_view::npos, ErrorKind::Parse,
-                        "{}:{}:{}: unknown escape '\\{}' in a string (known: \\\\ \\\" \\n \\t \\r \\xNN)", filename,
-                        esc_line, esc_col, escapeBytes(std::string(1, e)));
-          t.text += e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
-          advance(1);
-          continue;
-        }
-        t.text += s[i];
-        advance(1);
-      }
-      t.kind = Token::String;
+      string(t);
     } else if (std::string_view("=()[]{},:?*/").find(c) != std::string_view::npos) {
       t.text = std::string(1, c);
       advance(1);
     } else {
-      userError(ErrorKind::Parse, "{}:{}:{}: unexpected character '{}'", filename, line, col,
+      userError(ErrorKind::Parse, "{}:{}:{}: unexpected character '{}'", filename_, line_, col_,
                 escapeBytes(std::string(1, c)));
     }
-    out.push_back(std::move(t));
+    return t;
   }
-  out.push_back({Token::End, "", line, col});
-  return out;
-}
+
+  // %value or @mesh.
+  void sigilName(Token& t, char sigil) {
+    advance(1);
+    const size_t name_start = i_;
+    while (i_ < s_.size() && isNameChar(s_[i_])) advance(1);
+    MF_USER_CHECK(i_ > name_start, ErrorKind::Parse, "{}:{}:{}: expected a name after '{}'", filename_, t.line, t.col,
+                  sigil);
+    t.kind = sigil == '%' ? Token::Value : Token::Mesh;
+    t.text = std::string(s_.substr(name_start, i_ - name_start));
+  }
+
+  // An integer, or a float when it has a '.' or an exponent.
+  void number(Token& t) {
+    const size_t start = i_;
+    advance(1);
+    bool is_float = false;
+    while (i_ < s_.size()) {
+      const char d = s_[i_];
+      if (isDigit(d)) {
+        advance(1);
+        continue;
+      }
+      if (d != '.' && d != 'e' && d != 'E') break;
+      is_float = true;
+      advance(1);
+      if ((d == 'e' || d == 'E') && i_ < s_.size() && (s_[i_] == '-' || s_[i_] == '+')) advance(1);
+    }
+    t.kind = is_float ? Token::Float : Token::Int;
+    t.text = std::string(s_.substr(start, i_ - start));
+  }
+
+  // A quoted string with the escapes quoteString writes, and no others.
+  void string(Token& t) {
+    advance(1);
+    while (true) {
+      MF_USER_CHECK(i_ < s_.size() && s_[i_] != '\n', ErrorKind::Parse, "{}:{}:{}: unterminated string", filename_,
+                    t.line, t.col);
+      if (s_[i_] == '"') {
+        advance(1);
+        break;
+      }
+      if (s_[i_] == '\\' && i_ + 1 < s_.size()) {
+        t.text += escape();
+        continue;
+      }
+      t.text += s_[i_];
+      advance(1);
+    }
+    t.kind = Token::String;
+  }
+
+  // The byte a backslash escape stands for (the cursor on the backslash).
+  char escape() {
+    const int esc_line = line_, esc_col = col_;
+    advance(1);
+    const char e = s_[i_];
+    if (e == 'x' && i_ + 2 < s_.size() && hexDigit(s_[i_ + 1]) >= 0 && hexDigit(s_[i_ + 2]) >= 0) {
+      const char byte = static_cast<char>(hexDigit(s_[i_ + 1]) * 16 + hexDigit(s_[i_ + 2]));
+      advance(3);
+      return byte;
+    }
+    const std::string_view known = "\\\"ntr";
+    MF_USER_CHECK(known.find(e) != std::string_view::npos, ErrorKind::Parse,
+                  "{}:{}:{}: unknown escape '\\{}' in a string (known: \\\\ \\\" \\n \\t \\r \\xNN)", filename_,
+                  esc_line, esc_col, escapeBytes(std::string(1, e)));
+    advance(1);
+    return e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
+  }
+
+  std::string_view s_;
+  std::string_view filename_;
+  size_t i_ = 0;
+  int line_ = 1, col_ = 1;
+};
+
+}  // namespace
+
+std::vector<Token> lex(std::string_view s, std::string_view filename) { return Lexer(s, filename).run(); }
 
 }  // namespace meshfuse

@@ -132,49 +132,69 @@ class Parser {
 
   void statement() {
     if (isIdent("mesh")) return meshDecl();
-    if (isIdent("output")) {
-      next();
-      do {
-        const Token& t = expectKind(Token::Value, "a value name like %3");
-        Val* v = lookup(t);
-        MF_USER_CHECK(v->valKind() == ValKind::TensorView, ErrorKind::Value, "{}: output %{} is not a tensor", where(t),
-                      t.text);
-        at(t, [&] { fusion_->addOutput(static_cast<TensorView*>(v)); });
-      } while (isPunct(",") && (next(), true));
-      return;
-    }
+    if (isIdent("output")) return outputDecl();
     if (isIdent("alias")) return aliasDecl();
     const Token& name = expectKind(Token::Value, "'mesh', 'output', 'alias' or a value name like %3");
     MF_USER_CHECK(!names_.count(name.text), ErrorKind::Name, "{}: duplicate name %{}", where(name), name.text);
     expectPunct("=");
-    if (isIdent("input")) {
-      next();
-      ParsedType type = tensorType();
-      std::vector<Extent> shape;
-      bool after_reduction = false;
-      for (const ParsedDim& d : type.dims) {
-        MF_USER_CHECK(d.reduction || !after_reduction, ErrorKind::Parse,
-                      "{}: reduction (Partial) dims of an input must come last", where(type.at));
-        after_reduction |= d.reduction;
-        if (!d.reduction) shape.push_back(d.extent);
-      }
-      TensorView* tv = at(name, [&] { return fusion_->defineTensor(shape, type.dtype, userName(name)); });
-      for (const ParsedDim& d : type.dims) {
-        if (!d.reduction) continue;
-        MF_USER_CHECK(d.extent.isStatic(), ErrorKind::Parse, "{}: a Partial dim needs a constant extent",
-                      where(type.at));
-        tv->addPartialDim(d.extent.value());
-      }
-      applySharding(tv, type);
-      names_[name.text] = tv;
-      return;
+    names_[name.text] = isIdent("input") ? inputDef(name) : opDef(name);
+  }
+
+  // `output %a, %b`.
+  void outputDecl() {
+    next();
+    do {
+      const Token& t = expectKind(Token::Value, "a value name like %3");
+      Val* v = lookup(t);
+      MF_USER_CHECK(v->valKind() == ValKind::TensorView, ErrorKind::Value, "{}: output %{} is not a tensor", where(t),
+                    t.text);
+      at(t, [&] { fusion_->addOutput(static_cast<TensorView*>(v)); });
+    } while (isPunct(",") && (next(), true));
+  }
+
+  // `%x = input f32[...]{placements}`: Partial (reduction) dims, if any, last.
+  TensorView* inputDef(const Token& name) {
+    next();
+    ParsedType type = tensorType();
+    std::vector<Extent> shape;
+    bool after_reduction = false;
+    for (const ParsedDim& d : type.dims) {
+      MF_USER_CHECK(d.reduction || !after_reduction, ErrorKind::Parse,
+                    "{}: reduction (Partial) dims of an input must come last", where(type.at));
+      after_reduction |= d.reduction;
+      if (!d.reduction) shape.push_back(d.extent);
     }
+    TensorView* tv = at(name, [&] { return fusion_->defineTensor(shape, type.dtype, userName(name)); });
+    for (const ParsedDim& d : type.dims) {
+      if (!d.reduction) continue;
+      MF_USER_CHECK(d.extent.isStatic(), ErrorKind::Parse, "{}: a Partial dim needs a constant extent", where(type.at));
+      tv->addPartialDim(d.extent.value());
+    }
+    applySharding(tv, type);
+    return tv;
+  }
+
+  // `%y = op(operands..., name=value...)` with an optional `: type` giving Partial dims and placements.
+  TensorView* opDef(const Token& name) {
     const Token& op_tok = expectKind(Token::Ident, "'input' or an op name");
     std::optional<OpKind> kind = parseOpKind(op_tok.text);
     MF_USER_CHECK(kind.has_value(), ErrorKind::Parse, "{}: unknown op '{}'", where(op_tok), op_tok.text);
     const OpInfo& info = opInfo(*kind);
     std::vector<Val*> operands;
     Attributes attrs;
+    arguments(info, operands, attrs);
+    TensorView* out = at(op_tok, [&] { return fusion_->apply(*kind, operands, attrs, userName(name)); });
+    if (isPunct(":")) {
+      next();
+      ParsedType type = tensorType();
+      addPartialDims(out, type, info);
+      applySharding(out, type);
+    }
+    return out;
+  }
+
+  // `(positional..., key=value...)`: a key names an operand or an attribute of the op.
+  void arguments(const OpInfo& info, std::vector<Val*>& operands, Attributes& attrs) {
     bool named = false;  // a `name=` argument was seen: positional operands must come first
     expectPunct("(");
     while (!isPunct(")")) {
@@ -183,23 +203,7 @@ class Parser {
         next();
       }
       if (peek().kind == Token::Ident && peek(1).kind == Token::Punct && peek(1).text == "=") {
-        const Token& key = next();
-        next();
-        int64_t operand = info.findOperand(key.text);
-        if (operand >= 0) {
-          MF_USER_CHECK(static_cast<size_t>(operand) >= operands.size() || operands[operand] == nullptr,
-                        ErrorKind::Parse, "{}: {}: operand '{}' is given twice", where(key), info.name, key.text);
-          const Token& vt = expectKind(Token::Value, "a value name");
-          operands.resize(std::max<size_t>(operands.size(), operand + 1), nullptr);
-          operands[operand] = lookup(vt);
-        } else {
-          const AttrSpec* spec = info.findAttr(key.text);
-          MF_USER_CHECK(spec != nullptr, ErrorKind::Value, "{}: {} has no operand or attribute named '{}'", where(key),
-                        info.name, key.text);
-          MF_USER_CHECK(!attrs.count(key.text), ErrorKind::Parse, "{}: {}: attribute '{}' is given twice", where(key),
-                        info.name, key.text);
-          attrs[key.text] = attrValue(*spec);
-        }
+        namedArgument(info, operands, attrs);
         named = true;
       } else {
         MF_USER_CHECK(!named, ErrorKind::Parse, "{}: {}: a positional operand after named arguments", where(peek()),
@@ -208,14 +212,26 @@ class Parser {
       }
     }
     expectPunct(")");
-    TensorView* out = at(op_tok, [&] { return fusion_->apply(*kind, operands, attrs, userName(name)); });
-    if (isPunct(":")) {
-      next();
-      ParsedType type = tensorType();
-      addPartialDims(out, type, info);
-      applySharding(out, type);
+  }
+
+  void namedArgument(const OpInfo& info, std::vector<Val*>& operands, Attributes& attrs) {
+    const Token& key = next();
+    next();
+    int64_t operand = info.findOperand(key.text);
+    if (operand >= 0) {
+      MF_USER_CHECK(static_cast<size_t>(operand) >= operands.size() || operands[operand] == nullptr, ErrorKind::Parse,
+                    "{}: {}: operand '{}' is given twice", where(key), info.name, key.text);
+      const Token& vt = expectKind(Token::Value, "a value name");
+      operands.resize(std::max<size_t>(operands.size(), operand + 1), nullptr);
+      operands[operand] = lookup(vt);
+      return;
     }
-    names_[name.text] = out;
+    const AttrSpec* spec = info.findAttr(key.text);
+    MF_USER_CHECK(spec != nullptr, ErrorKind::Value, "{}: {} has no operand or attribute named '{}'", where(key),
+                  info.name, key.text);
+    MF_USER_CHECK(!attrs.count(key.text), ErrorKind::Parse, "{}: {}: attribute '{}' is given twice", where(key),
+                  info.name, key.text);
+    attrs[key.text] = attrValue(*spec);
   }
 
   void meshDecl() {

@@ -184,152 +184,175 @@ bool carriesShard(const Expr* e, const ShardingRule& rule, size_t operand, int64
   return chunksLineUp(*ea, *pa, *eb, *pb, devices, 0);
 }
 
+namespace {
+
+// Every tensor operand i gets per_operand(i, operand) as its map.
+template <class F>
+void mapOperands(const Expr* e, ShardingRule& r, F&& per_operand) {
+  for (size_t i = 0; i < e->inputs().size(); ++i)
+    if (const TensorView* t = tensorOperand(e, i)) r.operand_maps[i] = per_operand(i, t);
+}
+
+// Unary, cast, set, binary, compare, ternary: every dim passes through. Which operands a pending
+// sum may pass through follows linearity: -x and x+y distribute over a sum, x*y in one factor,
+// x/y in the numerator only.
+void elementwiseRule(const Expr* e, ShardingRule& r) {
+  mapOperands(e, r, [](size_t, const TensorView* t) { return identity(t->rank()); });
+  switch (e->kind()) {
+    case OpKind::Neg:
+    case OpKind::Set:
+      r.partial_mode = ShardingRule::PartialMode::AnyOne;
+      r.linear_in[0] = true;
+      break;
+    case OpKind::Add:
+    case OpKind::Sub: r.partial_mode = ShardingRule::PartialMode::All; break;
+    case OpKind::Mul:
+      r.partial_mode = ShardingRule::PartialMode::AnyOne;
+      r.linear_in = {true, true};
+      break;
+    case OpKind::Div:
+      r.partial_mode = ShardingRule::PartialMode::AnyOne;
+      r.linear_in = {true, false};
+      break;
+    default: break;
+  }
+}
+
+// Reduced dims stay in place as r-dims, so a sharded reduced dim is a contraction (a Partial
+// output) for sum; the other reductions keep the reduced dims whole. Max is not linear.
+void reductionRule(const Expr* e, ShardingRule& r) {
+  const auto& dims = e->attr<std::vector<int64_t>>("dims");
+  const TensorView* x = tensorOperand(e, 0);
+  r.operand_maps[0] = identity(x->rank());
+  if (e->kind() != OpKind::Sum) {
+    for (int64_t d : dims) r.operand_maps[0][d < 0 ? d + x->rank() : d] = -1;
+  }
+  if (e->kind() != OpKind::Max) {
+    r.partial_mode = ShardingRule::PartialMode::AnyOne;
+    r.linear_in[0] = true;
+  }
+}
+
+// linear(a [..., k], w [n, k] (, bias [n])) and matmul(a [..., m, k], b [..., k, n]): batch and
+// row dims pass through, k is the contraction, n comes from the weight.
+void gemmRule(const Expr* e, ShardingRule& r) {
+  const TensorView* out = e->output();
+  const TensorView* a = tensorOperand(e, 0);
+  const TensorView* b = tensorOperand(e, 1);
+  // The contracted dim: the last logical dim before any Partial dims a pending sum passing
+  // through (linear(x Partial, w)) added.
+  const int64_t k_pos = static_cast<int64_t>(out->logical().size()) - 1 - out->numPartialDims();
+  const int64_t batch = out->rank() - (e->kind() == OpKind::Linear ? 1 : 2);  // output dims before n (and m)
+  r.partial_mode = ShardingRule::PartialMode::AnyOne;
+  r.linear_in[0] = r.linear_in[1] = true;
+  r.weight_operand = 1;
+  r.operand_maps[0] = identity(a->rank());
+  r.operand_maps[0].back() = k_pos;
+  if (e->kind() == OpKind::Linear) {
+    r.operand_maps[1] = {batch, k_pos};
+    if (tensorOperand(e, 2) != nullptr) {
+      r.operand_maps[2] = {batch};
+      r.contraction_ok = false;
+      r.partial_mode = ShardingRule::PartialMode::None;
+    }
+    return;
+  }
+  std::vector<int64_t> mb(b->rank());
+  for (int64_t d = 0; d + 2 < b->rank(); ++d) mb[d] = d;
+  mb[b->rank() - 2] = k_pos;
+  mb[b->rank() - 1] = batch + 1;
+  r.operand_maps[1] = mb;
+  if (!b->fusion()->isInput(b)) r.weight_operand = -1;  // activations on both sides
+}
+
+// Broadcast, reshape, permute, slice move data without arithmetic: linear, a pending sum passes
+// through. A sliced dim (or one the slice shortens) stays whole.
+void movementRule(const Expr* e, ShardingRule& r) {
+  const TensorView* x = tensorOperand(e, 0);
+  const TensorView* out = e->output();
+  r.partial_mode = ShardingRule::PartialMode::AnyOne;
+  r.linear_in[0] = true;
+  switch (e->info().category) {
+    case OpCategory::BroadcastInDim: r.operand_maps[0] = e->attr<std::vector<int64_t>>("broadcast_dims"); break;
+    case OpCategory::Reshape: r.operand_maps[0] = reshapeMap(x, out); break;
+    case OpCategory::Permute: {
+      const auto& perm = e->attr<std::vector<int64_t>>("dims");
+      r.operand_maps[0].assign(x->rank(), -1);
+      for (size_t j = 0; j < perm.size(); ++j)
+        r.operand_maps[0][(perm[j] + x->rank()) % x->rank()] = static_cast<int64_t>(j);
+      break;
+    }
+    default: {  // Slice
+      const auto& starts = e->attr<std::vector<int64_t>>("starts");
+      r.operand_maps[0] = identity(x->rank());
+      for (int64_t d = 0; d < x->rank(); ++d)
+        if (starts[d] != 0 || x->shape()[d] != out->shape()[d]) r.operand_maps[0][d] = -1;
+      break;
+    }
+  }
+}
+
+// cat, softmax, layer/rms norm, attention: one dim (or more) every output element depends on
+// whole stays unsharded; the rest pass through.
+void wholeDimRule(const Expr* e, ShardingRule& r) {
+  auto withWhole = [](const TensorView* t, int64_t dim) {
+    std::vector<int64_t> m = identity(t->rank());
+    m[dim < 0 ? dim + t->rank() : dim] = -1;
+    return m;
+  };
+  switch (e->info().category) {
+    case OpCategory::Cat:
+      mapOperands(e, r, [&](size_t, const TensorView* t) { return withWhole(t, e->attr<int64_t>("dim")); });
+      r.partial_mode = ShardingRule::PartialMode::All;
+      break;
+    case OpCategory::Softmax: r.operand_maps[0] = withWhole(tensorOperand(e, 0), e->attr<int64_t>("dim")); break;
+    case OpCategory::Norm:
+      // The normalized dim (and the weight/bias along it) stays whole.
+      mapOperands(e, r,
+                  [&](size_t i, const TensorView* t) { return i > 0 ? std::vector<int64_t>{-1} : withWhole(t, -1); });
+      break;
+    default:  // Attention
+      // Batch and heads pass through, and so does the query's sequence: each output row is its
+      // query row's attention, so a sequence split of the query is one of the output. The keys'
+      // and values' sequence (what every row attends) and the embedding dims stay whole
+      // (context parallelism moves or rotates them: context_parallel.h).
+      mapOperands(e, r, [&](size_t i, const TensorView*) {
+        const bool query_rows = i == 0 && (e->kind() == OpKind::Sdpa || e->kind() == OpKind::SdpaLse);
+        return std::vector<int64_t>{0, 1, query_rows ? 2 : -1, -1};
+      });
+      break;
+  }
+}
+
+}  // namespace
+
 ShardingRule shardingRuleOf(const Expr* e) {
   ShardingRule r;
   const size_t n = e->inputs().size();
   r.operand_maps.resize(n);
   r.linear_in.assign(n, false);
-  const TensorView* out = e->output();
-  auto mapAll = [&](auto&& per_operand) {
-    for (size_t i = 0; i < n; ++i)
-      if (const TensorView* t = tensorOperand(e, i)) r.operand_maps[i] = per_operand(i, t);
-  };
   switch (e->info().category) {
     case OpCategory::Unary:
     case OpCategory::Cast:
     case OpCategory::Set:
-      mapAll([](size_t, const TensorView* t) { return identity(t->rank()); });
-      if (e->kind() == OpKind::Neg || e->kind() == OpKind::Set) {
-        r.partial_mode = ShardingRule::PartialMode::AnyOne;
-        r.linear_in[0] = true;
-      }
-      break;
     case OpCategory::Binary:
     case OpCategory::Compare:
-    case OpCategory::Ternary:
-      mapAll([](size_t, const TensorView* t) { return identity(t->rank()); });
-      if (e->kind() == OpKind::Add || e->kind() == OpKind::Sub) {
-        r.partial_mode = ShardingRule::PartialMode::All;
-      } else if (e->kind() == OpKind::Mul) {
-        r.partial_mode = ShardingRule::PartialMode::AnyOne;
-        r.linear_in = {true, true};
-      } else if (e->kind() == OpKind::Div) {
-        r.partial_mode = ShardingRule::PartialMode::AnyOne;
-        r.linear_in = {true, false};
-      }
-      break;
-    case OpCategory::Reduction: {
-      const auto& dims = e->attr<std::vector<int64_t>>("dims");
-      const TensorView* x = tensorOperand(e, 0);
-      r.operand_maps[0] = identity(x->rank());  // reduced dims stay in place as r-dims
-      if (e->kind() != OpKind::Sum) {
-        for (int64_t d : dims) r.operand_maps[0][d < 0 ? d + x->rank() : d] = -1;
-      }
-      if (e->kind() != OpKind::Max) {
-        r.partial_mode = ShardingRule::PartialMode::AnyOne;
-        r.linear_in[0] = true;
-      }
-      break;
-    }
-    case OpCategory::Gemm: {
-      const TensorView* a = tensorOperand(e, 0);
-      const TensorView* b = tensorOperand(e, 1);
-      // The contracted dim: the last logical dim before any Partial dims a pending sum passing
-      // through (linear(x Partial, w)) added.
-      const int64_t k_pos = static_cast<int64_t>(out->logical().size()) - 1 - out->numPartialDims();
-      const int64_t batch = out->rank() - (e->kind() == OpKind::Linear ? 1 : 2);  // output dims before n (and m)
-      r.partial_mode = ShardingRule::PartialMode::AnyOne;
-      r.linear_in[0] = r.linear_in[1] = true;
-      r.weight_operand = 1;
-      if (e->kind() == OpKind::Linear) {
-        r.operand_maps[0] = identity(a->rank());
-        r.operand_maps[0].back() = k_pos;
-        r.operand_maps[1] = {batch, k_pos};
-        if (tensorOperand(e, 2) != nullptr) {
-          r.operand_maps[2] = {batch};
-          r.contraction_ok = false;
-          r.partial_mode = ShardingRule::PartialMode::None;
-        }
-      } else {
-        r.operand_maps[0] = identity(a->rank());
-        r.operand_maps[0].back() = k_pos;
-        std::vector<int64_t> mb(b->rank());
-        for (int64_t d = 0; d + 2 < b->rank(); ++d) mb[d] = d;
-        mb[b->rank() - 2] = k_pos;
-        mb[b->rank() - 1] = batch + 1;
-        r.operand_maps[1] = mb;
-        if (!b->fusion()->isInput(b)) r.weight_operand = -1;  // activations on both sides
-      }
-      break;
-    }
+    case OpCategory::Ternary: elementwiseRule(e, r); break;
+    case OpCategory::Reduction: reductionRule(e, r); break;
+    case OpCategory::Gemm: gemmRule(e, r); break;
     case OpCategory::BroadcastInDim:
-      r.operand_maps[0] = e->attr<std::vector<int64_t>>("broadcast_dims");
-      r.partial_mode = ShardingRule::PartialMode::AnyOne;
-      r.linear_in[0] = true;
-      break;
     case OpCategory::Reshape:
-      r.operand_maps[0] = reshapeMap(tensorOperand(e, 0), out);
-      r.partial_mode = ShardingRule::PartialMode::AnyOne;
-      r.linear_in[0] = true;
-      break;
-    case OpCategory::Permute: {
-      const auto& perm = e->attr<std::vector<int64_t>>("dims");
-      const TensorView* x = tensorOperand(e, 0);
-      r.operand_maps[0].assign(x->rank(), -1);
-      for (size_t j = 0; j < perm.size(); ++j)
-        r.operand_maps[0][(perm[j] + x->rank()) % x->rank()] = static_cast<int64_t>(j);
-      r.partial_mode = ShardingRule::PartialMode::AnyOne;
-      r.linear_in[0] = true;
-      break;
-    }
-    case OpCategory::Slice: {
-      const TensorView* x = tensorOperand(e, 0);
-      const auto& starts = e->attr<std::vector<int64_t>>("starts");
-      r.operand_maps[0] = identity(x->rank());
-      for (int64_t d = 0; d < x->rank(); ++d)
-        if (starts[d] != 0 || x->shape()[d] != out->shape()[d]) r.operand_maps[0][d] = -1;
-      r.partial_mode = ShardingRule::PartialMode::AnyOne;
-      r.linear_in[0] = true;
-      break;
-    }
-    case OpCategory::Cat: {
-      int64_t dim = e->attr<int64_t>("dim");
-      mapAll([&](size_t, const TensorView* t) {
-        std::vector<int64_t> m = identity(t->rank());
-        m[dim < 0 ? dim + t->rank() : dim] = -1;
-        return m;
-      });
-      r.partial_mode = ShardingRule::PartialMode::All;
-      break;
-    }
-    case OpCategory::Softmax: {
-      const TensorView* x = tensorOperand(e, 0);
-      int64_t dim = e->attr<int64_t>("dim");
-      r.operand_maps[0] = identity(x->rank());
-      r.operand_maps[0][dim < 0 ? dim + x->rank() : dim] = -1;
-      break;
-    }
+    case OpCategory::Permute:
+    case OpCategory::Slice: movementRule(e, r); break;
+    case OpCategory::Cat:
+    case OpCategory::Softmax:
     case OpCategory::Norm:
-      mapAll([](size_t i, const TensorView* t) {
-        std::vector<int64_t> m = identity(t->rank());
-        m.back() = -1;  // the normalized dim (and the weight/bias along it) stays whole
-        if (i > 0) m = {-1};
-        return m;
-      });
-      break;
-    case OpCategory::Attention:
-      // Batch and heads pass through, and so does the query's sequence: each output row is its
-      // query row's attention, so a sequence split of the query is one of the output. The keys'
-      // and values' sequence (what every row attends) and the embedding dims stay whole
-      // (context parallelism moves or rotates them: context_parallel.h).
-      mapAll([&](size_t i, const TensorView*) {
-        const bool query_rows = i == 0 && (e->kind() == OpKind::Sdpa || e->kind() == OpKind::SdpaLse);
-        return std::vector<int64_t>{0, 1, query_rows ? 2 : -1, -1};
-      });
-      break;
+    case OpCategory::Attention: wholeDimRule(e, r); break;
     case OpCategory::Indexing: indexingRule(e, r); break;
     case OpCategory::Loss: lossRule(e, r); break;
   }
+  // The contracted dim: the first output r-dim an operand dim maps to.
+  const TensorView* out = e->output();
   for (size_t l = 0; r.contraction_ok && l + out->numPartialDims() < out->logical().size(); ++l) {
     if (out->logical()[l]->isReduction() && r.fromOperands(static_cast<int64_t>(l))) {
       r.contracted_dim = static_cast<int64_t>(l);

@@ -19,6 +19,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The names of the event tasks, made once (a name is copied only into a worker's queue).
+const std::string kRecord = "record";
+const std::string kWaitForEvent = "wait for an event";
+
 class CpuEvent final : public Event {
  public:
   void set() {
@@ -61,17 +65,17 @@ class CpuStreams final : public Streams {
   }
 
   void submit(int64_t stream, TaskKind kind, const std::string& name, std::function<void()> task) override {
-    enqueue(stream, {kind, name, std::move(task), false});
+    enqueue(stream, kind, name, std::move(task), /*always=*/false);
   }
 
   std::shared_ptr<Event> record(int64_t stream) override {
     auto e = std::make_shared<CpuEvent>();
-    enqueue(stream, {TaskKind::Wait, "record", [e] { e->set(); }, true, false});
+    enqueue(stream, TaskKind::Wait, kRecord, [e] { e->set(); }, /*always=*/true, /*traced=*/false);
     return e;
   }
 
   void wait(int64_t stream, std::shared_ptr<Event> event) override {
-    enqueue(stream, {TaskKind::Wait, "wait for an event", [event] { event->wait(); }, true});
+    enqueue(stream, TaskKind::Wait, kWaitForEvent, [event] { event->wait(); }, /*always=*/true);
   }
 
   void synchronize() override {
@@ -106,15 +110,18 @@ class CpuStreams final : public Streams {
     bool busy = false, stop = false, failed = false;
   };
 
-  void enqueue(int64_t stream, Task t) {
+  // Stream 0 runs the task here and now, so nothing is copied (the per-launch cost of the
+  // host-IR interpreter: benchmarks/results/runtime.md); another stream's worker gets a Task.
+  void enqueue(int64_t stream, TaskKind kind, const std::string& name, std::function<void()> fn, bool always,
+               bool traced = true) {
     if (stream == 0) {
-      run(0, t, main_failed_);
+      run(0, kind, name, fn, always, traced, main_failed_);
       return;
     }
     Worker& w = worker(stream);
     {
       std::lock_guard<std::mutex> lk(w.mu);
-      w.queue.push_back(std::move(t));
+      w.queue.push_back({kind, name, std::move(fn), always, traced});
     }
     w.cv.notify_one();
   }
@@ -137,7 +144,7 @@ class CpuStreams final : public Streams {
       w.queue.pop_front();
       w.busy = true;
       lk.unlock();
-      run(stream, t, w.failed);
+      run(stream, t.kind, t.name, t.fn, t.always, t.traced, w.failed);
       lk.lock();
       w.busy = false;
       if (w.queue.empty()) w.idle_cv.notify_all();
@@ -145,18 +152,19 @@ class CpuStreams final : public Streams {
   }
 
   // Runs one task (under the compute lock when it computes), recording it when tracing.
-  void run(int64_t stream, const Task& t, bool& failed) {
-    if (failed && !t.always) return;
+  void run(int64_t stream, TaskKind kind, const std::string& name, const std::function<void()>& fn, bool always,
+           bool traced, bool& failed) {
+    if (failed && !always) return;
     try {
       std::unique_lock<std::mutex> compute;
-      if (t.kind == TaskKind::Compute) compute = std::unique_lock<std::mutex>(compute_mu_);
-      bool tracing = tracing_;
-      auto begin = Clock::now();
-      t.fn();
-      if (tracing && t.traced) {
+      if (kind == TaskKind::Compute) compute = std::unique_lock<std::mutex>(compute_mu_);
+      const bool tracing = traced && tracing_;
+      const Clock::time_point begin = tracing ? Clock::now() : Clock::time_point();
+      fn();
+      if (tracing) {
         auto end = Clock::now();
         std::lock_guard<std::mutex> lk(trace_mu_);
-        trace_.push_back({t.name, t.kind, stream, std::chrono::duration<double, std::micro>(begin - epoch_).count(),
+        trace_.push_back({name, kind, stream, std::chrono::duration<double, std::micro>(begin - epoch_).count(),
                           std::chrono::duration<double, std::micro>(end - epoch_).count()});
       }
     } catch (...) {

@@ -130,7 +130,19 @@ class HostIrEvaluator {
 // team).
 std::vector<Team> communicationTeams(const HostProgram& program, const Team& program_ranks);
 
-// Binds symbolic sizes from local inputs: from `global_shapes[i]` when given (an input this rank
+// The one size binding (the evaluator, the executor's cache, the Python programs): the values of
+// the symbolic sizes of `fusion`'s inputs from their global shapes, one per input (an empty shape
+// binds nothing). ShapeErrors name the input: a rank that is not the input's, a static dim the
+// shape contradicts (checked for the `stated` shapes only, those a caller was given: a shape
+// implied by a local block is checked block by block, with a better message), a size that no
+// integer value of the symbol gives, one symbol given two values.
+SymbolBindings bindSizes(const Fusion& fusion, const std::vector<std::vector<int64_t>>& global_shapes,
+                         const std::vector<bool>& stated = {});
+// The global shape a local block implies: each dim times its number of shards (exact for even
+// shards only; rank -1: a full tensor, its own shape).
+std::vector<int64_t> impliedGlobalShape(const TensorView* tv, const Tensor& local, int64_t rank);
+
+// Binds symbolic sizes from local inputs (bindSizes): from `global_shapes[i]` when given (an input this rank
 // does not hold, too), else a sharded dim's global size is its local size times the number of
 // shards, which holds for even shards only (an uneven symbolic size needs its global shape).
 // Checks dtypes, and that every local tensor is this rank's block of its global shape

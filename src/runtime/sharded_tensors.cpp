@@ -53,55 +53,31 @@ void checkBlock(const Fusion& f, size_t i, const Tensor& t, int64_t rank, const 
 
 }  // namespace
 
-SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& locals, int64_t rank,
-                               const std::vector<std::vector<int64_t>>& global_shapes) {
-  MF_USER_CHECK(locals.size() == f.inputs().size(), ErrorKind::Value, "the fusion takes {} inputs but {} were given",
-                f.inputs().size(), locals.size());
+SymbolBindings bindSizes(const Fusion& f, const std::vector<std::vector<int64_t>>& global_shapes,
+                         const std::vector<bool>& stated) {
+  MF_USER_CHECK(global_shapes.size() == f.inputs().size(), ErrorKind::Value,
+                "the fusion takes {} inputs but {} were given", f.inputs().size(), global_shapes.size());
   SymbolBindings b;
   std::map<std::string, std::pair<size_t, size_t>> bound_by;  // symbol -> the input and dim that bound it
-  const bool full = rank < 0;
-  auto given = [&](size_t i) { return !full && i < global_shapes.size() && !global_shapes[i].empty(); };
-  std::vector<bool> held(locals.size(), false);
-  for (size_t i = 0; i < locals.size(); ++i) {
+  for (size_t i = 0; i < global_shapes.size(); ++i) {
+    const std::vector<int64_t>& global = global_shapes[i];
+    if (global.empty()) continue;
     const TensorView* tv = f.inputs()[i];
     auto name = [&] { return f.displayName(tv); };  // only for messages: displayName scans the fusion
-    std::vector<Extent> shape = tv->shape();
-    // The global size of each dim: given (distributeTensor, DTensors, a rank of another pipeline
-    // stage), else the local block times its shards, which is exact for even shards only: an
-    // uneven symbolic size needs the global shape (a local block alone does not tell 8 rows
-    // split 4 + 4 from 7 split 4 + 3).
-    std::vector<int64_t> global;
-    if (!full && tv->mesh() != nullptr && !tv->mesh()->contains(rank)) {
-      if (!given(i) || global_shapes[i].size() != shape.size()) continue;
-      global = global_shapes[i];
-    } else {
-      held[i] = true;
-      const Tensor& t = locals[i];
-      MF_USER_CHECK(t.dtype() == tv->dtype(), ErrorKind::Dtype, "input {} ({}): expected dtype {} but got {}", i,
-                    name(), dtypeName(tv->dtype()), dtypeName(t.dtype()));
-      MF_USER_CHECK(t.rank() == static_cast<int64_t>(shape.size()), ErrorKind::Shape,
-                    "input {} ({}): expected rank {} but got a {} of shape {}", i, name(), shape.size(),
-                    full ? "tensor" : "local tensor", t.shapeString());
-      if (given(i)) {
-        global = global_shapes[i];
-        MF_USER_CHECK(global.size() == shape.size(), ErrorKind::Shape,
-                      "input {} ({}): expected rank {} but the global shape given is [{}]", i, name(), shape.size(),
-                      fmt::join(global, ", "));
-      } else {
-        global = t.shape();
-        std::vector<int64_t> factors = full ? std::vector<int64_t>(shape.size(), 1) : shardFactors(tv);
-        for (size_t d = 0; d < global.size(); ++d) global[d] *= factors[d];
-      }
-    }
+    const std::vector<Extent> shape = tv->shape();
+    const bool given = i < stated.size() && stated[i];
+    MF_USER_CHECK(global.size() == shape.size(), ErrorKind::Shape,
+                  "input {} ({}): expected rank {} but got the global shape [{}]", i, name(), shape.size(),
+                  fmt::join(global, ", "));
     for (size_t d = 0; d < shape.size(); ++d) {
-      if (shape[d].isStatic()) {
-        MF_USER_CHECK(!given(i) || shape[d].value() == global[d], ErrorKind::Shape,
-                      "input {} ({}): dim {} must be {} but the global shape given is [{}]", i, name(), d,
-                      shape[d].value(), fmt::join(global, ", "));
+      const Extent& e = shape[d];
+      if (e.isStatic()) {
+        MF_USER_CHECK(!given || e.value() == global[d], ErrorKind::Shape,
+                      "input {} ({}): dim {} must be {} but the global shape given is [{}]", i, name(), d, e.value(),
+                      fmt::join(global, ", "));
         continue;
       }
       // The symbol's value: a dim of extent ?t*num/den of size g has ?t = g*den/num.
-      const Extent& e = shape[d];
       MF_USER_CHECK((global[d] * e.den()) % e.num() == 0, ErrorKind::Shape,
                     "input {} ({}): dim {} has size {}, which its extent {} gives for no integer ?{}", i, name(), d,
                     global[d], e.toString(), e.symbol());
@@ -115,6 +91,47 @@ SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& local
                     first_dim);
     }
   }
+  return b;
+}
+
+std::vector<int64_t> impliedGlobalShape(const TensorView* tv, const Tensor& local, int64_t rank) {
+  std::vector<int64_t> global = local.shape();
+  const std::vector<int64_t> factors =
+      rank < 0 ? std::vector<int64_t>(global.size(), 1) : shardFactors(tv);
+  for (size_t d = 0; d < global.size() && d < factors.size(); ++d) global[d] *= factors[d];
+  return global;
+}
+
+SymbolBindings bindLocalInputs(const Fusion& f, const std::vector<Tensor>& locals, int64_t rank,
+                               const std::vector<std::vector<int64_t>>& global_shapes) {
+  MF_USER_CHECK(locals.size() == f.inputs().size(), ErrorKind::Value, "the fusion takes {} inputs but {} were given",
+                f.inputs().size(), locals.size());
+  const bool full = rank < 0;
+  auto given = [&](size_t i) { return !full && i < global_shapes.size() && !global_shapes[i].empty(); };
+  // The global size of each dim: given (distributeTensor, DTensors, a rank of another pipeline
+  // stage), else the local block times its shards, which is exact for even shards only: an
+  // uneven symbolic size needs the global shape (a local block alone does not tell 8 rows
+  // split 4 + 4 from 7 split 4 + 3). An input this rank does not hold binds only what is given.
+  std::vector<std::vector<int64_t>> globals(locals.size());
+  std::vector<bool> held(locals.size(), false), stated(locals.size(), false);
+  for (size_t i = 0; i < locals.size(); ++i) {
+    const TensorView* tv = f.inputs()[i];
+    stated[i] = given(i);
+    if (stated[i]) globals[i] = global_shapes[i];
+    if (!full && tv->mesh() != nullptr && !tv->mesh()->contains(rank)) {
+      if (stated[i] && globals[i].size() != tv->shape().size()) globals[i].clear();  // the stage's own to check
+      continue;
+    }
+    held[i] = true;
+    const Tensor& t = locals[i];
+    MF_USER_CHECK(t.dtype() == tv->dtype(), ErrorKind::Dtype, "input {} ({}): expected dtype {} but got {}", i,
+                  f.displayName(tv), dtypeName(tv->dtype()), dtypeName(t.dtype()));
+    MF_USER_CHECK(t.rank() == static_cast<int64_t>(tv->shape().size()), ErrorKind::Shape,
+                  "input {} ({}): expected rank {} but got a {} of shape {}", i, f.displayName(tv), tv->shape().size(),
+                  full ? "tensor" : "local tensor", t.shapeString());
+    if (!stated[i]) globals[i] = impliedGlobalShape(tv, t, rank);
+  }
+  SymbolBindings b = bindSizes(f, globals, stated);
   f.checkExtentConstraints(b);
   // Every block held here is this rank's block of the global shape (a full tensor: all of it).
   for (size_t i = 0; i < locals.size(); ++i)

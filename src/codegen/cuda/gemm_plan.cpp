@@ -48,6 +48,124 @@ std::string GemmPlan::describe() const {
                      alpha == 1 && beta == 0 ? "" : fmt::format(" alpha={} beta={}", alpha, beta));
 }
 
+namespace {
+
+// The problem of linear(x [..., K], w [N, K]): column-major D^T [N, rows] = w x^T.
+void planLinear(GemmPlan& p, const std::vector<int64_t>& xs, const std::vector<int64_t>& ws) {
+  MF_CHECK(!xs.empty() && ws.size() == 2, "linear of shapes [{}] and [{}]", fmt::join(xs, ", "), fmt::join(ws, ", "));
+  const int64_t K = xs.back(), N = ws[0];
+  p.m = N;
+  p.n = product(xs, 0, xs.size() - 1);
+  p.k = K;
+  p.trans_a = true;
+  p.lda = K;
+  p.ldb = K;
+  p.ldd = N;
+}
+
+// The problem of matmul(x [..., M, K], w [(...,) K, N]): a strided batch, or (one w for every
+// batch) just more rows.
+void planMatmul(GemmPlan& p, const std::vector<int64_t>& xs, const std::vector<int64_t>& ws) {
+  MF_CHECK(xs.size() >= 2 && ws.size() >= 2, "matmul of shapes [{}] and [{}]", fmt::join(xs, ", "),
+           fmt::join(ws, ", "));
+  const int64_t M = xs[xs.size() - 2], K = xs.back(), N = ws.back();
+  const int64_t batch = product(xs, 0, xs.size() - 2);
+  p.m = N;
+  p.k = K;
+  p.lda = N;
+  p.ldb = K;
+  p.ldd = N;
+  if (ws.size() == 2) {
+    p.n = batch * M;
+  } else {
+    p.n = M;
+    p.batch = batch;
+    p.stride_a = K * N;
+    p.stride_b = M * K;
+    p.stride_d = M * N;
+  }
+}
+
+// The segment's ops after the GEMM, as cuBLASLt's epilogue: in order, at most one bias, then at
+// most one activation. A bias reaches the add either as a segment input of shape [..., 1, N] or
+// through a broadcast_in_dim of a [N] segment input onto the last dim. Anything else is an error
+// naming the op (the segmenter should have left it to a kernel segment).
+class EpiloguePlanner {
+ public:
+  EpiloguePlanner(const Segment& seg, const std::vector<std::vector<int64_t>>& shapes, GemmPlan& p)
+      : seg_(seg), shapes_(shapes), p_(p) {}
+
+  void run() {
+    const Val* prev = seg_.exprs.front()->output();
+    for (size_t i = 1; i < seg_.exprs.size(); ++i) {
+      const Expr* e = seg_.exprs[i];
+      if (e->kind() == OpKind::BroadcastInDim) {
+        broadcast(e);
+        continue;
+      }
+      if (std::find(seg_.outputs.begin(), seg_.outputs.end(), prev) != seg_.outputs.end())
+        cannotFuse(e, "the value before it is also needed outside the segment");
+      MF_CHECK(e->input(size_t{0}) == prev || (e->inputs().size() > 1 && e->input(size_t{1}) == prev),
+               "epilogue op {} does not consume the GEMM", e->name());
+      if (e->kind() == OpKind::Add) {
+        add(e, e->input(size_t{0}) == prev ? e->input(size_t{1}) : e->input(size_t{0}));
+      } else if (e->kind() == OpKind::Gelu || e->kind() == OpKind::Relu) {
+        activation(e);
+      } else {
+        cannotFuse(e, "not a bias add or a gelu/relu");
+      }
+      prev = e->output();
+    }
+    MF_CHECK(seg_.outputs.size() == 1 && seg_.outputs[0] == prev, "a Gemm segment whose output is not its last op's");
+    if (p_.bias_input < 0) return;
+    MF_CHECK(isBias(p_.bias_input), "bias of shape [{}] for {} output features",
+             fmt::join(shapes_[p_.bias_input], ", "), p_.m);
+    p_.epilogue = p_.epilogue == GemmEpilogue::Gelu   ? GemmEpilogue::GeluBias
+                  : p_.epilogue == GemmEpilogue::Relu ? GemmEpilogue::ReluBias
+                                                      : GemmEpilogue::Bias;
+  }
+
+ private:
+  bool isBias(int b) const {
+    if (b < 0 || seg_.inputs[b]->dtype() != p_.dtype) return false;
+    const std::vector<int64_t>& s = shapes_[b];
+    return !s.empty() && s.back() == p_.m && product(s, 0, s.size()) == p_.m;
+  }
+
+  void broadcast(const Expr* e) {
+    const int b = inputIndex(seg_, e->input(size_t{0}));
+    const auto& dims = e->attr<std::vector<int64_t>>("broadcast_dims");
+    const int64_t out_rank = static_cast<int64_t>(e->attr<std::vector<int64_t>>("shape").size());
+    if (!isBias(b) || shapes_[b].size() != 1 || dims.size() != 1 || dims[0] != out_rank - 1)
+      cannotFuse(e, "only the broadcast of a bias onto the output's last dim");
+    broadcast_bias_.emplace(e->output(), b);
+  }
+
+  void add(const Expr* e, const Val* other) {
+    auto bc = broadcast_bias_.find(other);
+    const int b = bc != broadcast_bias_.end() ? bc->second : inputIndex(seg_, other);
+    if (activation_ || p_.bias_input >= 0 || !isBias(b))
+      cannotFuse(e, fmt::format("only one add of a [{}] {} bias before the activation", p_.m, dtypeName(p_.dtype)));
+    p_.bias_input = b;
+  }
+
+  void activation(const Expr* e) {
+    if (activation_) cannotFuse(e, "a second activation");
+    if (e->kind() == OpKind::Gelu && e->attr<std::string>("approximate") != "tanh")
+      cannotFuse(e, "cuBLASLt's GELU is the tanh approximation; this one is exact (erf)");
+    activation_ = true;
+    p_.epilogue = e->kind() == OpKind::Gelu ? GemmEpilogue::Gelu : GemmEpilogue::Relu;
+  }
+
+  const Segment& seg_;
+  const std::vector<std::vector<int64_t>>& shapes_;
+  GemmPlan& p_;
+  std::map<const Val*, int> broadcast_bias_;  // broadcast_in_dim output -> the [N] input it expands
+  bool activation_ = false;
+};
+
+}  // namespace
+
 GemmPlan planGemm(const Segment& seg, const std::vector<std::vector<int64_t>>& shapes) {
   MF_CHECK(seg.kind == Segment::Kind::Gemm && !seg.exprs.empty(), "planGemm of a {} segment",
            segmentKindName(seg.kind));
@@ -63,97 +181,16 @@ GemmPlan planGemm(const Segment& seg, const std::vector<std::vector<int64_t>>& s
   MF_USER_CHECK(p.dtype == DataType::Float || p.dtype == DataType::BFloat16 || p.dtype == DataType::Half,
                 ErrorKind::Dtype, "{} on {}: the CUDA backend's GEMMs take f32, bf16 or f16", g->name(),
                 dtypeName(p.dtype));
-  const std::vector<int64_t>& xs = shapes[x];
-  const std::vector<int64_t>& ws = shapes[w];
+  // Row-major x w is column-major w^T x^T: the weight is cuBLASLt's A, the activation its B.
+  p.a_input = w;
+  p.b_input = x;
   if (g->kind() == OpKind::Linear) {
-    MF_CHECK(!xs.empty() && ws.size() == 2, "linear of shapes [{}] and [{}]", fmt::join(xs, ", "), fmt::join(ws, ", "));
-    const int64_t K = xs.back(), N = ws[0];
-    p.m = N;
-    p.n = product(xs, 0, xs.size() - 1);
-    p.k = K;
-    p.trans_a = true;
-    p.a_input = w;
-    p.lda = K;
-    p.b_input = x;
-    p.ldb = K;
-    p.ldd = N;
+    planLinear(p, shapes[x], shapes[w]);
     if (const Val* bias = g->input("bias")) p.bias_input = inputIndex(seg, bias);
   } else {
-    MF_CHECK(xs.size() >= 2 && ws.size() >= 2, "matmul of shapes [{}] and [{}]", fmt::join(xs, ", "),
-             fmt::join(ws, ", "));
-    const int64_t M = xs[xs.size() - 2], K = xs.back(), N = ws.back();
-    const int64_t batch = product(xs, 0, xs.size() - 2);
-    p.m = N;
-    p.k = K;
-    p.a_input = w;
-    p.lda = N;
-    p.b_input = x;
-    p.ldb = K;
-    p.ldd = N;
-    if (ws.size() == 2) {  // one right operand for every batch: the batch is just more rows
-      p.n = batch * M;
-    } else {
-      p.n = M;
-      p.batch = batch;
-      p.stride_a = K * N;
-      p.stride_b = M * K;
-      p.stride_d = M * N;
-    }
+    planMatmul(p, shapes[x], shapes[w]);
   }
-
-  // Epilogue ops, in order: at most one bias, then at most one activation. A bias reaches the
-  // add either as a segment input of shape [..., 1, N] or through a broadcast_in_dim of a [N]
-  // segment input onto the last dim.
-  auto isBias = [&](int b) {
-    if (b < 0 || seg.inputs[b]->dtype() != p.dtype) return false;
-    const std::vector<int64_t>& s = shapes[b];
-    return !s.empty() && s.back() == p.m && product(s, 0, s.size()) == p.m;
-  };
-  std::map<const Val*, int> broadcast_bias;  // broadcast_in_dim output -> the [N] input it expands
-  const Val* prev = g->output();
-  bool activation = false;
-  for (size_t i = 1; i < seg.exprs.size(); ++i) {
-    const Expr* e = seg.exprs[i];
-    if (e->kind() == OpKind::BroadcastInDim) {
-      const Val* in = e->input(size_t{0});
-      const int b = inputIndex(seg, in);
-      const auto& dims = e->attr<std::vector<int64_t>>("broadcast_dims");
-      const int64_t out_rank = static_cast<int64_t>(e->attr<std::vector<int64_t>>("shape").size());
-      if (!isBias(b) || shapes[b].size() != 1 || dims.size() != 1 || dims[0] != out_rank - 1)
-        cannotFuse(e, "only the broadcast of a bias onto the output's last dim");
-      broadcast_bias.emplace(e->output(), b);
-      continue;
-    }
-    if (std::find(seg.outputs.begin(), seg.outputs.end(), prev) != seg.outputs.end())
-      cannotFuse(e, "the value before it is also needed outside the segment");
-    MF_CHECK(e->input(size_t{0}) == prev || (e->inputs().size() > 1 && e->input(size_t{1}) == prev),
-             "epilogue op {} does not consume the GEMM", e->name());
-    if (e->kind() == OpKind::Add) {
-      const Val* other = e->input(size_t{0}) == prev ? e->input(size_t{1}) : e->input(size_t{0});
-      auto bc = broadcast_bias.find(other);
-      const int b = bc != broadcast_bias.end() ? bc->second : inputIndex(seg, other);
-      if (activation || p.bias_input >= 0 || !isBias(b))
-        cannotFuse(e, fmt::format("only one add of a [{}] {} bias before the activation", p.m, dtypeName(p.dtype)));
-      p.bias_input = b;
-    } else if (e->kind() == OpKind::Gelu || e->kind() == OpKind::Relu) {
-      if (activation) cannotFuse(e, "a second activation");
-      if (e->kind() == OpKind::Gelu && e->attr<std::string>("approximate") != "tanh")
-        cannotFuse(e, "cuBLASLt's GELU is the tanh approximation; this one is exact (erf)");
-      activation = true;
-      p.epilogue = e->kind() == OpKind::Gelu ? GemmEpilogue::Gelu : GemmEpilogue::Relu;
-    } else {
-      cannotFuse(e, "not a bias add or a gelu/relu");
-    }
-    prev = e->output();
-  }
-  MF_CHECK(seg.outputs.size() == 1 && seg.outputs[0] == prev, "a Gemm segment whose output is not its last op's");
-  if (p.bias_input >= 0) {
-    MF_CHECK(isBias(p.bias_input), "bias of shape [{}] for {} output features", fmt::join(shapes[p.bias_input], ", "),
-             p.m);
-    p.epilogue = p.epilogue == GemmEpilogue::Gelu   ? GemmEpilogue::GeluBias
-                 : p.epilogue == GemmEpilogue::Relu ? GemmEpilogue::ReluBias
-                                                    : GemmEpilogue::Bias;
-  }
+  EpiloguePlanner(seg, shapes, p).run();
   return p;
 }
 

@@ -12,16 +12,6 @@
 namespace meshfuse::cuda {
 namespace {
 
-bool sameExpr(const Expr& a, const Expr& b) {
-  if (a == b) return true;
-  if (a->op != b->op || a->type != b->type || a->value != b->value || a->id != b->id || a->round_to != b->round_to ||
-      a->args.size() != b->args.size())
-    return false;
-  for (size_t i = 0; i < a->args.size(); ++i)
-    if (!sameExpr(a->args[i], b->args[i])) return false;
-  return true;
-}
-
 bool loadsBuffer(const Expr& e, int64_t buffer) {
   if (e->op == Op::Load && e->id == buffer) return true;
   return std::any_of(e->args.begin(), e->args.end(), [&](const Expr& a) { return loadsBuffer(a, buffer); });
@@ -237,8 +227,9 @@ std::optional<Accumulation> accumulationOf(const Stmt& loop) {
   };
   for (int k : {0, 1}) {
     const Expr& t = sv->args[k];
-    const bool is_target = assign ? t->op == Op::Var && t->id == a.store->id
-                                  : t->op == Op::Load && t->id == a.store->id && sameExpr(t->args[0], a.store->index);
+    const bool is_target = assign
+                               ? t->op == Op::Var && t->id == a.store->id
+                               : t->op == Op::Load && t->id == a.store->id && kir::sameExpr(t->args[0], a.store->index);
     if (is_target && !reads(sv->args[1 - k])) {
       a.target = t;
       a.value = sv->args[1 - k];
