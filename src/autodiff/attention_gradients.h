@@ -1,6 +1,6 @@
 // Attention's gradients as existing ops: what an sdpa_grad op computes, built by
 // expand-attention-gradients once propagation has placed the sdpa_grad ops (the rules' helpers it
-// shares live in grad_rules.cpp, which defines it).
+// shares live in grad_rules_nn.cpp, which defines it).
 #pragma once
 
 #include "meshfuse/ir/fusion.h"

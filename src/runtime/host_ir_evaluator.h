@@ -64,6 +64,13 @@ class HostIrEvaluator {
   void allocate(const hir::Allocate& n);
   void launch(const hir::SegmentCall& n);
   void communicate(const hir::Communication& n);
+  // The task that issues collective `n` (any kind but send/recv) on this rank's views `in` and
+  // `out` and sets h's work; issueByCounts: those whose members' blocks go by counts (allgather,
+  // reduce-scatter, scatter, gather).
+  std::function<void()> issueCollective(const hir::Communication& n, const std::shared_ptr<Handle>& h, Tensor in,
+                                        Tensor out);
+  std::function<void()> issueByCounts(const hir::Communication& n, const std::shared_ptr<Handle>& h, Tensor in,
+                                      Tensor out);
   // The task that issues all-to-all `n` (packing its blocks) and sets h's work and finish.
   std::function<void()> allToAll(const hir::Communication& n, const std::shared_ptr<Handle>& h, const Tensor& in,
                                  const Tensor& out);

@@ -1,0 +1,185 @@
+// What a candidate sharding of an op's output costs (propagate-shardings, contract in
+// propagate_shardings.h): collectives first, then the bytes they move, which only break ties.
+// Kept apart from the sweeps so the cost model reads as one piece.
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "propagation/propagator.h"
+
+namespace meshfuse::sharding_propagation {
+
+constexpr int64_t kInfinite = std::numeric_limits<int64_t>::max() / 4;
+constexpr int64_t kWeightFactor = 1000;
+
+// Bytes one rank sends, as a polynomial in the symbolic sizes (`?t`): each term's key lists the
+// symbols it multiplies. Sizes are positive, so when every term of a difference has one sign the
+// order holds whatever the sizes; otherwise it depends on them and compare() says so.
+class Volume {
+ public:
+  // `scale` times the bytes of `tv`'s global value (its non-reduction dims).
+  static Volume of(const TensorView* tv, double scale) {
+    Volume v;
+    if (scale == 0) return v;
+    std::vector<std::string> symbols;
+    double c = scale * static_cast<double>(dtypeSize(tv->dtype()));
+    for (const IterDomain* id : tv->dims()) {
+      const Extent& e = id->extent();
+      if (e.isStatic()) {
+        c *= static_cast<double>(e.value());
+      } else {
+        c *= static_cast<double>(e.num()) / static_cast<double>(e.den());
+        symbols.push_back(e.symbol());
+      }
+    }
+    std::sort(symbols.begin(), symbols.end());
+    v.terms_[symbols] = c;
+    return v;
+  }
+  Volume& operator+=(const Volume& o) {
+    for (const auto& [k, c] : o.terms_) terms_[k] += c;
+    return *this;
+  }
+  // -1, 0 or 1 as `a` is less, equal or more than `b` for all sizes; nullopt when that depends on them.
+  friend std::optional<int> compare(const Volume& a, const Volume& b) {
+    bool less = false, more = false;
+    auto diff = [&](const std::vector<std::string>& k) {
+      auto at = [&](const Volume& v) {
+        auto it = v.terms_.find(k);
+        return it == v.terms_.end() ? 0.0 : it->second;
+      };
+      const double d = at(a) - at(b);
+      if (d < 0) less = true;
+      if (d > 0) more = true;
+    };
+    for (const auto& t : a.terms_) diff(t.first);
+    for (const auto& t : b.terms_) diff(t.first);
+    if (less && more) return std::nullopt;
+    return less ? -1 : more ? 1 : 0;
+  }
+
+ private:
+  std::map<std::vector<std::string>, double> terms_;
+};
+
+// What a choice costs: collectives first (a parameter's move counts kWeightFactor), then the
+// bytes they move, which only breaks ties.
+struct Cost {
+  int64_t collectives = 0;
+  Volume volume;
+  Cost& operator+=(const Cost& o) {
+    collectives = std::min(kInfinite, collectives + o.collectives);
+    volume += o.volume;
+    return *this;
+  }
+};
+
+namespace {
+
+// The bytes one rank sends to take `tv` from `from` to `to` on a mesh axis of `n` devices, as
+// ring algorithms do (their common factor (n-1)/n left out): an allgather or a reduce-scatter
+// sends the whole value once, an allreduce twice, an all-to-all an n-th of it; a slice nothing.
+// "The whole value" is the global one: what other mesh axes split off is not taken out (on a
+// mesh of several axes this is an estimate).
+Volume moveVolume(const TensorView* tv, const AxisState& from, const AxisState& to, int64_t n) {
+  if (from == to || to.kind == Placement::Partial || from.kind == Placement::Replicate) return {};
+  if (from.kind == Placement::Partial) return Volume::of(tv, to.kind == Placement::Replicate ? 2.0 : 1.0);
+  return Volume::of(tv, to.kind == Placement::Replicate ? 1.0 : 1.0 / static_cast<double>(n));
+}
+
+// Collectives that take a value from `from` to `to` on one mesh axis: one (an allgather,
+// all-to-all, reduce-scatter or allreduce), none for a local slice (Replicate -> Shard).
+int64_t conversionCost(const AxisState& from, const std::optional<AxisState>& to) {
+  if (!to.has_value()) return kInfinite;
+  if (from == *to) return 0;
+  if (to->kind == Placement::Partial) return kInfinite;  // nothing turns into a pending sum
+  if (from.kind == Placement::Replicate) return 0;
+  return 1;
+}
+
+template <typename Scored>
+bool cheaper(const Scored& x, const Scored& y, const AxisState* pin) {
+  if (x.total.collectives != y.total.collectives) return x.total.collectives < y.total.collectives;
+  const AxisState &xs = x.choice->state, &ys = y.choice->state;
+  const bool pending = xs.kind == Placement::Partial, y_pending = ys.kind == Placement::Partial;
+  if (pin == nullptr && pending != y_pending) return y_pending;
+  for (auto [a, b] : {std::pair{&x.total.volume, &y.total.volume}, std::pair{&x.before, &y.before}})
+    if (std::optional<int> order = compare(*a, *b); order && *order != 0) return *order < 0;
+  return pin != nullptr && xs == *pin && ys != *pin;
+}
+
+}  // namespace
+
+// The cheapest of `cands` for e's output on mesh axis `a` (nullopt when none is feasible). With
+// `pin` (the user's state of that output on `a`), a candidate also pays for the set after the
+// op that makes it the pin. Ties go to a settled value over a pending sum, which costs a
+// reduction later (mul(%q, %r) reads the %q another consumer already reduced rather than
+// staying Partial: not a concern under a pin, which the set settles), then to less data, then
+// to moving less before the op (it computes on its operands as they are and the set moves its
+// result: nvFuser's reduce-scatter of a sum over one row per device), then to the pin itself
+// (no set), then to the first candidate.
+std::optional<OutputChoice> Propagator::choose(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
+                                               int64_t a, const std::vector<OutputChoice>& cands,
+                                               const AxisState* pin) const {
+  struct Scored {
+    const OutputChoice* choice;
+    Cost total;
+    Volume before;  // what the operands' moves send
+  };
+  std::optional<Scored> best;
+  for (const OutputChoice& c : cands) {
+    Scored s{&c, candidateCost(e, rule, mesh, c, a), {}};
+    s.before = s.total.volume;
+    if (pin != nullptr)
+      s.total += {conversionCost(c.state, *pin), moveVolume(e->output(), c.state, *pin, mesh.size(a))};
+    if (s.total.collectives >= kInfinite) continue;
+    if (!best || cheaper(s, *best, pin)) best = s;
+  }
+  if (!best) return std::nullopt;
+  return *best->choice;
+}
+
+// The communication that giving every operand what candidate `c` needs on axis `a` costs;
+// kInfinite when some operand cannot give it (a scalar added to a pending sum, a dim that does
+// not divide). A value read by several operands that need the same state is moved once, and a
+// move an earlier decision already makes is free (decomposition shares it between consumers).
+Cost Propagator::candidateCost(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, const OutputChoice& c,
+                               int64_t a) const {
+  const Cost infeasible{kInfinite, {}};
+  Cost cost;
+  std::vector<std::pair<const Val*, AxisState>> moved;
+  for (size_t i = 0; i < e->inputs().size(); ++i) {
+    if (e->inputs()[i] == nullptr) continue;
+    std::optional<AxisState> req = requiredOperandState(e, rule, c, i);
+    if (!req.has_value()) return infeasible;
+    TensorView* in = tensorAt(e, i);
+    if (in == nullptr) continue;  // a scalar is the same value on every device
+    if (req->kind == Placement::Shard && rule.operand_maps[i][req->dim] >= 0 &&
+        !carriesShard(e, rule, i, req->dim, {mesh.size(a)}, sizes_))
+      return infeasible;
+    if (!decided(in) || !aligned(in, mesh)) {
+      // An open value is placed as this op needs it, for free, and a value on a mesh of
+      // another shape is moved anyway; neither becomes a pending sum (an open input's value
+      // is whole on the devices that hold it; no move between meshes makes one).
+      if (req->kind == Placement::Partial) return infeasible;
+      continue;
+    }
+    std::pair<const Val*, AxisState> move(in, *req);
+    if (std::find(moved.begin(), moved.end(), move) != moved.end() || planned(in, a, *req)) continue;
+    moved.push_back(move);
+    const AxisState& from = states_.at(in).sharding.axes[a];
+    int64_t c1 = conversionCost(from, req);
+    // A pending sum asked of a whole value: no collective makes one (and weighting kInfinite
+    // below would overflow).
+    if (c1 >= kInfinite) return infeasible;
+    // Moving what should stay costs kWeightFactor times more: parameters, or with
+    // gather_parameters (FSDP) the activations.
+    bool parameter = static_cast<int64_t>(i) == rule.weight_operand && f_.isInput(in);
+    if (c1 > 0 && parameter != options_.gather_parameters) c1 *= kWeightFactor;
+    cost += {c1, moveVolume(in, from, *req, mesh.size(a))};
+  }
+  return cost;
+}
+
+}  // namespace meshfuse::sharding_propagation
