@@ -135,7 +135,8 @@ MultiDeviceExecutor::MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Com
   if (!backend_) backend_ = makeCpuBackend();
 }
 
-MultiDeviceExecutor::MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Communicator& comm, ExecutorOptions options)
+MultiDeviceExecutor::MultiDeviceExecutor(std::unique_ptr<Fusion> definition, Communicator& comm,
+                                         ExecutorOptions options)
     : MultiDeviceExecutor(std::move(definition), comm, nullptr, options) {}
 
 MultiDeviceExecutor::~MultiDeviceExecutor() = default;

@@ -164,8 +164,8 @@ std::function<void()> HostIrEvaluator::issueByCounts(const hir::Communication& n
 // out_dim, and sends back its block along in_dim. The blocks run along different dims, so the
 // runtime packs them into staging buffers, block j after block j - 1; with uneven shards each
 // block has its own size (all_to_allv).
-std::function<void()> HostIrEvaluator::allToAll(const hir::Communication& n, const std::shared_ptr<Handle>& h, const Tensor& in,
-                                                const Tensor& out) {
+std::function<void()> HostIrEvaluator::allToAll(const hir::Communication& n, const std::shared_ptr<Handle>& h,
+                                                const Tensor& in, const Tensor& out) {
   const int64_t team = static_cast<int64_t>(n.team.size());
   const int64_t out_dim = n.out_dim, in_dim = n.in_dim;
   const DataType dt = n.in.tv->dtype();
@@ -212,10 +212,11 @@ int64_t HostIrEvaluator::submitCommunication(const std::string& name, std::funct
   std::shared_ptr<IssueGate> gate = gate_;
   int64_t ticket = gate->take();
   Communicator* comm = &comm_;
-  streams_.submit(stream_, TaskKind::Communication, name, [gate, ticket, comm, run = run_serial_, issue = std::move(issue)] {
-    gate->issue(ticket, issue);
-    comm->publishProgress(run, ticket + 1);
-  });
+  streams_.submit(stream_, TaskKind::Communication, name,
+                  [gate, ticket, comm, run = run_serial_, issue = std::move(issue)] {
+                    gate->issue(ticket, issue);
+                    comm->publishProgress(run, ticket + 1);
+                  });
   return ticket;
 }
 

@@ -243,7 +243,9 @@ struct HostIrEvaluator::Executor {
   void operator()(const hir::SetCurrentStream& n) {
     e.stream_ = n.stream + (n.stream_pool > 0 && !e.loops_.empty() ? e.loops_.back().i % n.stream_pool : 0);
   }
-  void operator()(const hir::RecordEvent& n) { e.events_[{n.event, e.eventInstance(n)}] = e.streams_.record(e.stream_); }
+  void operator()(const hir::RecordEvent& n) {
+    e.events_[{n.event, e.eventInstance(n)}] = e.streams_.record(e.stream_);
+  }
   void operator()(const hir::WaitEvent& n) { e.waitEvent(n, /*host=*/false); }
   void operator()(const hir::HostWaitEvent& n) { e.waitEvent(n, /*host=*/true); }
   void operator()(const hir::Synchronize&) {
@@ -371,39 +373,39 @@ void HostIrEvaluator::launch(const hir::SegmentCall& n) {
   std::optional<AttentionLaunch> step;
   if (n.accumulate || !n.query_blocks.empty()) step = attentionLaunch(n);
   if (!step) step = causalQueryBlock(seg);
-  submit(TaskKind::Compute, taskName(n), [backend, &seg, ins, outs, inner, step]() mutable {
-    std::vector<const Tensor*> in_ptrs;
-    std::vector<Tensor*> out_ptrs;
-    for (const Tensor& t : ins) in_ptrs.push_back(&t);
-    for (Tensor& t : outs) out_ptrs.push_back(&t);
-    ShapeFn shape_of = [&](const TensorView* tv) -> std::vector<int64_t> {
-      for (size_t i = 0; i < seg.inputs.size(); ++i)
-        if (seg.inputs[i] == tv) return ins[i].shape();
-      for (size_t i = 0; i < seg.outputs.size(); ++i)
-        if (seg.outputs[i] == tv) return outs[i].shape();
-      for (const auto& [t, shape] : inner)
-        if (t == tv) return shape;
-      MF_CHECK(false, "{} is not a tensor of this segment", tv->fusion()->displayName(tv));
-    };
-    if (step) {
-      backend->runAttentionStep(seg, in_ptrs, out_ptrs, shape_of, *step);
-    } else {
-      backend->runSegment(seg, in_ptrs, out_ptrs, shape_of);
-    }
-  });
+  // (The vectors move into the task, and shape_of captures one reference, which std::function
+  // holds without allocating: this runs once per launch.)
+  submit(TaskKind::Compute, taskName(n),
+         [backend, &seg, ins = std::move(ins), outs = std::move(outs), inner = std::move(inner), step]() mutable {
+           std::vector<const Tensor*> in_ptrs;
+           std::vector<Tensor*> out_ptrs;
+           in_ptrs.reserve(ins.size());
+           out_ptrs.reserve(outs.size());
+           for (const Tensor& t : ins) in_ptrs.push_back(&t);
+           for (Tensor& t : outs) out_ptrs.push_back(&t);
+           struct Shapes {
+             const Segment& seg;
+             const std::vector<Tensor>& ins;
+             const std::vector<Tensor>& outs;
+             const std::vector<std::pair<const TensorView*, std::vector<int64_t>>>& inner;
+           } shapes{seg, ins, outs, inner};
+           ShapeFn shape_of = [&s = shapes](const TensorView* tv) -> std::vector<int64_t> {
+             for (size_t i = 0; i < s.seg.inputs.size(); ++i)
+               if (s.seg.inputs[i] == tv) return s.ins[i].shape();
+             for (size_t i = 0; i < s.seg.outputs.size(); ++i)
+               if (s.seg.outputs[i] == tv) return s.outs[i].shape();
+             for (const auto& [t, shape] : s.inner)
+               if (t == tv) return shape;
+             MF_CHECK(false, "{} is not a tensor of this segment", tv->fusion()->displayName(tv));
+           };
+           if (step) {
+             backend->runAttentionStep(seg, in_ptrs, out_ptrs, shape_of, *step);
+           } else {
+             backend->runSegment(seg, in_ptrs, out_ptrs, shape_of);
+           }
+         });
 }
 
-// Submits work that, when it fails, makes waiting communications fail too (no hang).
-void HostIrEvaluator::submit(TaskKind kind, const std::string& name, std::function<void()> task) {
-  std::shared_ptr<IssueGate> gate = gate_;
-  streams_.submit(stream_, kind, name, [gate, task = std::move(task)] {
-    try {
-      task();
-    } catch (...) {
-      gate->poison();
-      throw;
-    }
-  });
-}
+void HostIrEvaluator::poison(IssueGate& gate) { gate.poison(); }
 
 }  // namespace meshfuse

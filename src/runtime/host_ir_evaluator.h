@@ -56,7 +56,21 @@ class HostIrEvaluator {
  private:
   struct Handle;
   class IssueGate;
-  void submit(TaskKind kind, const std::string& name, std::function<void()> task);
+  // Submits work that, when it fails, poisons the issue gate, so that waiting communications fail
+  // too (no hang). A template, so that the task and the failure handling are one closure: one
+  // std::function per launch (the per-launch cost: benchmarks/results/runtime.md).
+  template <class Task>
+  void submit(TaskKind kind, const std::string& name, Task&& task) {
+    streams_.submit(stream_, kind, name, [gate = gate_, task = std::forward<Task>(task)]() mutable {
+      try {
+        task();
+      } catch (...) {
+        poison(*gate);
+        throw;
+      }
+    });
+  }
+  static void poison(IssueGate& gate);
   int64_t submitCommunication(const std::string& name, std::function<void()> issue);  // returns its ticket
   std::string describeWait(int64_t ticket) const;
   struct Executor;  // the std::visit dispatch of execute(): one operator() per node kind

@@ -46,8 +46,8 @@ void checkBlock(const Fusion& f, size_t i, const Tensor& t, int64_t rank, const 
     userError(ErrorKind::Shape,
               "input {} ({}): the local tensor has shape {} but the global shape {} in {} shards along dim {} gives {} "
               "there on rank {}",
-              i, name, t.shapeString(), fmt::format("[{}]", fmt::join(tv->evaluateShape(b), ", ")), factors[d], d, want[d],
-              rank);
+              i, name, t.shapeString(), fmt::format("[{}]", fmt::join(tv->evaluateShape(b), ", ")), factors[d], d,
+              want[d], rank);
   }
 }
 
