@@ -13,6 +13,7 @@ namespace meshfuse {
 
 std::vector<IterDomain*> TensorView::dims() const {
   std::vector<IterDomain*> out;
+  out.reserve(logical_.size());
   for (IterDomain* id : logical_)
     if (!id->isReduction()) out.push_back(id);
   return out;
@@ -20,7 +21,9 @@ std::vector<IterDomain*> TensorView::dims() const {
 
 std::vector<Extent> TensorView::shape() const {
   std::vector<Extent> out;
-  for (IterDomain* id : dims()) out.push_back(id->extent());
+  out.reserve(logical_.size());
+  for (const IterDomain* id : logical_)
+    if (!id->isReduction()) out.push_back(id->extent());
   return out;
 }
 

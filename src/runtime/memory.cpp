@@ -66,7 +66,7 @@ std::string ranksOf(const TensorView* tv) {
 
 }  // namespace
 
-MemoryLimit hostMemoryLimit() {
+const MemoryLimit& hostMemoryLimit() {
   static const MemoryLimit limit = readHostMemoryLimit();
   return limit;
 }
@@ -84,14 +84,17 @@ std::string formatBytes(int64_t bytes) {
 void checkAllocation(const std::string& what, DataType dtype, const std::vector<int64_t>& shape,
                      const MemoryLimit& limit) {
   if (std::any_of(shape.begin(), shape.end(), [](int64_t s) { return s < 0; })) return;  // Tensor's to report
-  const std::string tensor = fmt::format("{}a {} tensor of shape [{}]", what.empty() ? "" : what + ", ",
-                                         dtypeName(dtype), fmt::join(shape, ", "));
+  // (Described only when refused: this runs at every allocation.)
+  auto tensor = [&] {
+    return fmt::format("{}a {} tensor of shape [{}]", what.empty() ? "" : what + ", ", dtypeName(dtype),
+                       fmt::join(shape, ", "));
+  };
   std::optional<int64_t> numel = checkedNumel(shape, dtypeSize(dtype));
   MF_USER_CHECK(numel.has_value(), ErrorKind::Runtime, "cannot allocate {}: it has more bytes than an int64 can count",
-                tensor);
+                tensor());
   const int64_t bytes = *numel * dtypeSize(dtype);
   MF_USER_CHECK(limit.bytes <= 0 || bytes <= limit.bytes, ErrorKind::Runtime,
-                "cannot allocate {}: {} bytes ({}), more than the {} of {}", tensor, bytes, formatBytes(bytes),
+                "cannot allocate {}: {} bytes ({}), more than the {} of {}", tensor(), bytes, formatBytes(bytes),
                 formatBytes(limit.bytes), limit.what);
 }
 

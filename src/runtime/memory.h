@@ -34,7 +34,7 @@ struct MemoryLimit {
 
 // This machine's host memory: physical memory plus swap, bounded by the memory cgroup's limit
 // (plus swap) and by the address-space limit (ulimit -v). Read once.
-MemoryLimit hostMemoryLimit();
+const MemoryLimit& hostMemoryLimit();  // read once
 
 // "64 TiB", "23.4 GiB", "512 bytes".
 std::string formatBytes(int64_t bytes);
