@@ -175,30 +175,31 @@ class Evaluator {
   void gatherElements(const Expr* e, Array& out) {
     const Array& x = in(e, 0);
     const std::vector<int64_t> st = stridesOf(x.shape);
-    std::function<int64_t(const std::vector<int64_t>&)> offset;
+    auto gather = [&](auto&& offset) {
+      forEachIndex(out.shape, [&](int64_t flat, const auto& idx) { out.data[flat] = x.data[offset(idx)]; });
+    };
     if (e->info().category == OpCategory::BroadcastInDim) {
       const auto& bd = e->attr<std::vector<int64_t>>("broadcast_dims");
-      offset = [&](const std::vector<int64_t>& idx) {
+      gather([&](const auto& idx) {
         int64_t off = 0;
         for (size_t i = 0; i < bd.size(); ++i) off += (x.shape[i] == 1 ? 0 : idx[bd[i]]) * st[i];
         return off;
-      };
+      });
     } else if (e->info().category == OpCategory::Permute) {
       const auto& perm = e->attr<std::vector<int64_t>>("dims");
-      offset = [&](const std::vector<int64_t>& idx) {
+      gather([&](const auto& idx) {
         int64_t off = 0;
         for (size_t d = 0; d < perm.size(); ++d) off += idx[d] * st[(perm[d] + perm.size()) % perm.size()];
         return off;
-      };
+      });
     } else {
       const auto& starts = e->attr<std::vector<int64_t>>("starts");
-      offset = [&](const std::vector<int64_t>& idx) {
+      gather([&](const auto& idx) {
         int64_t off = 0;
         for (size_t d = 0; d < idx.size(); ++d) off += (idx[d] + starts[d]) * st[d];
         return off;
-      };
+      });
     }
-    forEachIndex(out.shape, [&](int64_t flat, const auto& idx) { out.data[flat] = x.data[offset(idx)]; });
   }
 
   void cat(const Expr* e, Array& out) {
