@@ -88,9 +88,12 @@ TensorView* sdpa(TensorView* q, TensorView* k, TensorView* v, bool is_causal = f
 // The log-sum-exp of sdpa's scores per (batch, head, query row), f32; `scale` as for sdpa.
 TensorView* sdpaLse(TensorView* q, TensorView* k, bool is_causal = false, std::optional<double> scale = std::nullopt);
 // The gradient of sdpa(q, k, v, is_causal, scale) for output gradient `grad` with respect to
-// `wrt` ("query", "key" or "value"), shaped like that operand; `scale` as for sdpa.
+// `wrt` ("query", "key" or "value"), shaped like that operand; `scale` as for sdpa. `lse` and
+// `delta` (both or neither): the forward's sdpa_lse(q, k) and rowsum(grad * sdpa(q, k, v)) over the
+// last dim, f32 [b, heads, s], which let its rows split (ops.def).
 TensorView* sdpaGrad(TensorView* q, TensorView* k, TensorView* v, TensorView* grad, const std::string& wrt,
-                     bool is_causal = false, std::optional<double> scale = std::nullopt);
+                     bool is_causal = false, std::optional<double> scale = std::nullopt, TensorView* lse = nullptr,
+                     TensorView* delta = nullptr);
 
 // Training ops (docs/training.md). `indices` and `target` are i64.
 // weight [V, H] (or grouped [G, V, H] with indices [G, ...]) -> [indices..., H]; an index outside

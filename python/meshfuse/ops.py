@@ -28,7 +28,7 @@ _NONE_DEFAULTS = {op: {"scale": "1/sqrt(head size)"} for op in ("sdpa", "sdpa_ls
 
 
 def _signature(schema) -> inspect.Signature:
-    params, seen_default = [], False
+    params, seen_default, keyword_only = [], False, False
     for o in schema["operands"]:
         default = None if o["optional"] else inspect.Parameter.empty
         seen_default |= o["optional"]
@@ -37,9 +37,10 @@ def _signature(schema) -> inspect.Signature:
         default = inspect.Parameter.empty if a["required"] else a["default"]
         if a["name"] in _NONE_DEFAULTS.get(schema["name"], {}):
             default = None
-        # A required attribute after an optional operand can only be given by name.
-        kind = inspect.Parameter.KEYWORD_ONLY if (a["required"] and seen_default) else \
-            inspect.Parameter.POSITIONAL_OR_KEYWORD
+        # A required attribute after an optional operand can only be given by name (sdpa_grad's
+        # wrt after lse and delta), and so can every attribute after it.
+        keyword_only |= a["required"] and seen_default
+        kind = inspect.Parameter.KEYWORD_ONLY if keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
         seen_default |= not a["required"]
         params.append(inspect.Parameter(a["name"], kind, default=default))
     if schema["name"] in _REDUCTIONS:

@@ -19,7 +19,9 @@ struct AttentionGradients {
 // softmax(scale q k^T (+ causal mask)) recomputed once, in f32; dV = P^T g, dS = P o (dP -
 // rowsum(dP o P)) scale with dP = g v^T, dQ = dS k, dK = dS^T q; each cast to q's dtype. Every
 // value it creates keeps q's leading [batch, heads] dims.
+// With `lse` and `delta` (the sdpa_grad's operands, or nullptr), P = exp(scale q k^T - lse) and
+// rowsum(dP o P) = delta instead, as the op defines it.
 AttentionGradients attentionGradients(const Expr* sdpa_grad, TensorView* q, TensorView* k, TensorView* v, TensorView* g,
-                                      bool want_q, bool want_k, bool want_v);
+                                      TensorView* lse, TensorView* delta, bool want_q, bool want_k, bool want_v);
 
 }  // namespace meshfuse::autodiff

@@ -98,10 +98,13 @@ double attentionScale(const Expr* e, const TensorView* q, const TensorView* k) {
 }
 // The attention probabilities P = softmax(scale q k^T (+ causal mask)) in f32, recomputed from q
 // and k (f32 casts of the primals).
-TensorView* attentionProbs(TensorView* q, TensorView* k, bool causal, double scale) {
+TensorView* attentionScores(TensorView* q, TensorView* k, bool causal, double scale) {
   TensorView* scores = o::mul(o::matmul(q, transposeLast(k)), scale);
   if (causal) scores = o::where(causalMask(q, q->shape()[2].value(), k->shape()[2].value()), -1e30, scores);
-  return o::softmax(scores, 3);
+  return scores;
+}
+TensorView* attentionProbs(TensorView* q, TensorView* k, bool causal, double scale) {
+  return o::softmax(attentionScores(q, k, causal, scale), 3);
 }
 
 }  // namespace
@@ -123,19 +126,24 @@ Grads layerNorm(GradContext& c, const Expr* e, TensorView* g) { return norm(c, e
 Grads rmsNorm(GradContext& c, const Expr* e, TensorView* g) { return norm(c, e, g, false); }
 
 // The gradients of sdpa are first-class ops (sdpa_grad: attention's sharding rule, so that
-// sequence-sharded attention trains as Ulysses); expand-attention-gradients later rewrites them
-// with attentionGradients() below.
+// sequence-sharded attention trains as Ulysses, or with its sequences split: ring attention);
+// expand-attention-gradients later rewrites those whose sequences are whole with
+// attentionGradients() below. Each gets the forward's log-sum-exp (recomputed: the forward does
+// not keep it) and delta = rowsum(g o) from the saved output, which make its rows independent.
 Grads sdpa(GradContext& c, const Expr* e, TensorView* g) {
   TensorView* q = c.primal(e->input(0));
   TensorView* k = c.primal(e->input(1));
   attentionScale(e, q, k);  // refuses now what the expansion could not build
   const double scale = e->attr<double>("scale");
+  const std::optional<double> given = scale == 0 ? std::nullopt : std::optional<double>(scale);
+  const bool causal = e->attr<bool>("is_causal");
+  PRIMAL_Y;
+  TensorView* lse = o::sdpaLse(q, k, causal, given);
+  TensorView* delta = o::sum(o::mul(f32(y), f32(g)), {3});
   Grads out(3, nullptr);
   const char* names[] = {"query", "key", "value"};
   for (size_t i = 0; i < 3; ++i)
-    if (c.wants(i))
-      out[i] = o::sdpaGrad(q, k, c.primal(e->input(2)), g, names[i], e->attr<bool>("is_causal"),
-                           scale == 0 ? std::nullopt : std::optional<double>(scale));
+    if (c.wants(i)) out[i] = o::sdpaGrad(q, k, c.primal(e->input(2)), g, names[i], causal, given, lse, delta);
   return out;
 }
 Grads sdpaGrad(GradContext&, const Expr* e, TensorView*) {
@@ -209,16 +217,21 @@ Grads crossEntropy(GradContext& c, const Expr* e, TensorView* g) {
 }
 
 AttentionGradients attentionGradients(const Expr* sdpa_grad, TensorView* q, TensorView* k, TensorView* v, TensorView* g,
-                                      bool want_q, bool want_k, bool want_v) {
+                                      TensorView* lse, TensorView* delta, bool want_q, bool want_k, bool want_v) {
   const DataType dt = q->dtype();
   const double scale = attentionScale(sdpa_grad, q, k);
+  const bool causal = sdpa_grad->attr<bool>("is_causal");
   TensorView *qf = f32(q), *kf = f32(k), *gf = f32(g);
-  TensorView* p = attentionProbs(qf, kf, sdpa_grad->attr<bool>("is_causal"), scale);
+  // P = exp(scores - lse) with the forward's lse (masked scores -1e30 give 0), else a softmax.
+  TensorView* p = lse != nullptr ? o::exp(o::sub(attentionScores(qf, kf, causal, scale), unsqueezeReduced(lse, {3}, 4)))
+                                 : attentionProbs(qf, kf, causal, scale);
   AttentionGradients out;
   if (want_v) out.dv = castTo(o::matmul(transposeLast(p), gf), dt);
   if (want_q || want_k) {
     TensorView* gp = o::matmul(gf, transposeLast(f32(v)));
-    TensorView* gs = o::mul(softmaxBackward(p, gp, 3), scale);
+    // dS = P (dP - rowsum(dP P)) scale, the row sum being delta when given.
+    TensorView* gs = delta != nullptr ? o::mul(o::mul(p, o::sub(gp, unsqueezeReduced(delta, {3}, 4))), scale)
+                                      : o::mul(softmaxBackward(p, gp, 3), scale);
     if (want_q) out.dq = castTo(o::matmul(gs, kf), dt);
     if (want_k) out.dk = castTo(o::matmul(transposeLast(gs), qf), dt);
   }

@@ -190,6 +190,56 @@ bool materializedAttentionForBenchmarks() {
   return on == 1;
 }
 
+// An sdpa_grad with its lse and delta operands (one whose sequences are split: others are expanded
+// into GEMMs by expand-attention-gradients), or the key's and the value's of one attention
+// (segment.h) -> one attention-gradient step (wrt >= 0; both: wrt = key with dv_out).
+void lowerAttentionGradient(const Segment& seg, const LocalShapeFn& shape_of, Program& p) {
+  MF_CHECK(seg.exprs.size() <= 2, "an attention gradient segment of {} ops", seg.exprs.size());
+  const meshfuse::Expr* e = seg.exprs[0];
+  const meshfuse::Expr* value = nullptr;  // the value's gradient beside the key's
+  if (seg.exprs.size() == 2) {
+    value = seg.exprs[1];
+    if (e->attr<std::string>("wrt") == "value") std::swap(e, value);
+  }
+  MF_CHECK(e->input("lse") != nullptr && e->input("delta") != nullptr,
+           "{} reached lowering without its lse and delta operands: expand-attention-gradients rewrites it first",
+           e->name());
+  GemmLowering g(p);
+  auto bufferOf = [&](const Val* v) {
+    auto it = std::find(seg.inputs.begin(), seg.inputs.end(), v);
+    MF_CHECK(it != seg.inputs.end(), "an attention gradient operand that is not a segment input");
+    return static_cast<int64_t>(it - seg.inputs.begin());
+  };
+  auto tv = [&](size_t i) { return static_cast<const TensorView*>(e->input(i)); };
+  const std::vector<int64_t> qs = shape_of(tv(0)), ks = shape_of(tv(1)), vs = shape_of(tv(2));
+  Attention a;
+  a.batch = qs[0] * qs[1], a.s = qs[2], a.d = qs[3], a.skv = ks[2], a.dv = vs[3];
+  a.causal = e->attr<bool>("is_causal");
+  a.scale = e->attr<double>("scale");
+  if (a.scale == 0) a.scale = 1 / std::sqrt(static_cast<double>(a.d));
+  const std::string& wrt = e->attr<std::string>("wrt");
+  a.wrt = wrt == "query" ? 0 : wrt == "key" ? 1 : 2;
+  auto outputOf = [&](const meshfuse::Expr* x) {
+    auto it = std::find(seg.outputs.begin(), seg.outputs.end(), x->output());
+    MF_CHECK(it != seg.outputs.end(), "{} of an attention gradient segment is not one of its outputs", x->name());
+    return static_cast<int64_t>(seg.inputs.size() + (it - seg.outputs.begin()));
+  };
+  const int64_t out = outputOf(e);
+  if (a.batch == 0) return;
+  a.o = g.f32Result(out);
+  if (a.o != out) a.o_rounded = out;
+  if (value != nullptr) {
+    const int64_t dv = outputOf(value);
+    a.dv_out = g.f32Result(dv);
+    if (a.dv_out != dv) a.dv_rounded = dv;
+  }
+  a.q = g.f32(bufferOf(tv(0))), a.k = g.f32(bufferOf(tv(1))), a.v = g.f32(bufferOf(tv(2)));
+  a.g = g.f32(bufferOf(tv(3)));
+  a.lse_in = bufferOf(e->input("lse")), a.delta = bufferOf(e->input("delta"));  // f32 (shape inference)
+  p.steps.push_back({Step::AttentionCall, {}, {}, a});
+  g.finish();
+}
+
 // An attention segment: an sdpa, an sdpa_lse, or one of each on the same query and key (segment.cpp)
 // -> one Attention step computing the output and/or the log-sum-exp.
 void lowerAttentionSegment(const Segment& seg, const LocalShapeFn& shape_of, Program& p) {
@@ -204,13 +254,10 @@ void lowerAttentionSegment(const Segment& seg, const LocalShapeFn& shape_of, Pro
     MF_CHECK(it != seg.outputs.end(), "{} of an attention segment is not one of its outputs", e->name());
     return static_cast<int64_t>(seg.inputs.size() + (it - seg.outputs.begin()));
   };
+  if (seg.exprs[0]->kind() == OpKind::SdpaGrad) return lowerAttentionGradient(seg, shape_of, p);
   const meshfuse::Expr* sdpa = nullptr;
   const meshfuse::Expr* lse = nullptr;
-  for (const meshfuse::Expr* e : seg.exprs) {
-    MF_CHECK(e->kind() != OpKind::SdpaGrad, "{} reached lowering: expand-attention-gradients rewrites it first",
-             e->name());
-    (e->kind() == OpKind::Sdpa ? sdpa : lse) = e;
-  }
+  for (const meshfuse::Expr* e : seg.exprs) (e->kind() == OpKind::Sdpa ? sdpa : lse) = e;
   const meshfuse::Expr* e = sdpa ? sdpa : lse;
   MF_CHECK(e != nullptr && seg.exprs.size() == size_t{sdpa != nullptr} + size_t{lse != nullptr},
            "an attention segment of {} ops", seg.exprs.size());

@@ -249,6 +249,18 @@ std::string printProgram(const Program& p) {
     if (s.kind == Step::AttentionCall) {
       const Attention& a = s.attention;
       auto buf = [](int64_t b) { return b < 0 ? std::string("-") : fmt::format("b{}", b); };
+      if (a.wrt >= 0) {
+        out += fmt::format(
+            "  attention_grad wrt={}{} batch={} s={} skv={} d={} dv={} scale={}{}: {}{} = q {}, k {}, v {}, g {}, "
+            "lse {}, delta {}\n",
+            a.wrt == 0   ? "query"
+            : a.wrt == 1 ? "key"
+                         : "value",
+            a.dv_out >= 0 ? ",value" : "", a.batch, a.s, a.skv, a.d, a.dv, formatFloat(a.scale),
+            a.causal ? " causal" : "", buf(a.o), a.dv_out >= 0 ? ", " + buf(a.dv_out) : std::string(), buf(a.q),
+            buf(a.k), buf(a.v), buf(a.g), buf(a.lse_in), buf(a.delta));
+        continue;
+      }
       out += fmt::format("  attention batch={} s={} skv={} d={} dv={} scale={}{}: o {}, lse {} = q {}, k {}, v {}\n",
                          a.batch, a.s, a.skv, a.d, a.dv, formatFloat(a.scale), a.causal ? " causal" : "", buf(a.o),
                          buf(a.lse), buf(a.q), buf(a.k), buf(a.v));

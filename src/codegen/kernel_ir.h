@@ -169,6 +169,15 @@ struct Attention {
   int64_t batch = 0, s = 0, skv = 0, d = 0, dv = 0;
   double scale = 1;
   bool causal = false;
+  // An attention gradient (an sdpa_grad with its lse and delta operands) instead, when wrt >= 0:
+  // the gradient with respect to operand `wrt` (0 query, 1 key, 2 value) into o (o_rounded as
+  // above), from the output gradient g [batch, s, dv] and the forward's f32 log-sum-exp lse_in and
+  // delta = rowsum(g o_forward) [batch, s]: P = exp(scale q k^T - lse_in), dV = P^T g, dS = P (g v^T
+  // - delta) scale, dQ = dS k, dK = dS^T q (docs/training.md "Attention's gradient").
+  int64_t wrt = -1, g = -1, lse_in = -1, delta = -1;
+  // With wrt = 1 (the key's), the value's gradient too, from the same P (one segment computes
+  // both: segment.h), into dv_out (dv_rounded as o_rounded), or -1.
+  int64_t dv_out = -1, dv_rounded = -1;
 };
 
 struct Step {

@@ -8,6 +8,7 @@
 #include "meshfuse/ops.h"
 #include "propagation/context_parallel.h"
 #include "propagation/sharding.h"
+#include "propagation/sharding_rule.h"
 
 namespace meshfuse {
 namespace {
@@ -30,31 +31,53 @@ int64_t gathersSequence(const Expr* set, const std::string& overlap = "none") {
   return axis;
 }
 
-// Whether `tv` is read by `sdpa` alone (as key, value or both).
-bool onlyReadBy(const Fusion& f, const TensorView* tv, const Expr* sdpa) {
-  const auto& uses = tv->uses();
-  return !f.isOutput(tv) && std::all_of(uses.begin(), uses.end(), [&](const Expr* u) { return u == sdpa; });
+const TensorView* operandAt(const Expr* e, size_t i) {
+  const Val* v = i < e->inputs().size() ? e->inputs()[i] : nullptr;
+  return v != nullptr && v->valKind() == ValKind::TensorView ? static_cast<const TensorView*>(v) : nullptr;
 }
 
-// The mesh axis whose ring `sdpa`'s keys and values can rotate around, or -1.
-int64_t ringAxis(const Fusion& f, const Expr* sdpa) {
-  const auto* key = static_cast<const TensorView*>(sdpa->input(size_t{1}));
-  const auto* value = static_cast<const TensorView*>(sdpa->input(size_t{2}));
-  const int64_t a = gathersSequence(key->definition());
-  if (a < 0 || gathersSequence(value->definition()) != a || sdpa->output()->mesh()->size(a) == 1) return -1;
-  if (!onlyReadBy(f, key, sdpa) || !onlyReadBy(f, value, sdpa)) return -1;
-  const auto* query = static_cast<const TensorView*>(sdpa->input(size_t{0}));
-  for (const TensorView* t : {query, static_cast<const TensorView*>(sdpa->output())})
-    if (t->mesh() == nullptr || *t->mesh() != *sdpa->output()->mesh() || placementsOf(t)[a] != Placement::shard(kSeq))
+// Whether `e` can be a ring: sdpa, sdpa_lse, or sdpa_grad with its lse and delta.
+bool ringOp(const Expr* e) {
+  return e->kind() == OpKind::Sdpa || e->kind() == OpKind::SdpaLse ||
+         (e->kind() == OpKind::SdpaGrad && e->input("lse") != nullptr);
+}
+
+// The mesh axis along which the operands `e` needs whole along the sequence (its rule's
+// unmapped dim 2: k and v of sdpa, the other side's blocks of sdpa_grad) can rotate, or -1:
+// each is a set all-gathering the sequence along that axis, and every other operand and the
+// output are split along the sequence there, in blocks of one size.
+int64_t ringAxis(const Expr* e) {
+  if (!ringOp(e)) return -1;
+  const ShardingRule rule = shardingRuleOf(e);
+  int64_t axis = -1;
+  std::vector<const TensorView*> own = {e->output()};
+  for (size_t i = 0; i < e->inputs().size(); ++i) {
+    const TensorView* t = operandAt(e, i);
+    if (t == nullptr) continue;
+    if (rule.operand_maps[i].at(kSeq) == kSeq) {
+      own.push_back(t);
+      continue;
+    }
+    const int64_t a = gathersSequence(t->definition());
+    if (a < 0 || (axis >= 0 && a != axis)) return -1;
+    // A set another kind of op reads too (a softmax of the keys) stays one allgather for both.
+    for (const Expr* u : t->uses())
+      if (!ringOp(u)) return -1;
+    axis = a;
+  }
+  if (axis < 0 || e->output()->mesh()->size(axis) == 1) return -1;
+  for (const TensorView* t : own)
+    if (t->mesh() == nullptr || *t->mesh() != *e->output()->mesh() || placementsOf(t)[axis] != Placement::shard(kSeq))
       return -1;
   // The ring rotates blocks of one size: a sequence its mesh axes do not divide (torch.chunk's
   // uneven blocks) stays gathered.
+  const std::vector<Placement> ps = placementsOf(e->output());
   int64_t split = 1;
-  const std::vector<Placement> ps = placementsOf(query);
   for (size_t b = 0; b < ps.size(); ++b)
-    if (ps[b] == Placement::shard(kSeq)) split *= query->mesh()->size(static_cast<int64_t>(b));
-  if (!query->shape()[kSeq].divisible(split)) return -1;
-  return a;
+    if (ps[b] == Placement::shard(kSeq)) split *= e->output()->mesh()->size(static_cast<int64_t>(b));
+  for (size_t i = 0; i < e->inputs().size(); ++i)
+    if (const TensorView* t = operandAt(e, i); t != nullptr && !t->shape()[kSeq].divisible(split)) return -1;
+  return axis;
 }
 
 // Sequence chunks of the ring: one per device, or (causal) two per device, which balances the
@@ -83,19 +106,36 @@ void addLse(Fusion& f, Expr* sdpa, int64_t n) {
                       {sdpa->output()}});
 }
 
-void rotate(Fusion& f, Expr* sdpa, int64_t axis) {
-  const int64_t n = sdpa->output()->mesh()->size(axis), chunks = chunksOf(sdpa, n);
-  for (size_t i : {size_t{1}, size_t{2}}) {
-    Expr* set = sdpa->input(i)->definition();
+// Marks the sets `e` reads whole to rotate; a set that other ops read too is copied for `e`
+// first (each ring rotates its own blocks: the set becomes its loop's send/recv steps).
+void rotate(Fusion& f, Expr* e, int64_t axis) {
+  const int64_t n = e->output()->mesh()->size(axis);
+  const int64_t chunks = e->kind() == OpKind::Sdpa ? chunksOf(e, n) : n;  // (the balance is the forward's)
+  const ShardingRule rule = shardingRuleOf(e);
+  for (size_t i = 0; i < e->inputs().size(); ++i) {
+    auto* t = const_cast<TensorView*>(operandAt(e, i));
+    if (t == nullptr || rule.operand_maps[i].at(kSeq) == kSeq) continue;
+    const bool shared = std::any_of(t->uses().begin(), t->uses().end(),
+                                    [&](const Expr* u) { return u != e && !keyValueGradientPair(u, e); });
+    if (shared || f.isOutput(t)) {
+      f.setInsertionPoint(e);
+      TensorView* own = ops::set(static_cast<TensorView*>(t->definition()->input(size_t{0})));
+      f.setInsertionPoint(nullptr);
+      writeSharding(own, readSharding(t));
+      own->setPinned(false);
+      f.replaceOperand(e, t, own);
+      t = own;
+    }
+    Expr* set = t->definition();
     f.setAttribute(set, "overlap", std::string("ring"));
     f.setAttribute(set, "chunks", chunks);
     set->output()->setProvenance(
-        {fmt::format("ring attention: {{}} attends every block of {{}}, which rotates around mesh axis {} ({} "
+        {fmt::format("ring attention: {{}} {} every block of {{}}, which rotates around mesh axis {} ({} "
                      "send/recv steps to the next rank)",
-                     axis, n - 1),
-         {sdpa->output(), set->input(size_t{0})}});
+                     e->kind() == OpKind::SdpaGrad ? "needs" : "attends", axis, n - 1),
+         {e->output(), set->input(size_t{0})}});
   }
-  addLse(f, sdpa, n);
+  if (e->kind() == OpKind::Sdpa) addLse(f, e, n);
 }
 
 // Whether an sdpa_lse of `sdpa`'s query and key exists (the statistic its steps merge by).
@@ -118,17 +158,24 @@ void completeMarkedRing(Fusion& f, Expr* sdpa) {
 void decomposeRingAttention(Fusion& f, ContextParallel option) {
   const std::vector<Expr*> exprs = f.exprs();  // (rotate inserts ops)
   for (Expr* e : exprs) {
-    if (e->kind() != OpKind::Sdpa) continue;
-    completeMarkedRing(f, e);  // (whatever `option` says: the input states that ring)
+    if (e->kind() == OpKind::Sdpa) completeMarkedRing(f, e);  // (whatever `option` says: the input states that ring)
     if (!keysRotate(option)) continue;
-    if (const int64_t axis = ringAxis(f, e); axis >= 0) rotate(f, e, axis);
+    if (const int64_t axis = ringAxis(e); axis >= 0) rotate(f, e, axis);
   }
+}
+
+bool keyValueGradientPair(const Expr* a, const Expr* b) {
+  if (a->kind() != OpKind::SdpaGrad || b->kind() != OpKind::SdpaGrad || a->inputs() != b->inputs()) return false;
+  const std::string &wa = a->attr<std::string>("wrt"), &wb = b->attr<std::string>("wrt");
+  return ((wa == "key" && wb == "value") || (wa == "value" && wb == "key")) &&
+         a->attr<bool>("is_causal") == b->attr<bool>("is_causal") &&
+         a->attr<double>("scale") == b->attr<double>("scale");
 }
 
 const Expr* ringAttentionOf(const Expr* set) {
   if (set->kind() != OpKind::Set || set->attr<std::string>("overlap") != "ring") return nullptr;
   for (const Expr* u : set->output()->uses())
-    if (u->kind() == OpKind::Sdpa) return u;
+    if (u->info().category == OpCategory::Attention) return u;
   return nullptr;
 }
 

@@ -45,7 +45,12 @@ class Expr;
 
 void decomposeRingAttention(Fusion& fusion, ContextParallel option);
 
-// The sdpa a ring-marked set's keys or values feed, or nullptr when `set` is not one.
+// The attention op a ring-marked set's blocks feed, or nullptr when `set` is not one.
 const Expr* ringAttentionOf(const Expr* set);
+
+// Whether a and b are the key's and the value's gradient (sdpa_grad, either order) of one
+// attention, with the same operands and attributes: one kernel computes both from one P, and
+// their ring rotates the query side's blocks once (segmentation puts them in one segment).
+bool keyValueGradientPair(const Expr* a, const Expr* b);
 
 }  // namespace meshfuse

@@ -15,7 +15,8 @@ bool isSdpaGrad(const Expr* e) { return e->kind() == OpKind::SdpaGrad; }
 
 // Whether a and b are gradients of the same attention, placed alike: one expansion serves both.
 bool sameAttention(const Expr* a, const Expr* b) {
-  for (size_t i = 0; i < 4; ++i)
+  if (a->inputs().size() != b->inputs().size()) return false;
+  for (size_t i = 0; i < a->inputs().size(); ++i)
     if (a->input(i) != b->input(i)) return false;
   return a->attr<bool>("is_causal") == b->attr<bool>("is_causal") &&
          a->attr<double>("scale") == b->attr<double>("scale") && readSharding(a->output()) == readSharding(b->output());
@@ -52,8 +53,10 @@ void expandGroup(Fusion& f, const std::vector<Expr*>& group) {
   const std::vector<TensorView*> before = f.tensorViews();
   const std::set<TensorView*> old(before.begin(), before.end());
   f.setInsertionPoint(group[0]);
-  autodiff::AttentionGradients r = autodiff::attentionGradients(first, operand(0), operand(1), operand(2), operand(3),
-                                                                dq != nullptr, dk != nullptr, dv != nullptr);
+  auto optional = [&](const char* name) { return static_cast<TensorView*>(first->input(name)); };
+  autodiff::AttentionGradients r =
+      autodiff::attentionGradients(first, operand(0), operand(1), operand(2), operand(3), optional("lse"),
+                                   optional("delta"), dq != nullptr, dk != nullptr, dv != nullptr);
   f.setInsertionPoint(nullptr);
   // The note names the value that takes the place of the first op's output (its name too).
   TensorView* named = first == dq ? r.dq : first == dk ? r.dk : r.dv;
@@ -69,11 +72,20 @@ void expandGroup(Fusion& f, const std::vector<Expr*>& group) {
     if (op != nullptr) replaceWith(f, op->output(), grad);
 }
 
+// Whether `e`'s rows are split (an sdpa_grad with its lse and delta, placed along a sequence):
+// it stays, for the attention-gradient kernel (and ring attention) on blocks of rows.
+bool rowsSplit(const Expr* e) {
+  for (const AxisState& st : readSharding(e->output()).axes)
+    if (st.kind == Placement::Shard && st.dim >= 2) return true;
+  return false;
+}
+
 }  // namespace
 
 void expandAttentionGradients(Fusion& f) {
   std::vector<Expr*> pending;
-  std::copy_if(f.exprs().begin(), f.exprs().end(), std::back_inserter(pending), isSdpaGrad);
+  std::copy_if(f.exprs().begin(), f.exprs().end(), std::back_inserter(pending),
+               [](const Expr* e) { return isSdpaGrad(e) && !rowsSplit(e); });
   while (!pending.empty()) {
     std::vector<Expr*> group;
     for (Expr* e : pending)

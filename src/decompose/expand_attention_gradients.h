@@ -4,8 +4,12 @@
 // (docs/training.md "Attention's gradient").
 //
 // requires: propagate-shardings; an sdpa_grad's output is Shard(0), Shard(1) or Replicate on each
-//   mesh axis (what attention's rule gives: never Partial, never a sequence or embedding dim).
-// guarantees: no sdpa_grad is left; the sdpa_grad ops of one attention (same operands,
+//   mesh axis, or (one with its lse and delta operands, whose rows are independent) Shard(2) on
+//   some: never Partial, never an embedding dim.
+// guarantees: no sdpa_grad is left but those split along a sequence (Shard(2) on some mesh axis),
+//   which stay for the attention-gradient kernel on blocks of rows (ring attention rotates the
+//   other side's blocks: decompose-ring-attention); the others' lse and delta operands, where given,
+//   give P = exp(scale q k^T - lse) and the row sums of dP o P; the sdpa_grad ops of one attention (same operands,
 //   attributes and sharding) share one recomputation of P = softmax(scale q k^T (+ mask)); every
 //   value the expansion creates is on the op's mesh with the op's batch/heads sharding, so the new
 //   ops compute locally and decompose-reshardings moves their operands exactly as it would have

@@ -434,9 +434,12 @@ class Evaluator {
   }
 
   // sdpa_grad: with P the attention probabilities and G the output gradient of entry g,
-  // dV = P^T G; dS = P o (G V^T - rowsum(P o G V^T)) scale; dQ = dS K; dK = dS^T Q.
+  // dV = P^T G; dS = P o (G V^T - rowsum(P o G V^T)) scale; dQ = dS K; dK = dS^T Q. With the lse
+  // and delta operands, P = exp(scale Q K^T - lse) and rowsum(P o G V^T) = delta.
   void attentionGradient(const Expr* e, Array& out) {
     const Array &q = in(e, 0), &k = in(e, 1), &v = in(e, 2), &gr = in(e, 3);
+    const Array* lse = e->input("lse") != nullptr ? &in(e, 4) : nullptr;
+    const Array* delta = e->input("delta") != nullptr ? &in(e, 5) : nullptr;
     const std::string& wrt = e->attr<std::string>("wrt");
     const int64_t bh = q.shape[0] * q.shape[1], s = q.shape[2], d = q.shape[3], skv = k.shape[2], dv = v.shape[3];
     double scale = e->attr<double>("scale");
@@ -446,21 +449,25 @@ class Evaluator {
     for (int64_t g = 0; g < bh; ++g) {
       for (int64_t i = 0; i < s; ++i) {
         auto [mx, sum] = expScores(e, q, k, g, i, p);
+        // P = p / sum, or with the forward's lse exp(score - lse) = p exp(mx - lse): the same
+        // probabilities, which a block of the keys alone gives too.
+        const double norm = lse == nullptr ? 1 / sum : mx == -INFINITY ? 0 : std::exp(mx - lse->data[g * s + i]);
         const double* gi = &gr.data[(g * s + i) * dv];
         if (wrt == "value") {
           for (int64_t j = 0; j < skv; ++j)
-            for (int64_t c = 0; c < dv; ++c) out.data[(g * skv + j) * dv + c] += p[j] / sum * gi[c];
+            for (int64_t c = 0; c < dv; ++c) out.data[(g * skv + j) * dv + c] += p[j] * norm * gi[c];
           continue;
         }
-        double dot = 0;  // rowsum(P o dP)
+        double dot = 0;  // rowsum(P o dP) = rowsum(G o O): the delta operand, when given
         for (int64_t j = 0; j < skv; ++j) {
           double dp = 0;
           for (int64_t c = 0; c < dv; ++c) dp += gi[c] * v.data[(g * skv + j) * dv + c];
           ds[j] = dp;
-          dot += p[j] / sum * dp;
+          dot += p[j] * norm * dp;
         }
+        if (delta != nullptr) dot = delta->data[g * s + i];
         for (int64_t j = 0; j < skv; ++j) {
-          const double dsij = p[j] / sum * (ds[j] - dot) * scale;
+          const double dsij = p[j] * norm * (ds[j] - dot) * scale;
           for (int64_t c = 0; c < d; ++c) {
             if (wrt == "query")
               out.data[(g * s + i) * d + c] += dsij * k.data[(g * skv + j) * d + c];

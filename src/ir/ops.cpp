@@ -132,11 +132,11 @@ TensorView* sdpaLse(TensorView* q, TensorView* k, bool is_causal, std::optional<
       .apply(OpKind::SdpaLse, {q, k}, {{"is_causal", is_causal}, {"scale", scale.value_or(0.0)}});
 }
 TensorView* sdpaGrad(TensorView* q, TensorView* k, TensorView* v, TensorView* grad, const std::string& wrt,
-                     bool is_causal, std::optional<double> scale) {
+                     bool is_causal, std::optional<double> scale, TensorView* lse, TensorView* delta) {
   MF_USER_CHECK(!scale || *scale != 0, ErrorKind::Value,
                 "sdpa_grad: scale 0 would zero every attention score; leave it unset for 1/sqrt(head size)");
   return owner(q, OpKind::SdpaGrad)
-      .apply(OpKind::SdpaGrad, {q, k, v, grad},
+      .apply(OpKind::SdpaGrad, {q, k, v, grad, lse, delta},
              {{"wrt", wrt}, {"is_causal", is_causal}, {"scale", scale.value_or(0.0)}});
 }
 

@@ -8,8 +8,9 @@
 namespace meshfuse::shape_rules {
 namespace {
 
-// sdpa_grad(q, k, v, grad, wrt): grad is shaped like sdpa(q, k, v) (typed like it: checked with
-// k and v); the result is shaped and typed like the operand `wrt` names.
+// sdpa_grad(q, k, v, grad, [lse, delta,] wrt): grad is shaped like sdpa(q, k, v) (typed like it:
+// checked with k and v), lse and delta (f32) like sdpa_lse(q, k); the result is shaped and typed
+// like the operand `wrt` names.
 InferredOutput attentionGradient(const Ctx& c, TensorView* q, TensorView* k, TensorView* v) {
   TensorView* g = c.tv(3);
   c.requireRank(g, 4, "grad [b, heads, s, e_v]");
@@ -18,6 +19,21 @@ InferredOutput attentionGradient(const Ctx& c, TensorView* q, TensorView* k, Ten
   c.requireSameExtent(qs[1], gs[1], "heads dim", q, g);
   c.requireSameExtent(qs[2], gs[2], "query sequence dim", q, g);
   c.requireSameExtent(vs[3], gs[3], "value embedding dim (e_v)", v, g);
+  TensorView* lse = c.in.size() > 4 ? c.tv(4) : nullptr;
+  TensorView* delta = c.in.size() > 5 ? c.tv(5) : nullptr;
+  MF_USER_CHECK((lse == nullptr) == (delta == nullptr), ErrorKind::Value,
+                "{}: lse and delta are given together or not at all, but only {} is", c.op(),
+                lse != nullptr ? "lse" : "delta");
+  for (TensorView* t : {lse, delta}) {
+    if (t == nullptr) continue;
+    MF_USER_CHECK(t->dtype() == DataType::Float, ErrorKind::Dtype, "{}: {} must be f32 but is {}", c.op(), c.name(t),
+                  dtypeName(t->dtype()));
+    c.requireRank(t, 3, t == lse ? "lse [b, heads, s]" : "delta [b, heads, s]");
+    auto ts = t->shape();
+    c.requireSameExtent(qs[0], ts[0], "batch dim", q, t);
+    c.requireSameExtent(qs[1], ts[1], "heads dim", q, t);
+    c.requireSameExtent(qs[2], ts[2], "query sequence dim", q, t);
+  }
   const std::string& wrt = c.attr<std::string>("wrt");
   const TensorView* of = wrt == "query" ? q : wrt == "key" ? k : wrt == "value" ? v : nullptr;
   MF_USER_CHECK(of != nullptr, ErrorKind::Value, "{}: wrt must be \"query\", \"key\" or \"value\" but is \"{}\"",

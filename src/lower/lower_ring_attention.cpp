@@ -24,37 +24,52 @@ constexpr int64_t kCur = 1, kNext = 2;  // the slots of the attended and the arr
 
 const TensorView* operandOf(const Expr* e, size_t i) { return static_cast<const TensorView*>(e->input(i)); }
 
+// Whether `e` is a set decompose-ring-attention marked to rotate.
+bool isRingSet(const Expr* e) {
+  return e != nullptr && e->kind() == OpKind::Set && e->attr<std::string>("overlap") == "ring";
+}
+
 class RingLowering {
  public:
   RingLowering(const std::vector<Segment>& segments, int64_t index, OverlapLoweringState& state)
       : seg_(segments.at(index)), index_(index), state_(state) {
-    for (const Expr* e : seg_.exprs) (e->kind() == OpKind::Sdpa ? sdpa_ : lse_) = e;
-    MF_CHECK(sdpa_ != nullptr && seg_.exprs.size() <= 2, "ring attention needs its sdpa and sdpa_lse in one segment");
+    for (const Expr* e : seg_.exprs)
+      (e->kind() == OpKind::Sdpa ? sdpa_ : e->kind() == OpKind::SdpaLse ? lse_ : grad_) = e;
+    att_ = sdpa_ != nullptr ? sdpa_ : grad_ != nullptr ? grad_ : lse_;
+    MF_CHECK(att_ != nullptr && seg_.exprs.size() <= 2 && (grad_ == nullptr || (sdpa_ == nullptr && lse_ == nullptr)),
+             "a ring attention segment of {} ops", seg_.exprs.size());
     // (Text written by hand may mark the sets without it; decompose-ring-attention adds it.)
-    MF_USER_CHECK(lse_ != nullptr, ErrorKind::Value,
+    MF_USER_CHECK(sdpa_ == nullptr || lse_ != nullptr, ErrorKind::Value,
                   "ring attention of {}: no sdpa_lse of its query and key follows the sdpa (the log-sum-exp its "
                   "steps merge their partial outputs by; decompose-ring-attention adds it)",
-                  sdpa_->output()->fusion()->displayName(sdpa_->output()));
-    const Expr* key_set = operandOf(sdpa_, 1)->definition();
-    k_ = operandOf(key_set, 0);
-    v_ = operandOf(operandOf(sdpa_, 2)->definition(), 0);
-    rotating_ = {k_};
-    if (v_ != k_) rotating_.push_back(v_);
-    const Sharding from = readSharding(k_), to = readSharding(operandOf(sdpa_, 1));
-    for (size_t a = 0; a < from.axes.size(); ++a)
-      if (from.axes[a] != to.axes[a]) axis_ = static_cast<int64_t>(a);
-    n_ = sdpa_->output()->mesh()->size(axis_);
-    balanced_ = key_set->attr<int64_t>("chunks") == 2 * n_;
+                  att_->output()->fusion()->displayName(att_->output()));
+    // The rotating tensors: the local blocks the ring-marked sets gather (k and v of sdpa and
+    // sdpa_lse; the other side's blocks of sdpa_grad), each once.
+    for (const Val* v : att_->inputs()) {
+      const Expr* set = v != nullptr ? v->definition() : nullptr;
+      if (!isRingSet(set)) continue;
+      const TensorView* source = operandOf(set, 0);
+      if (std::find(rotating_.begin(), rotating_.end(), source) == rotating_.end()) rotating_.push_back(source);
+      if (axis_ < 0) {
+        const Sharding from = readSharding(source), to = readSharding(set->output());
+        for (size_t a = 0; a < from.axes.size(); ++a)
+          if (from.axes[a] != to.axes[a]) axis_ = static_cast<int64_t>(a);
+        balanced_ = sdpa_ != nullptr && set->attr<int64_t>("chunks") == 2 * att_->output()->mesh()->size(axis_);
+      }
+    }
+    MF_CHECK(!rotating_.empty() && axis_ >= 0, "{}: a ring attention segment with no rotating operand", att_->name());
+    n_ = att_->output()->mesh()->size(axis_);
+    // Which side's rows rotate: the keys' (sdpa, sdpa_lse, the query's gradient) or the
+    // queries' (the key's and value's gradients: their rows are key rows).
+    queries_rotate_ = grad_ != nullptr && grad_->attr<std::string>("wrt") != "query";
     // The balanced query's buffer: slot 1, unless the query is itself a rotating tensor
     // (self-attention: q, k and v one tensor), whose slots 1 and 2 hold the key blocks.
-    const TensorView* q = operandOf(sdpa_, 0);
+    const TensorView* q = operandOf(att_, 0);
     if (std::find(rotating_.begin(), rotating_.end(), q) != rotating_.end()) query_slot_ = kNext + 1;
   }
 
   void lower(std::vector<HostNode>& out) {
-    const TensorView* o = sdpa_->output();
-    out.push_back(allocate(o));
-    out.push_back(allocate(lse_->output()));
+    for (const Expr* e : seg_.exprs) out.push_back(allocate(e->output()));
     if (balanced_) balanceQuery(out);
     for (const TensorView* t : rotating_) {
       out.push_back(allocate(t, 1, kCur));
@@ -101,7 +116,7 @@ class RingLowering {
   // an intermediate the ring's set is the only reader of.
   bool donated(const TensorView* t) const {
     const Fusion& f = *t->fusion();
-    return !f.isInput(t) && !f.isOutput(t) && t->uses().size() == 1 && t != operandOf(sdpa_, 0);
+    return !f.isInput(t) && !f.isOutput(t) && t->uses().size() == 1 && t != operandOf(att_, 0);
   }
   BlockRef next(const TensorView* t) const { return BlockRef::of(t, donated(t) ? 0 : kNext); }
 
@@ -116,28 +131,36 @@ class RingLowering {
     for (int64_t h : handles) out.push_back(host::wait(h));
   }
 
-  // The attention of this rank's query rows against the key/value block in `slot` (0: its own),
-  // block (r + key_coeffs . i + key_offset) mod n of the keys.
-  HostNode step(int64_t slot, bool accumulate, std::vector<int64_t> key_coeffs, int64_t key_offset) const {
-    const TensorView *q = operandOf(sdpa_, 0), *key = operandOf(sdpa_, 1), *value = operandOf(sdpa_, 2);
+  // The attention (or its gradient) of this rank's own rows against the rotating block in `slot`
+  // (0: its own), block (r + coeffs . i + offset) mod n of the rotating side's sequence.
+  HostNode step(int64_t slot, bool accumulate, std::vector<int64_t> coeffs, int64_t offset) const {
+    const TensorView* q = operandOf(att_, 0);
     std::vector<BlockRef> views;
-    for (const TensorView* in : seg_.inputs)
-      views.push_back(in == q ? BlockRef::of(q, balanced_ ? query_slot_ : 0)
-                      : in == key ? BlockRef::of(k_, slot)
-                      : in == value ? BlockRef::of(v_, slot)
-                                    : BlockRef::of(in));
+    for (const TensorView* in : seg_.inputs) {
+      const Expr* d = in->definition();
+      views.push_back(sdpa_ != nullptr && in == q ? BlockRef::of(q, balanced_ ? query_slot_ : 0)
+                      : isRingSet(d)              ? BlockRef::of(operandOf(d, 0), slot)
+                                                  : BlockRef::of(in));
+    }
     for (const TensorView* o : seg_.outputs)
-      views.push_back(BlockRef::of(o, o == sdpa_->output() && balanced_ ? 1 : 0));
-    std::vector<BlockRef> rows = {block(q, balanced_ ? 2 * n_ : n_, {}, balanced_ ? 2 : 1, 0, axis_)};
-    if (balanced_) rows.push_back(block(q, 2 * n_, {}, -2, 2 * n_ - 1, axis_));
-    return host::attentionStep(index_, std::move(views), accumulate, std::move(rows),
-                               {block(k_, n_, std::move(key_coeffs), 1, key_offset, axis_)});
+      views.push_back(BlockRef::of(o, sdpa_ != nullptr && o == sdpa_->output() && balanced_ ? 1 : 0));
+    auto source = [&](size_t i) {  // (the block a ring-marked set gathers)
+      const TensorView* t = operandOf(att_, i);
+      return isRingSet(t->definition()) ? operandOf(t->definition(), 0) : t;
+    };
+    const TensorView* k = operandOf(att_, 1);
+    BlockRef rotating = block(source(queries_rotate_ ? 0 : 1), n_, std::move(coeffs), 1, offset, axis_);
+    std::vector<BlockRef> own = {
+        block(queries_rotate_ ? k : q, balanced_ ? 2 * n_ : n_, {}, balanced_ ? 2 : 1, 0, axis_)};
+    if (balanced_) own.push_back(block(q, 2 * n_, {}, -2, 2 * n_ - 1, axis_));
+    if (queries_rotate_) return host::attentionStep(index_, std::move(views), accumulate, {rotating}, std::move(own));
+    return host::attentionStep(index_, std::move(views), accumulate, std::move(own), {rotating});
   }
 
   // Causal balance: this rank keeps the first half of its query rows (chunk 2r) and takes the
   // second half of rank n - 1 - r's (chunk 2n - 1 - 2r) into q~1 (the query's slot).
   void balanceQuery(std::vector<HostNode>& out) {
-    const TensorView* q = operandOf(sdpa_, 0);
+    const TensorView* q = operandOf(att_, 0);
     out.push_back(allocate(sdpa_->output(), 1, 1));
     out.push_back(allocate(q, 1, query_slot_));
     swapHalves(BlockRef::of(q), BlockRef::of(q, query_slot_), out);
@@ -168,11 +191,11 @@ class RingLowering {
   OverlapLoweringState& state_;
   const Expr* sdpa_ = nullptr;
   const Expr* lse_ = nullptr;
-  const TensorView* k_ = nullptr;  // the local blocks of the keys and values (the sets' inputs)
-  const TensorView* v_ = nullptr;
-  std::vector<const TensorView*> rotating_;  // k, and v when it is another tensor
+  const Expr* grad_ = nullptr;
+  const Expr* att_ = nullptr;                // the sdpa, else the sdpa_grad, else the sdpa_lse
+  std::vector<const TensorView*> rotating_;  // the local blocks the ring-marked sets gather, each once
   int64_t axis_ = -1, n_ = 1;
-  bool balanced_ = false;
+  bool balanced_ = false, queries_rotate_ = false;
   int64_t query_slot_ = 1;  // the balanced query's buffer (balanceQuery)
 };
 
@@ -218,8 +241,8 @@ void countBlocks(const HostProgram& p, const std::vector<HostNode>& nodes, std::
       loops.pop_back();
     } else if (const auto* g = n.as<hir::Gemm>(); g && !g->query_blocks.empty()) {
       AttentionBlocks& count = out[g->segment];
-      for (const Expr* e : p.segment(*g).exprs)
-        if (e->kind() == OpKind::Sdpa) count.tensor = p.fusion->displayName(e->output());
+      for (const Expr* e : p.segment(*g).exprs)  // (the sdpa's name, not its sdpa_lse's)
+        if (e->kind() != OpKind::SdpaLse || count.tensor.empty()) count.tensor = p.fusion->displayName(e->output());
       countStep(p, *g, loops, b, count);
     }
   }
@@ -239,8 +262,9 @@ std::vector<AttentionBlocks> attentionBlocks(const HostProgram& program, const S
 
 bool isRingAttention(const Segment& seg) {
   for (const Expr* e : seg.exprs)
-    if (e->kind() == OpKind::Sdpa)
-      if (const Expr* set = e->input(size_t{1})->definition(); set != nullptr && ringAttentionOf(set) == e) return true;
+    if (e->info().category == OpCategory::Attention)
+      for (const Val* v : e->inputs())
+        if (v != nullptr && isRingSet(v->definition())) return true;
   return false;
 }
 

@@ -8,7 +8,8 @@
 //     fused into the GEMM; sdpa is one tiled attention kernel), with the transposes of its
 //     operands it can read in place (a lone permute of the last two dims that only it reads),
 //     except that an sdpa and an sdpa_lse of the same query, key and attributes share one
-//     segment with two outputs (one kernel computes both);
+//     segment with two outputs (one kernel computes both), and so do the key's and the value's
+//     gradient (sdpa_grad) of one attention (keyValueGradientPair);
 //     the pointwise chain after a GEMM (bias add, activation, residual add) becomes the GEMM's
 //     epilogue kernel, a Kernel segment;
 //   - every other op is in a Kernel segment, fused with its producers as long as all of the
@@ -28,6 +29,7 @@
 #include <map>
 #include <set>
 
+#include "decompose/decompose_ring_attention.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/ir/printer.h"
@@ -94,11 +96,13 @@ class Segmenter {
   // and attributes, alone in its group: the log-sum-exp is a by-product of the output's online
   // softmax, so one kernel returns both. -1 when there is none.
   int64_t attentionPartner(const Expr* e) const {
-    if (e->info().category != OpCategory::Attention) return -1;
+    auto forward = [](const Expr* x) { return x->kind() == OpKind::Sdpa || x->kind() == OpKind::SdpaLse; };
+    if (e->kind() == OpKind::SdpaGrad) return gradientPartner(e);
+    if (!forward(e)) return -1;
     const auto* q = static_cast<const TensorView*>(e->input(size_t{0}));
     for (const Expr* u : q->uses()) {
       auto it = group_of_.find(u);
-      if (it == group_of_.end() || u->kind() == e->kind() || u->info().category != OpCategory::Attention) continue;
+      if (it == group_of_.end() || u->kind() == e->kind() || !forward(u)) continue;
       const Group& g = groups_[it->second];
       if (!g.alive || g.exprs.size() != 1 || u->input(size_t{0}) != q || u->input(size_t{1}) != e->input(size_t{1}) ||
           u->attr<bool>("is_causal") != e->attr<bool>("is_causal") ||
@@ -106,6 +110,22 @@ class Segmenter {
           streamSplitOf(u->output()).has_value() != streamSplitOf(e->output()).has_value())
         continue;
       return it->second;
+    }
+    return -1;
+  }
+
+  // The group of the key's (value's) gradient visited before `e`, the value's (key's) gradient
+  // of the same attention (keyValueGradientPair), alone in its group: one kernel computes both
+  // from one P. -1 when there is none, and for the query's gradient.
+  int64_t gradientPartner(const Expr* e) const {
+    for (const Expr* u : e->input(size_t{0})->uses()) {
+      auto it = group_of_.find(u);
+      if (it == group_of_.end() || !keyValueGradientPair(u, e)) continue;
+      const Group& g = groups_[it->second];
+      if (g.alive && g.exprs.size() == 1 && sameMesh(u->output(), e->output()) &&
+          placementsOf(u->output()) == placementsOf(e->output()) &&
+          streamSplitOf(u->output()).has_value() == streamSplitOf(e->output()).has_value())
+        return it->second;
     }
     return -1;
   }

@@ -31,9 +31,8 @@ class Chooser {
     }
     const std::optional<size_t> unsplit = notSequenceSplit(a);
     const bool even = sequenceDivides(a);
-    if (option_ == ContextParallel::Ring && (e_->kind() != OpKind::Sdpa || unsplit || !even))
-      ringDoesNotApply(a, unsplit);
-    if (keysRotate(option_) && e_->kind() == OpKind::Sdpa && !unsplit && even) {
+    if (option_ == ContextParallel::Ring && (!ringOp() || unsplit || !even)) ringDoesNotApply(a, unsplit);
+    if (keysRotate(option_) && ringOp() && !unsplit && even) {
       return CpChoice{CpStrategy::Ring,
                       fmt::format("ring attention: each rank keeps its query rows while k and v rotate around mesh "
                                   "axis {} ({} send/recv steps, one block in flight){}",
@@ -44,6 +43,12 @@ class Chooser {
   }
 
  private:
+  // The attention ops whose blocks can rotate: sdpa and sdpa_lse (k and v rotate), and an
+  // sdpa_grad with its lse and delta (ops.def: the blocks of the side its rows are not).
+  bool ringOp() const {
+    return e_->kind() == OpKind::Sdpa || e_->kind() == OpKind::SdpaLse ||
+           (e_->kind() == OpKind::SdpaGrad && e_->input("lse") != nullptr);
+  }
   bool splitOnSeq(size_t i, int64_t a) const {
     return i < ops_.size() && ops_[i] && (*ops_[i])[a] == Placement::shard(kSeq);
   }
@@ -94,8 +99,8 @@ class Chooser {
 
   // The first of q, k and v that is not split along the sequence on axis `a`.
   std::optional<size_t> notSequenceSplit(int64_t a) const {
-    for (size_t i : {kQuery, kKey, kValue})
-      if (!splitOnSeq(i, a)) return i;
+    for (size_t i : {kQuery, kKey, kValue})  // (sdpa_lse has no value)
+      if (operand(i) != nullptr && !splitOnSeq(i, a)) return i;
     return std::nullopt;
   }
 
@@ -115,10 +120,11 @@ class Chooser {
 
   [[noreturn]] void ringDoesNotApply(int64_t a, std::optional<size_t> unsplit) const {
     const std::string op = f_.displayName(e_->output());
-    if (e_->kind() != OpKind::Sdpa)
+    if (!ringOp())
       userError(ErrorKind::Unsupported,
-                "context parallelism \"ring\" for {}: ring attention applies to sdpa, not {}; use \"auto\", "
-                "\"ulysses\" or \"gather\"",
+                "context parallelism \"ring\" for {}: ring attention applies to sdpa, sdpa_lse and to sdpa_grad with "
+                "its lse and delta operands (what autodiff emits), not to this {}; use \"auto\", \"ulysses\" or "
+                "\"gather\"",
                 op, e_->name());
     if (!unsplit) {
       const TensorView* q = operand(kQuery);

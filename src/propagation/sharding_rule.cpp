@@ -316,9 +316,18 @@ void wholeDimRule(const Expr* e, ShardingRule& r) {
       // query row's attention, so a sequence split of the query is one of the output. The keys'
       // and values' sequence (what every row attends) and the embedding dims stay whole
       // (context parallelism moves or rotates them: context_parallel.h).
-      mapOperands(e, r, [&](size_t i, const TensorView*) {
-        const bool query_rows = i == 0 && (e->kind() == OpKind::Sdpa || e->kind() == OpKind::SdpaLse);
-        return std::vector<int64_t>{0, 1, query_rows ? 2 : -1, -1};
+      // An sdpa_grad with its lse and delta (ops.def) has independent rows too: dQ's are query
+      // rows (of q, grad, lse and delta), dK's and dV's key rows (of k and v); the other side's
+      // sequence stays whole (ring attention rotates it).
+      mapOperands(e, r, [&](size_t i, const TensorView* t) {
+        bool rows = i == 0 && (e->kind() == OpKind::Sdpa || e->kind() == OpKind::SdpaLse);
+        if (e->kind() == OpKind::SdpaGrad && e->input("lse") != nullptr) {
+          const bool query_side = i == 0 || i >= 3;
+          rows = query_side == (e->attr<std::string>("wrt") == "query");
+        }
+        std::vector<int64_t> m{0, 1, rows ? 2 : -1, -1};
+        m.resize(t->rank());  // lse and delta: [b, heads, s]
+        return m;
       });
       break;
   }

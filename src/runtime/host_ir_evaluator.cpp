@@ -124,20 +124,26 @@ AttentionLaunch HostIrEvaluator::attentionLaunch(const hir::SegmentCall& n) cons
   return launch;
 }
 
-// A causal attention whose query rows are this rank's block of a longer sequence (the sequence
-// split on some mesh axes, the keys whole: gathered or replicated) masks by the rows' global
-// positions: the block's place in the sequence, from the query's sharding.
+// A causal attention whose query rows (or, for the key's and value's gradients, key rows) are
+// this rank's block of a longer sequence (the sequence split on some mesh axes, the other side
+// whole: gathered or replicated) masks by the rows' global positions: the block's place in the
+// sequence, from the operand's sharding.
 std::optional<AttentionLaunch> HostIrEvaluator::causalQueryBlock(const Segment& seg) {
   const Expr* e = seg.exprs.back();
   if (e->info().category != OpCategory::Attention || !e->attr<bool>("is_causal")) return std::nullopt;
-  const auto* q = static_cast<const TensorView*>(e->input(size_t{0}));
   constexpr int64_t kSeq = 2;
-  if (q->mesh() == nullptr) return std::nullopt;
-  // torch.chunk's block of the sequence (uneven shards: its offset is not rank * size).
-  const Span rows = localBlock(q, bindings_, comm_.rank()).at(kSeq);
-  if (rows.size == q->evaluateShape(bindings_).at(kSeq)) return std::nullopt;
   AttentionLaunch launch;
-  launch.query.push_back({rows.begin, rows.size});
+  bool split = false;
+  for (size_t i : {size_t{0}, size_t{1}}) {
+    const auto* t = static_cast<const TensorView*>(e->input(i));
+    if (t->mesh() == nullptr) continue;
+    // torch.chunk's block of the sequence (uneven shards: its offset is not rank * size).
+    const Span rows = localBlock(t, bindings_, comm_.rank()).at(kSeq);
+    if (rows.size == t->evaluateShape(bindings_).at(kSeq)) continue;
+    (i == 0 ? launch.query : launch.key).push_back({rows.begin, rows.size});
+    split = true;
+  }
+  if (!split) return std::nullopt;
   return launch;
 }
 

@@ -1,8 +1,9 @@
 """Context parallelism trains (issue 17): value_and_grad of attention whose q, k and v arrive
-sharded on the sequence, against torch.autograd (f64), on 1, 2 and 4 ranks. The backward is
-Ulysses too: attention's gradient is an op with attention's sharding rule (sdpa_grad), so the
-saved q, k, v and the output's gradient move to a split of the heads by all-to-all and dq, dk, dv
-move back: seven all-to-alls, no allgather."""
+sharded on the sequence, against torch.autograd (f64), on 1, 2 and 4 ranks. Attention's gradient
+is an op with attention's sharding rule (sdpa_grad), so the backward is Ulysses where the forward
+is (the saved q, k, v and the output's gradient move to a split of the heads by all-to-all and dq,
+dk, dv move back: seven all-to-alls, no allgather), and ring attention's backward where the
+forward is ring attention (blocks of the other side rotate by send/recv)."""
 
 import numpy as np
 import pytest
@@ -49,9 +50,10 @@ def test_ulysses_gradients_match_torch_and_the_backward_is_all_to_alls(rng, caus
     assert all(c.bytes == block for c in bwd.collectives())
 
 
-def test_gather_backward_all_gathers_and_reduce_scatters_nothing(rng):
-    """cp="gather": the backward gathers q, k, v and the seed, computes every gradient whole on
-    each rank and keeps its block (a local slice): four allgathers."""
+def test_gather_backward_keeps_rows_split_and_gathers_the_other_side(rng):
+    """cp="gather": each gradient keeps its own rows (dq the query rows, dk and dv the key rows) and
+    gathers the other side: k and v (shared with the recomputed log-sum-exp) for dq; q, the seed,
+    the lse and delta for dk and dv (one kernel). Six allgathers, nothing reduced."""
     arrays = [H.randn(rng, B, HEADS, SEQ, HD) for _ in range(3)]
     seed = H.randn(rng, B, HEADS, SEQ, HD)
     mesh = H.world_mesh()
@@ -62,15 +64,21 @@ def test_gather_backward_all_gathers_and_reduce_scatters_nothing(rng):
     ts = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in arrays]
     torch.nn.functional.scaled_dot_product_attention(*ts, is_causal=True).backward(torch.tensor(seed, dtype=torch.float64))
     for g, t in zip(grads, ts):
+        assert g.placements == (Shard(2),)
         H.assert_close(g.full_tensor(), t.grad.numpy())
-    assert H.kinds(fdw.grad_plans(inputs, [0, 1, 2], seeds)[1]) == H.expect(["allgather"] * 4)
+    bwd = fdw.grad_plans(inputs, [0, 1, 2], seeds)[1]
+    assert H.kinds(bwd) == H.expect(["allgather"] * 6)
+    n = meshfuse.world_size()
+    tensor, rows = B * HEADS * SEQ * HD * 4 // n, B * HEADS * SEQ * 4 // n  # a rank's block sent
+    assert sorted(c.bytes for c in bwd.collectives()) == H.expect(sorted([tensor] * 4 + [rows] * 2))
 
 
-def test_ring_forward_trains_with_a_gathered_backward_and_forced_ring_refuses(rng):
-    """One head, which no split of 2 or 4 ranks divides: cp="auto" makes the forward ring attention
-    (k and v rotate by send/recv) and, ring's backward not being written (issue 17), the backward
-    gathers q, k, v and the seed; the gradients still match torch. cp="ring" refuses the
-    sdpa_grad ops with an UnsupportedError naming them."""
+@pytest.mark.parametrize("cp", ["auto", "ring"])
+def test_ring_attention_trains_with_a_ring_backward(rng, cp):
+    """One head, which no split of 2 or 4 ranks divides: cp="auto" (or "ring") makes the forward
+    ring attention and the backward ring attention's backward: the recomputed log-sum-exp rotates
+    k, dq's ring k and v, and the one ring of dk and dv the query side (q, the seed, the lse and
+    delta): 7 (n - 1) send/recv, no allgather; the gradients match torch."""
     shape = (B, 1, SEQ, HD)
     arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
     seed = rng.standard_normal(shape).astype(np.float32)
@@ -82,19 +90,16 @@ def test_ring_forward_trains_with_a_gathered_backward_and_forced_ring_refuses(rn
         q, k, v = (fd.define_tensor(shape, name=n) for n in "qkv")
         fd.add_output(fd.ops.sdpa(q, k, v, is_causal=True))
 
-    fdw = FusionDefinitionWrapper(define)
+    fdw = FusionDefinitionWrapper(define, cp=cp)
     (out,), grads = fdw.value_and_grad(inputs, [0, 1, 2], seeds)
     ts = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in arrays]
     want = torch.nn.functional.scaled_dot_product_attention(*ts, is_causal=True)
     want.backward(torch.tensor(seed, dtype=torch.float64))
     H.assert_close(out.full_tensor(), want.detach().numpy())
     for g, t in zip(grads, ts):
+        assert g.placements == (Shard(2),)
         H.assert_close(g.full_tensor(), t.grad.numpy())
     fwd, bwd = fdw.grad_plans(inputs, [0, 1, 2], seeds)
     n = meshfuse.world_size()
     assert set(H.kinds(fwd)) == ({"send_recv"} if n > 1 else set())
-    assert H.kinds(bwd) == H.expect(["allgather"] * 4)
-    if n > 1:
-        with pytest.raises(meshfuse.UnsupportedError,
-                           match='context parallelism "ring" for %grad_q: ring attention applies to sdpa, not sdpa_grad'):
-            FusionDefinitionWrapper(define, cp="ring").value_and_grad(inputs, [0, 1, 2], seeds)
+    assert H.kinds(bwd) == ["send_recv"] * (7 * (n - 1))

@@ -236,10 +236,16 @@ TEST(Autodiff, SdpaGradientsAreSdpaGradOpsSharingTheirOperands) {
   f.addOutput(sdpa(q, k, in(f, {1, 2, 5, 3}, "v"), true));
   Gradients g = differentiate(f, {0}, {0, 1});  // no dv: no op for it
   std::string text = printFusion(*g.backward);
-  EXPECT_NE(text.find("%grad_q = sdpa_grad(%q, %k, %v, %grad_out0, wrt=\"query\", is_causal=true) : f32[1, 2, 3, 4]"),
+  // With the forward's log-sum-exp (recomputed) and delta = rowsum(grad * output) (saved output).
+  EXPECT_NE(text.find("%0 = sdpa_lse(%q, %k, is_causal=true) : f32[1, 2, 3]"), std::string::npos) << text;
+  EXPECT_NE(text.find("%1 = mul(%saved3, %grad_out0) : f32[1, 2, 3, 3]"), std::string::npos) << text;
+  EXPECT_NE(text.find("%2 = sum(%1, dims=[3]) : f32[1, 2, 3, r3]"), std::string::npos) << text;
+  EXPECT_NE(text.find("%grad_q = sdpa_grad(%q, %k, %v, %grad_out0, lse=%0, delta=%2, wrt=\"query\", is_causal=true) "
+                      ": f32[1, 2, 3, 4]"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("%grad_k = sdpa_grad(%q, %k, %v, %grad_out0, wrt=\"key\", is_causal=true) : f32[1, 2, 5, 4]"),
+  EXPECT_NE(text.find("%grad_k = sdpa_grad(%q, %k, %v, %grad_out0, lse=%0, delta=%2, wrt=\"key\", is_causal=true) "
+                      ": f32[1, 2, 5, 4]"),
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("wrt=\"value\""), std::string::npos) << text;
@@ -260,6 +266,23 @@ TEST(Autodiff, SdpaGradChecksItsOperands) {
                                }),
               ::testing::HasSubstr("sdpa_grad: %h is bf16 but query %q is f32"));
   EXPECT_EQ(sdpaGrad(q, kv, kv, g, "value")->dtype(), DataType::Float);
+  // The forward's lse and delta: both or neither, f32 [b, heads, s].
+  TensorView* lse = in(f, {1, 2, 3}, "lse");
+  EXPECT_EQ(userErrorMessage(ErrorKind::Value, [&] { sdpaGrad(q, kv, kv, g, "key", false, std::nullopt, lse); }),
+            "sdpa_grad: lse and delta are given together or not at all, but only lse is");
+  EXPECT_EQ(userErrorMessage(
+                ErrorKind::Dtype,
+                [&] {
+                  sdpaGrad(q, kv, kv, g, "key", false, std::nullopt, lse, in(f, {1, 2, 3}, "d16", DataType::BFloat16));
+                }),
+            "sdpa_grad: %d16 must be f32 but is bf16");
+  EXPECT_THAT(userErrorMessage(ErrorKind::Shape,
+                               [&] {
+                                 sdpaGrad(q, kv, kv, g, "key", false, std::nullopt, lse, in(f, {1, 2, 5}, "d5"));
+                               }),
+              ::testing::HasSubstr("query sequence dim"));
+  EXPECT_EQ(sdpaGrad(q, kv, kv, g, "key", false, std::nullopt, lse, in(f, {1, 2, 3}, "delta"))->dtype(),
+            DataType::Float);
 }
 
 TEST(Autodiff, AttentionGradientIsNotDifferentiatedAgain) {

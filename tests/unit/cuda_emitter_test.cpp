@@ -5,6 +5,8 @@
 // small GPU's. Segments run as the CUDA backend runs them: linear/matmul as one planned cuBLASLt
 // call (replayed by a plain GEMM), everything else lowered to kernel IR (loop nests -> emitted
 // kernels, GEMM calls -> plans). (NVRTC compiles the same kernels: cuda_kernel_resources_test.)
+#include "codegen/cuda/cuda_emitter.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,17 +14,18 @@
 #include <fstream>
 #include <limits>
 
+#include "codegen/kernel_ir.h"
+#include "codegen/kernel_lower.h"
 #include "cuda_emulation.h"
 #include "cuda_test_helpers.h"
+#include "lower/segment.h"
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/parser.h"
-#include "codegen/kernel_ir.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/reference.h"
-#include "lower/segment.h"
 #include "models.h"
 #include "random_chains.h"
-#include "codegen/cuda/cuda_emitter.h"
+#include "test_helpers.h"
 
 namespace meshfuse {
 namespace {
@@ -305,6 +308,24 @@ TEST(CudaEmitterModes, ScatterRowsRunSeriallyPerColumn) {
   const std::string scatter = e.source.substr(e.source.find("thread mode over 512 outer iteration(s)"));
   EXPECT_NE(scatter.find("< 4096LL; ++s"), std::string::npos) << "a serial loop over the tokens\n" << scatter;
   EXPECT_EQ(scatter.find("atomic"), std::string::npos) << scatter;
+}
+
+// Attention's gradient on blocks of rows (ring or gathered context parallelism) has a CPU kernel
+// only: the CUDA emitter refuses its step by name instead of emitting something else.
+TEST(CudaEmitter, AttentionGradientStepsAreRefusedByName) {
+  Fusion f;
+  TensorView* q = f.defineTensor({1, 2, 8, 4}, DataType::Float, "q");
+  TensorView* g = f.defineTensor({1, 2, 8, 4}, DataType::Float, "g");
+  TensorView* lse = f.defineTensor({1, 2, 8}, DataType::Float, "lse");
+  TensorView* delta = f.defineTensor({1, 2, 8}, DataType::Float, "delta");
+  TensorView* dk = ops::sdpaGrad(q, q, q, g, "key", true, std::nullopt, lse, delta);
+  f.addOutput(dk);
+  Segment seg{Segment::Kind::Gemm, {dk->definition()}, {q, g, lse, delta}, {dk}};
+  kir::Program p = kir::lowerSegment(
+      f, seg, [](const TensorView* tv) { return tv->evaluateShape({}); }, "gemm #0");
+  EXPECT_EQ(testing_helpers::userErrorMessage(ErrorKind::Unsupported, [&] { cuda::emitCuda(p, "g0", 132); }),
+            "gemm #0: the CUDA backend has no kernel for attention's gradient on sequence blocks (sequence-sharded "
+            "sdpa_grad: ring or gathered context parallelism); train it with --cp=ulysses, or on CPU ranks");
 }
 
 }  // namespace

@@ -388,6 +388,13 @@ std::vector<OpCase> opCases(OpKind k) {
                  TensorView* g = in.add({2, 2, 5, 3});
                  for (const char* wrt : {"query", "key", "value"}) f.addOutput(ops::sdpaGrad(q, kk, v, g, wrt, true));
                  f.addOutput(ops::sdpaGrad(q, kk, v, g, "key", false, 0.3));
+                 // With the forward's lse and delta, as autodiff writes it: P = exp(S - lse).
+                 TensorView* lse = ops::sdpaLse(q, kk, true);
+                 TensorView* delta = ops::sum(
+                     ops::mul(ops::cast(ops::sdpa(q, kk, v, true), DataType::Float), ops::cast(g, DataType::Float)),
+                     {3});
+                 for (const char* wrt : {"query", "key", "value"})
+                   f.addOutput(ops::sdpaGrad(q, kk, v, g, wrt, true, std::nullopt, lse, delta));
                  return in.values;
                }}};
   }

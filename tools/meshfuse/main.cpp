@@ -330,7 +330,7 @@ std::pair<int, bool> Cli::handle(const std::string& piece) {
       return {mf::cli::runGradCheck(*fusion, ad_opts, sizes, gc_opts, gc_low, gc_high, gc_seed) ? 0 : 1, false};
     } else if (*train) {
       mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
-      return {mf::cli::runTrain(*fusion, train_opts, sizes), true};
+      return {mf::cli::runTrain(*fusion, train_opts, sizes, pipeline), true};
     } else if (*coll) {
       mf::SymbolBindings sizes = cli::completeBindings(*fusion, run_opts.sizes, /*warn=*/true);
       mf::PipelineOptions o = pipeline;
@@ -383,7 +383,7 @@ int main(int argc, char** argv) {
   c.addRun();
   // The compile options (overlap, fsdp, cp, ...), for every subcommand that compiles: made from
   // the one table Python's keyword arguments come from too (meshfuse/options.h).
-  for (CLI::App* sub : {c.opt, c.dump, c.coll, c.run}) cli::addCompileOptions(*sub, c.pipeline);
+  for (CLI::App* sub : {c.opt, c.dump, c.coll, c.run, c.train}) cli::addCompileOptions(*sub, c.pipeline);
   for (CLI::App* sub : {c.print, c.opt, c.dump, c.coll})
     sub->add_flag("--split-input-file", c.split,
                   "FILE holds several cases separated by lines '# -----' (the rest of such a line is a comment); "

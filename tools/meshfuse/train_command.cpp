@@ -40,7 +40,8 @@ OptimizerConfig config(const TrainCliOptions& o) {
 
 }  // namespace
 
-int runTrain(const Fusion& fusion, const TrainCliOptions& o, const SymbolBindings& sizes) {
+int runTrain(const Fusion& fusion, const TrainCliOptions& o, const SymbolBindings& sizes,
+             const PipelineOptions& pipeline) {
   MF_USER_CHECK(o.steps >= 1, ErrorKind::Value, "train: --steps must be at least 1, got {}", o.steps);
   int64_t loss = lossOutput(fusion, o.loss);
   std::vector<int64_t> params = resolve(fusion, fusion.inputs(), o.wrt, "input");
@@ -54,7 +55,9 @@ int runTrain(const Fusion& fusion, const TrainCliOptions& o, const SymbolBinding
     inputs[i] = inputs[i].placements.empty()
                     ? ShardedTensor{full[i], {}, {}}
                     : distributeTensor(full[i], inputs[i].mesh, inputs[i].placements, comm->rank());
-  TrainingExecutor trainer(fusion.clone(), loss, params, config(o), *comm);
+  TrainingOptions options;
+  options.executor.pipeline = pipeline;
+  TrainingExecutor trainer(fusion.clone(), loss, params, config(o), *comm, options);
   std::vector<std::string> names;
   for (int64_t p : params) names.push_back(fusion.displayName(fusion.inputs()[p]));
   if (comm->rank() == 0)

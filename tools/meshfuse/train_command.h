@@ -8,6 +8,7 @@
 
 namespace meshfuse {
 class Fusion;
+struct PipelineOptions;
 }
 
 namespace meshfuse::cli {
@@ -25,7 +26,9 @@ struct TrainCliOptions {
 };
 
 // Trains `fusion` (its inputs' placements shard it over the MPI ranks) for o.steps steps on one
-// fixed random batch, printing "step i/N  loss L" per step on rank 0. Returns the exit status.
-int runTrain(const Fusion& fusion, const TrainCliOptions& o, const SymbolBindings& sizes);
+// fixed random batch, printing "step i/N  loss L" per step on rank 0, compiled with `pipeline`'s
+// options (--cp, --overlap, --fsdp, ...). Returns the exit status.
+int runTrain(const Fusion& fusion, const TrainCliOptions& o, const SymbolBindings& sizes,
+             const PipelineOptions& pipeline);
 
 }  // namespace meshfuse::cli

@@ -108,24 +108,6 @@ float updateRow(float* row, int64_t cols, float& m, float& l) {
   return alpha;
 }
 
-// Local rows [local, local + count) are global positions [global, global + count).
-struct RowBlock {
-  int64_t local = 0, global = 0, count = 0;
-};
-
-// The blocks of `rows` local rows: `launch`'s, or one block where local is global.
-std::vector<RowBlock> rowBlocks(const std::vector<AttentionLaunch::Rows>* launch, int64_t rows, const char* what) {
-  if (launch == nullptr || launch->empty()) return {{0, 0, rows}};
-  std::vector<RowBlock> out;
-  int64_t local = 0;
-  for (const AttentionLaunch::Rows& r : *launch) {
-    out.push_back({local, r.start, r.count});
-    local += r.count;
-  }
-  MF_CHECK(local == rows, "an attention step's {} blocks cover {} rows of {}", what, local, rows);
-  return out;
-}
-
 // Where a query tile starts its online softmax: afresh, or (a ring step that accumulates) from
 // the running output and log-sum-exp its outputs hold, as the state (m = lse, l = 1, acc = o).
 struct TileStart {
@@ -203,6 +185,18 @@ void attendQueryTile(const kir::Attention& a, const float* q, const float* k, co
 }
 
 }  // namespace
+
+std::vector<RowBlock> rowBlocks(const std::vector<AttentionLaunch::Rows>* launch, int64_t rows, const char* what) {
+  if (launch == nullptr || launch->empty()) return {{0, 0, rows}};
+  std::vector<RowBlock> out;
+  int64_t local = 0;
+  for (const AttentionLaunch::Rows& r : *launch) {
+    out.push_back({local, r.start, r.count});
+    local += r.count;
+  }
+  MF_CHECK(local == rows, "an attention step's {} blocks cover {} rows of {}", what, local, rows);
+  return out;
+}
 
 void expShiftedInPlace(float* x, int64_t n, float shift) { expShifted(x, n, shift); }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "codegen/kernel_ir.h"
 #include "runtime/backend.h"
@@ -22,6 +23,21 @@ inline constexpr int64_t kAttentionKeyTile = 128;
 // outputs hold (the running output read from a.o_rounded, of `rounded_dtype`, when it is set).
 void runAttention(const kir::Attention& a, void* const* buffers, const AttentionLaunch* launch = nullptr,
                   DataType rounded_dtype = DataType::Float);
+
+// Local rows [local, local + count) are global positions [global, global + count).
+struct RowBlock {
+  int64_t local = 0, global = 0, count = 0;
+};
+
+// The blocks of `rows` local rows: `launch`'s (`what`: "query" or "key", for the error), or one
+// block where local is global.
+std::vector<RowBlock> rowBlocks(const std::vector<AttentionLaunch::Rows>* launch, int64_t rows, const char* what);
+
+// Runs the attention gradient `a` (a.wrt >= 0; attention_grad_kernel.cpp) on the program's buffer
+// pointers: tiles of the same sizes, each tile pair's terms added into the gradient, which starts
+// at 0, or (a ring step's `launch` that accumulates) at what a.o (or the 16-bit a.o_rounded) holds.
+void runAttentionGrad(const kir::Attention& a, void* const* buffers, const AttentionLaunch* launch = nullptr,
+                      DataType rounded_dtype = DataType::Float);
 
 // exp(x[i] - shift) into x[i], vectorized (a Cephes-style range reduction and a degree-6
 // polynomial; relative error < 3e-7; -inf and anything below -87 give exactly 0). Exposed for

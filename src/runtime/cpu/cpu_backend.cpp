@@ -118,8 +118,12 @@ class CpuBackend final : public Backend {
         c.functions[i](ptrs.data());
       } else if (step.kind == kir::Step::AttentionCall) {
         const int64_t rounded = step.attention.o_rounded;
-        cpu::runAttention(step.attention, ptrs.data(), launch,
-                          rounded >= 0 ? c.program.buffers[rounded].dtype : DataType::Float);
+        const DataType dt = rounded >= 0 ? c.program.buffers[rounded].dtype : DataType::Float;
+        if (step.attention.wrt >= 0) {
+          cpu::runAttentionGrad(step.attention, ptrs.data(), launch, dt);
+        } else {
+          cpu::runAttention(step.attention, ptrs.data(), launch, dt);
+        }
       } else {
         runGemm(step.gemm, ptrs.data());
       }
