@@ -4,14 +4,17 @@
 //   ring      k and v rotate by send/recv, n - 1 steps, merged by log-sum-exp (--cp=ring)
 //   ulysses   all-to-all to a split of the heads and back (--cp=ulysses)
 //   gather    k and v all-gathered, each rank attends its query rows (--cp=gather)
-// -- against the whole attention on one rank (rank 0 alone, a single-rank executor).
+// -- against the whole attention on one rank (rank 0 alone, a single-rank executor). With
+// --backward 1 the program is attention's backward instead (autodiff's backward fusion of the
+// same attention: dq, dk and dv from the saved q, k, v, output and the output's gradient, all
+// split along the sequence): ring attention's backward (7 (n - 1) send/recv), Ulysses, gathered.
 //
 // Rounds interleave the variants (each round starts from a different one) so that a slow phase
 // of the machine hits them alike; times are the slowest rank's, the tables give medians over the
 // rounds. "hidden" is the fraction of the communication time that overlapped compute in a traced
 // run after a warm-up (rank 0's timeline, and the mean over ranks).
 //   mpirun -np 4 build/benchmarks/context_parallel_cpu [--seqs 4096,8192,16384] [--heads 8]
-//                  [--head-dim 64] [--rounds 3] [--causal 1]
+//                  [--head-dim 64] [--rounds 3] [--causal 1] [--backward 0]
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
@@ -23,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "meshfuse/autodiff.h"
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/ops.h"
@@ -38,6 +42,7 @@ struct Args {
   int64_t heads = 8, head_dim = 64;
   int rounds = 3;
   bool causal = true;
+  bool backward = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -56,8 +61,11 @@ Args parse(int argc, char** argv) {
       a.rounds = std::stoi(v);
     } else if (k == "--causal") {
       a.causal = v != "0";
+    } else if (k == "--backward") {
+      a.backward = v != "0";
     } else {
-      std::fprintf(stderr, "unknown option %s (options: --seqs --heads --head-dim --rounds --causal)\n", k.c_str());
+      std::fprintf(stderr, "unknown option %s (options: --seqs --heads --head-dim --rounds --causal --backward)\n",
+                   k.c_str());
       std::exit(2);
     }
   }
@@ -76,16 +84,21 @@ double worstOverRanks(double s) {
 }
 
 // a = sdpa(q, k, v) over [1, heads, seq, head_dim]; with a mesh, q, k, v and a are Shard(2) on it.
+// --backward: its backward fusion (inputs q, k, v, the saved output and the output's gradient,
+// each [1, heads, seq, head_dim], placed like the forward's tensors; outputs dq, dk, dv).
 std::unique_ptr<Fusion> attention(const Args& a, int64_t seq, const DeviceMesh* mesh) {
   auto f = std::make_unique<Fusion>();
   std::vector<TensorView*> in;
-  for (const char* name : {"q", "k", "v"})
+  for (const char* name : {"q", "k", "v"}) {
     in.push_back(f->defineTensor({1, a.heads, seq, a.head_dim}, DataType::Float, name));
+    if (mesh != nullptr && a.backward) applyPlacements(in.back(), *mesh, {Placement::shard(2)});
+  }
   TensorView* out = ops::sdpa(in[0], in[1], in[2], a.causal);
   f->rename(out, "a");
   f->addOutput(out);
   if (mesh != nullptr) applyPlacements(out, *mesh, {Placement::shard(2)});
-  return f;
+  if (!a.backward) return f;
+  return std::move(differentiate(*f, {0}, {0, 1, 2}).backward);
 }
 
 struct Variant {
@@ -108,16 +121,18 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < n; ++i) ids[i] = i;
     const DeviceMesh mesh(ids), alone({0});
     if (me == 0) {
-      std::printf("# %s attention, batch 1, %lld heads, head size %lld, f32; %lld ranks, one compute thread each; "
+      std::printf("# %s attention%s, batch 1, %lld heads, head size %lld, f32; %lld ranks, one compute thread each; "
                   "%d rounds, variants interleaved\n",
-                  args.causal ? "causal" : "non-causal", static_cast<long long>(args.heads),
+                  args.causal ? "causal" : "non-causal", args.backward ? "'s backward (dq, dk, dv)" : "",
+                  static_cast<long long>(args.heads),
                   static_cast<long long>(args.head_dim), static_cast<long long>(n), args.rounds);
       std::printf("| seq | variant | median ms | speed-up over 1 rank | communication ms, rank 0 | hidden, rank 0 | "
                   "hidden, mean of ranks |\n|---|---|---|---|---|---|---|\n");
     }
     for (int64_t seq : args.seqs) {
+      const int64_t operands = args.backward ? 5 : 3;  // (backward: q, k, v, the saved output, its gradient)
       std::vector<ShardedTensor> in;
-      for (int64_t i = 0; i < 3; ++i)
+      for (int64_t i = 0; i < operands; ++i)
         in.push_back({Tensor::random(DataType::Float, {1, args.heads, seq / n, args.head_dim}, 10 * seq + i + me),
                       mesh,
                       {Placement::shard(2)}});
@@ -133,7 +148,7 @@ int main(int argc, char** argv) {
       }
       // One rank alone: the whole sequence on rank 0.
       std::vector<ShardedTensor> whole;
-      for (int64_t i = 0; i < 3; ++i)
+      for (int64_t i = 0; i < operands; ++i)
         whole.push_back({Tensor::random(DataType::Float, {1, args.heads, seq, args.head_dim}, 7 * seq + i), alone,
                          {Placement::replicate()}});
       std::unique_ptr<MultiDeviceExecutor> single;

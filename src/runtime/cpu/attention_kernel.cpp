@@ -127,6 +127,7 @@ void startTile(const TileStart& start, const float* lse, int64_t q0, int64_t row
     t.max[i] = lse[q0 + i];
     t.sum[i] = 1.0f;
   }
+  if (start.o_state == nullptr) return;  // a log-sum-exp alone (the ring of a backward's sdpa_lse)
   const int64_t first = q0 * dv, n = rows * dv;
   if (start.state_dtype == DataType::Float) {
     std::memcpy(t.acc.data(), static_cast<const float*>(start.o_state) + first, n * sizeof(float));
