@@ -423,8 +423,13 @@ TEST(Overlap, TimelineOfARingShowsCommunicationBesideCompute) {
   }
   EXPECT_TRUE(compute_on_main);
   EXPECT_TRUE(comm_beside);
+  // How much of it a rank's compute hides depends on when its peers send (the scheduler's
+  // timing: once 0% on rank 1 under ASan on 2 cores), so it is reported, not asserted
+  // (benchmarks measure it); the summary only has to be consistent.
   OverlapSummary sum = summarizeOverlap(run.trace);
-  EXPECT_GT(sum.hidden_us, 0) << "no communication interval intersects a compute interval";
+  EXPECT_GT(sum.communication_us, 0);
+  EXPECT_GE(sum.hidden_us, 0);
+  EXPECT_LE(sum.hidden_us, sum.communication_us);
   if (worldRank() == 0)
     std::printf("[ overlap  ] compute %.0f us, communication %.0f us, hidden %.0f%%\n", sum.compute_us,
                 sum.communication_us, 100 * sum.hiddenFraction());
