@@ -9,6 +9,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "meshfuse/autodiff.h"
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
@@ -145,6 +146,49 @@ TEST(CudaMultiRank, RingOverlapSequenceParallelMlpTraced) {
   o.pipeline.overlap.chunks = 2 * g_world->size();
   o.trace = true;
   expectShardedMatchesReference(f, {{S(0)}, {S(0)}, {S(1)}}, {{"s0", 32 * g_world->size()}}, "", o);
+}
+
+// Ring attention on the GPU: q, k and v sequence-split, k and v rotating by send/recv between
+// device buffers, each step one launch of the tiled attention kernel at its blocks' positions
+// (causal: the load-balanced layout, two chunks per rank), continuing the online softmax.
+TEST(CudaMultiRank, RingAttention) {
+  MF_REQUIRE_CUDA();
+  ExecutorOptions o;
+  o.pipeline.propagation.context_parallel = ContextParallel::Ring;
+  for (DataType dt : {DataType::Float, DataType::BFloat16})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} {}", dtypeName(dt), causal ? "causal" : "full"));
+      Fusion f;
+      std::vector<TensorView*> in;
+      for (const char* name : {"q", "k", "v"}) in.push_back(f.defineTensor({2, 4, 64, 32}, dt, name));
+      f.addOutput(ops::sdpa(in[0], in[1], in[2], causal));
+      expectShardedMatchesReference(f, {{S(2)}, {S(2)}, {S(2)}}, {}, "", o);
+    }
+}
+
+// Ring attention's backward on the GPU: autodiff's backward fusion of a sequence-split sdpa (the
+// recomputed log-sum-exp, delta from the saved output, and sdpa_grad with both), each gradient
+// keeping its rows while the other side's blocks rotate: the attention-gradient kernels at the
+// blocks' positions, adding each step's terms into the gradient.
+TEST(CudaMultiRank, RingAttentionBackward) {
+  MF_REQUIRE_CUDA();
+  ExecutorOptions o;
+  o.pipeline.propagation.context_parallel = ContextParallel::Ring;
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    Fusion f;
+    std::vector<TensorView*> in;
+    for (const char* name : {"q", "k", "v"}) {
+      in.push_back(f.defineTensor({2, 4, 64, 32}, DataType::Float, name));
+      applyPlacements(in.back(), worldMesh(), {S(2)});
+    }
+    TensorView* a = ops::sdpa(in[0], in[1], in[2], causal);
+    applyPlacements(a, worldMesh(), {S(2)});
+    f.addOutput(a);
+    Gradients g = differentiate(f, {0}, {0, 1, 2});
+    std::vector<Ps> placements(g.backward->inputs().size(), Ps{S(2)});
+    expectShardedMatchesReference(*g.backward, placements, {}, "", o);
+  }
 }
 
 TEST(CudaMultiRank, NcclWhenEachRankHasItsOwnGpu) {

@@ -310,23 +310,5 @@ TEST(CudaEmitterModes, ScatterRowsRunSeriallyPerColumn) {
   EXPECT_EQ(scatter.find("atomic"), std::string::npos) << scatter;
 }
 
-// Attention's gradient on blocks of rows (ring or gathered context parallelism) has a CPU kernel
-// only: the CUDA emitter refuses its step by name instead of emitting something else.
-TEST(CudaEmitter, AttentionGradientStepsAreRefusedByName) {
-  Fusion f;
-  TensorView* q = f.defineTensor({1, 2, 8, 4}, DataType::Float, "q");
-  TensorView* g = f.defineTensor({1, 2, 8, 4}, DataType::Float, "g");
-  TensorView* lse = f.defineTensor({1, 2, 8}, DataType::Float, "lse");
-  TensorView* delta = f.defineTensor({1, 2, 8}, DataType::Float, "delta");
-  TensorView* dk = ops::sdpaGrad(q, q, q, g, "key", true, std::nullopt, lse, delta);
-  f.addOutput(dk);
-  Segment seg{Segment::Kind::Gemm, {dk->definition()}, {q, g, lse, delta}, {dk}};
-  kir::Program p = kir::lowerSegment(
-      f, seg, [](const TensorView* tv) { return tv->evaluateShape({}); }, "gemm #0");
-  EXPECT_EQ(testing_helpers::userErrorMessage(ErrorKind::Unsupported, [&] { cuda::emitCuda(p, "g0", 132); }),
-            "gemm #0: the CUDA backend has no kernel for attention's gradient on sequence blocks (sequence-sharded "
-            "sdpa_grad: ring or gathered context parallelism); train it with --cp=ulysses, or on CPU ranks");
-}
-
 }  // namespace
 }  // namespace meshfuse

@@ -29,6 +29,7 @@
 #include "codegen/kernel_ir.h"
 #include "lower/segment.h"
 #include "meshfuse/tensor.h"
+#include "codegen/cuda/cuda_attention.h"
 #include "codegen/cuda/cuda_emitter.h"
 #include "codegen/cuda/gemm_plan.h"
 
@@ -56,6 +57,7 @@ extern "C" { float (*mf_emu_f16_to_f32)(unsigned short) = nullptr; unsigned shor
 #define __shared__ static  // blocks run one at a time
 #define __restrict__ __restrict
 inline void __syncthreads() { mf_emu_barrier->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { __syncthreads(); }  // every thread of the block calls it
 template <typename T> T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   static T slots[1024];
   slots[threadIdx.x] = v;
@@ -70,16 +72,19 @@ inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); r
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 )EMU";
 
-// Appended per kernel: runs the grid (`bufs_type` is the kernel's parameter struct).
-inline std::string emulationLauncher(const std::string& kernel, const std::string& bufs_type) {
-  return "extern \"C\" void emu_" + kernel + "(void** ptrs, long long blocks, int threads) {\n"
-         "  " + bufs_type + " b;\n  std::memcpy(b.p, ptrs, sizeof(b.p));\n"
+// Appended per kernel: runs the grid (`bufs_type` is the kernel's parameter struct; an attention
+// kernel's second parameter, MfAttentionRows, comes from `rows`).
+inline std::string emulationLauncher(const std::string& kernel, const std::string& bufs_type, bool attention_rows) {
+  return "extern \"C\" void emu_" + kernel + "(void** ptrs, long long blocks, int threads, const void* rows) {\n"
+         "  " + bufs_type + " b;\n  std::memcpy(b.p, ptrs, sizeof(b.p));\n" +
+         (attention_rows ? "  MfAttentionRows r;\n  std::memcpy(&r, rows, sizeof(r));\n" : "") +
          "  blockDim.x = threads; gridDim.x = (unsigned)blocks;\n"
          "  std::barrier<> barrier(threads);\n  mf_emu_barrier = &barrier;\n"
          "  std::vector<std::thread> team;\n"
          "  for (int t = 0; t < threads; ++t) team.emplace_back([&, t] {\n"
          "    threadIdx.x = t;\n"
-         "    for (long long g = 0; g < blocks; ++g) { blockIdx.x = (unsigned)g; " + kernel + "(b); __syncthreads(); }\n"
+         "    for (long long g = 0; g < blocks; ++g) { blockIdx.x = (unsigned)g; " + kernel +
+         (attention_rows ? "(b, r)" : "(b)") + "; __syncthreads(); }\n"
          "  });\n  for (auto& th : team) th.join();\n}\n";
 }
 
@@ -113,11 +118,13 @@ class EmulatedLibrary {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
-  void launch(const std::string& kernel, std::vector<void*>& ptrs, int64_t blocks, int threads) {
-    using Fn = void (*)(void**, long long, int);
+  // `rows`: an attention kernel's positions (cuda::AttentionRowsArg), else nullptr.
+  void launch(const std::string& kernel, std::vector<void*>& ptrs, int64_t blocks, int threads,
+              const void* rows = nullptr) {
+    using Fn = void (*)(void**, long long, int, const void*);
     auto fn = reinterpret_cast<Fn>(dlsym(handle_, ("emu_" + kernel).c_str()));
     if (!fn) throw std::runtime_error("no emulated kernel " + kernel);
-    fn(ptrs.data(), blocks, threads);
+    fn(ptrs.data(), blocks, threads, rows);
   }
 
  private:
@@ -230,7 +237,8 @@ class EmulatedFusion {
       src += l.emitted.source;
       if (!launchers) continue;
       for (const auto& step : l.emitted.steps)
-        for (const cuda::KernelLaunch& k : step) src += emulationLauncher(k.name, "MfBufs_" + l.program.name);
+        for (const cuda::KernelLaunch& k : step)
+          src += emulationLauncher(k.name, "MfBufs_" + l.program.name, k.attention_rows);
     }
     return src;
   }
@@ -253,7 +261,7 @@ class EmulatedFusion {
         emulateGemm(l.plan, ptrs[l.plan.a_input], ptrs[l.plan.b_input],
                     l.plan.bias_input >= 0 ? ptrs[l.plan.bias_input] : nullptr, ptrs[seg.inputs.size()]);
       } else {
-        runProgram(lib, l, ptrs, max_threads);
+        runProgram(lib, l.program, l.emitted, ptrs, max_threads);
       }
       for (size_t i = 0; i < seg.outputs.size(); ++i) values[seg.outputs[i]] = outs[i];
     }
@@ -262,34 +270,42 @@ class EmulatedFusion {
     return result;
   }
 
- private:
-  std::vector<int64_t> shape(const TensorView* tv) const { return tv->evaluateShape(sizes_); }
-
-  // Temporaries (each with the copies the emitter asked for), then the emitter's scratch, as the
-  // backend lays them out; the steps in order, each kernel a launch, each GEMM call its plans.
-  static void runProgram(EmulatedLibrary& lib, const Launch& l, std::vector<void*> ptrs, int max_threads) {
+ public:
+  // Runs one lowered program on `ptrs` (its inputs' and outputs' buffers): temporaries (each with
+  // the copies the emitter asked for), then the emitter's scratch, as the backend lays them out;
+  // the steps in order, each kernel a launch, each GEMM call its plans. `rows`: the attention
+  // kernels' positions (nullptr: every row at its own position, starting afresh).
+  static void runProgram(EmulatedLibrary& lib, const kir::Program& program, const cuda::EmittedProgram& emitted,
+                         std::vector<void*> ptrs, int max_threads, const cuda::AttentionRowsArg* rows = nullptr) {
     std::vector<Tensor> temps;
-    for (size_t b = ptrs.size(); b < l.program.buffers.size(); ++b) {
-      const kir::Buffer& buf = l.program.buffers[b];
-      temps.push_back(Tensor(buf.dtype, {buf.numel() * l.emitted.copies[b]}));
+    for (size_t b = ptrs.size(); b < program.buffers.size(); ++b) {
+      const kir::Buffer& buf = program.buffers[b];
+      temps.push_back(Tensor(buf.dtype, {buf.numel() * emitted.copies[b]}));
       ptrs.push_back(temps.back().data());
     }
-    for (int64_t bytes : l.emitted.extra_bytes) {
+    for (int64_t bytes : emitted.extra_bytes) {
       temps.push_back(Tensor(DataType::Bool, {bytes}));
       ptrs.push_back(temps.back().data());
     }
     if (ptrs.empty()) ptrs.push_back(nullptr);
-    for (size_t i = 0; i < l.program.steps.size(); ++i) {
-      for (const cuda::KernelLaunch& k : l.emitted.steps[i])
-        lib.launch(k.name, ptrs, k.blocks, k.exact_threads ? k.threads : std::min(k.threads, max_threads));
-      if (l.program.steps[i].kind != kir::Step::GemmCall) continue;
-      for (const cuda::KirGemmCall& g : cuda::planKirGemm(l.program.steps[i].gemm)) {
+    for (size_t i = 0; i < program.steps.size(); ++i) {
+      for (const cuda::KernelLaunch& k : emitted.steps[i]) {
+        const kir::Attention& a = program.steps[i].attention;
+        const cuda::AttentionRowsArg whole = cuda::AttentionRowsArg::whole(a.s, a.skv);
+        lib.launch(k.name, ptrs, k.blocks, k.exact_threads ? k.threads : std::min(k.threads, max_threads),
+                   !k.attention_rows ? nullptr : rows != nullptr ? rows : &whole);
+      }
+      if (program.steps[i].kind != kir::Step::GemmCall) continue;
+      for (const cuda::KirGemmCall& g : cuda::planKirGemm(program.steps[i].gemm)) {
         auto at = [&](int64_t b, int64_t off) { return static_cast<float*>(ptrs[b]) + off; };
         emulateGemm(g.plan, at(g.plan.a_input, g.a_offset), at(g.plan.b_input, g.b_offset), nullptr,
-                    at(l.program.steps[i].gemm.c.buffer, g.d_offset));
+                    at(program.steps[i].gemm.c.buffer, g.d_offset));
       }
     }
   }
+
+ private:
+  std::vector<int64_t> shape(const TensorView* tv) const { return tv->evaluateShape(sizes_); }
 
   const Fusion& def_;
   SymbolBindings sizes_;

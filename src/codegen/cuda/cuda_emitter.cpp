@@ -120,7 +120,7 @@ ProgramKernels programKernels(const kir::Program& p) {
     }
     if (step.kind == kir::Step::AttentionCall) {
       const kir::Attention& a = step.attention;
-      for (int64_t b : {a.q, a.k, a.v, a.o, a.lse, a.g, a.lse_in, a.delta, a.dv_out})
+      for (int64_t b : {a.q, a.k, a.v, a.o, a.lse, a.g, a.lse_in, a.delta, a.dv_out, a.o_rounded, a.dv_rounded})
         if (b >= 0) k.kernels_using[b] += 1;
       continue;
     }
@@ -249,13 +249,9 @@ EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm
   for (size_t i = 0; i < p.steps.size(); ++i) {
     out.steps.emplace_back();
     if (p.steps[i].kind == kir::Step::AttentionCall) {  // its own kernel (cuda_attention.h)
-      MF_USER_CHECK(p.steps[i].attention.wrt < 0, ErrorKind::Unsupported,
-                    "{}: the CUDA backend has no kernel for attention's gradient on sequence blocks (sequence-sharded "
-                    "sdpa_grad: ring or gathered context parallelism); train it with --cp=ulysses, or on CPU ranks",
-                    p.name);
       KernelLaunch l;
       l.name = fmt::format("{}_s{}_attention", prefix, i);
-      kernels += emitAttentionKernel(p.steps[i].attention, bufs_type, l);
+      kernels += emitAttentionKernel(p.steps[i].attention, p.buffers, bufs_type, l);
       out.steps.back().push_back(l);
       continue;
     }

@@ -45,6 +45,9 @@ struct KernelLaunch {
   // The kernel is written for exactly `threads` threads (its registers hold a share of a tile
   // sized for them: the attention kernel); others are correct for any multiple of 32.
   bool exact_threads = false;
+  // The kernel takes a second parameter after the buffers: a cuda::AttentionRowsArg, by value
+  // (the attention kernels, cuda_attention.h).
+  bool attention_rows = false;
 };
 
 struct EmittedProgram {

@@ -20,6 +20,7 @@
 #include "runtime/environment.h"
 #include "runtime/cpu/segment_key.h"
 #include "runtime/cuda/cublaslt_gemm.h"
+#include "codegen/cuda/cuda_attention.h"
 #include "codegen/cuda/cuda_emitter.h"
 #include "runtime/cuda/cuda_context.h"
 #include "runtime/cuda/cuda_error.h"
@@ -67,16 +68,17 @@ class CudaBackend final : public Backend {
 
   void runSegment(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
                   const ShapeFn& shape_of) override {
-    MF_CHECK(seg.kind != Segment::Kind::Communication, "runSegment of a communication segment");
-    MF_CHECK(inputs.size() == seg.inputs.size() && outputs.size() == seg.outputs.size(),
-             "a segment launch with {} inputs and {} outputs for {} and {}", inputs.size(), outputs.size(),
-             seg.inputs.size(), seg.outputs.size());
-    for (const Tensor* t : inputs) requireDevice(*t, "a segment input");
-    for (const Tensor* t : outputs) requireDevice(*t, "a segment output");
-    checkSegmentBuffersDisjoint(seg, inputs, outputs);  // the kernels' buffers are __restrict__
-    ctx_->activate();
-    if (seg.kind == Segment::Kind::Gemm && runDirectGemm(seg, inputs, outputs)) return;
-    runProgram(seg, inputs, outputs, shape_of);
+    run(seg, inputs, outputs, shape_of, nullptr);
+  }
+
+  // A ring step, or a causal attention on a block of the query rows: the attention kernels take
+  // the launch's positions as an argument (cuda_attention.h), so every step reuses one kernel.
+  void runAttentionStep(const Segment& seg, const std::vector<const Tensor*>& inputs,
+                        const std::vector<Tensor*>& outputs, const ShapeFn& shape_of,
+                        const AttentionLaunch& launch) override {
+    MF_CHECK(seg.exprs.back()->info().category == OpCategory::Attention, "an attention step of a {} segment",
+             segmentKindName(seg.kind));
+    run(seg, inputs, outputs, shape_of, &launch);
   }
 
   void copy(Tensor& dst, const Tensor& src) override {
@@ -243,8 +245,42 @@ class CudaBackend final : public Backend {
     return *programs_.emplace(key, std::move(p)).first->second;
   }
 
+  void run(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
+           const ShapeFn& shape_of, const AttentionLaunch* launch) {
+    MF_CHECK(seg.kind != Segment::Kind::Communication, "runSegment of a communication segment");
+    MF_CHECK(inputs.size() == seg.inputs.size() && outputs.size() == seg.outputs.size(),
+             "a segment launch with {} inputs and {} outputs for {} and {}", inputs.size(), outputs.size(),
+             seg.inputs.size(), seg.outputs.size());
+    for (const Tensor* t : inputs) requireDevice(*t, "a segment input");
+    for (const Tensor* t : outputs) requireDevice(*t, "a segment output");
+    checkSegmentBuffersDisjoint(seg, inputs, outputs);  // the kernels' buffers are __restrict__
+    ctx_->activate();
+    if (launch == nullptr && seg.kind == Segment::Kind::Gemm && runDirectGemm(seg, inputs, outputs)) return;
+    runProgram(seg, inputs, outputs, shape_of, launch);
+  }
+
+  // The attention kernels' second argument: the launch's row positions (every row at its own
+  // position without a launch).
+  static cuda::AttentionRowsArg rowsArg(const kir::Attention& a, const AttentionLaunch* launch) {
+    cuda::AttentionRowsArg r = cuda::AttentionRowsArg::whole(a.s, a.skv);
+    if (launch == nullptr) return r;
+    auto blocks = [](const std::vector<AttentionLaunch::Rows>& rows, int64_t n, cuda::AttentionRowsArg::Blocks& b,
+                     const char* what) {
+      if (rows.empty()) return;
+      b = {};
+      for (const AttentionLaunch::Rows& x : rows) b.add(x.start, x.count, what);
+      MF_CHECK(b.rows() == n, "an attention step's {} blocks cover {} rows of {}", what, b.rows(), n);
+    };
+    blocks(launch->query, a.s, r.query, "query");
+    blocks(launch->key, a.skv, r.key, "key");
+    r.accumulate = launch->accumulate ? 1 : 0;
+    MF_CHECK(!launch->accumulate || a.wrt >= 0 || (a.lse >= 0 && (a.o >= 0 || a.dv == 0)),
+             "an attention step that continues an online softmax needs its log-sum-exp and output");
+    return r;
+  }
+
   void runProgram(const Segment& seg, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
-                  const ShapeFn& shape_of) {
+                  const ShapeFn& shape_of, const AttentionLaunch* launch) {
     const Program& p = program(seg, shape_of);
     cuda::Submission q(*ctx_);
     cudaStream_t s = q.stream();
@@ -264,7 +300,11 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < p.program.steps.size(); ++i) {
       for (size_t k = 0; k < p.kernels[i].size(); ++k) {
         const cuda::KernelLaunch& l = p.emitted.steps[i][k];
-        void* args[] = {ptrs.data()};  // the kernel's one parameter: every buffer pointer, by value
+        if (l.blocks == 0) continue;  // no rows (an empty block of an uneven split)
+        // The kernels' parameters: every buffer pointer, by value; an attention kernel's positions.
+        cuda::AttentionRowsArg rows;
+        if (l.attention_rows) rows = rowsArg(p.program.steps[i].attention, launch);
+        void* args[] = {ptrs.data(), &rows};
         cuda::launchKernel(p.kernels[i][k], dim3(static_cast<unsigned>(l.blocks)), dim3(l.threads), 0, s, args);
       }
       for (const cuda::KirGemmCall& g : p.gemms[i]) {
