@@ -1,5 +1,5 @@
 """A DiT block (adaLN-modulated attention and MLP) with classifier-free guidance, written for one
-device, run with CFG parallelism x Ulysses on a 2x2 mesh.
+device, run with CFG parallelism x Ulysses (or x ring attention) on a 2x2 mesh.
 
 The definition is one guided denoising step as diffusers spells it: the latents are duplicated
 (``cat([latents, latents])``) and run with the conditioning of both branches (``[null,
@@ -11,7 +11,8 @@ each rank of axis 0 runs one branch, attention moves q, k and v to a split of th
 all-to-all over axis 1, and the guidance combine all-gathers the prediction over axis 0. The
 result is placed like the latents it updates (docs/parallelisms.md "CFG parallelism").
 
-    python examples/python/dit_cfg.py           # relaunches itself on 4 ranks
+    python examples/python/dit_cfg.py             # relaunches itself on 4 ranks
+    python examples/python/dit_cfg.py --cp ring   # ring attention inside each branch instead
 
 (tests/python/test_cfg_parallel.py imports Config, init_params, inputs, define_dit and torch_dit.)
 """
@@ -146,22 +147,29 @@ CFG_X_ULYSSES = {"x": [Replicate(), Shard(1)], "t_freq": [Replicate(), Replicate
 
 
 def main():
+    import argparse
+
     import torch
 
     from common import check, report
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cp", choices=["ulysses", "ring"], default="ulysses",
+                        help="context parallelism over the sequence axis (default: %(default)s)")
+    args = parser.parse_args()
     c = Config()
     params = init_params(c)
     data = dict(zip(["x", "t_freq", "y"], inputs(c)))
     mesh = DeviceMesh([[0, 1], [2, 3]])  # [cfg, sequence]
     placed = [distribute_tensor(a, mesh, [Replicate(), Replicate()]) for a in params.values()]
     placed += [distribute_tensor(a, mesh, CFG_X_ULYSSES[name]) for name, a in data.items()]
-    fdw = FusionDefinitionWrapper(define_dit(c))
+    fdw = FusionDefinitionWrapper(define_dit(c), cp=args.cp)
     report(fdw.plan(placed))
     (out,) = fdw(placed)
     f64 = {k: torch.tensor(v, dtype=torch.float64) for k, v in {**params, **data}.items()}
     want = torch_dit(c, f64, f64["x"], f64["t_freq"], f64["y"]).numpy()
-    check("DiT block with CFG x Ulysses", out.full_tensor(), want)
+    check(f"DiT block with CFG x {'Ulysses' if args.cp == 'ulysses' else 'ring attention'}", out.full_tensor(), want)
 
 
 if __name__ == "__main__":

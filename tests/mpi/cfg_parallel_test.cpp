@@ -101,5 +101,36 @@ TEST(CfgParallel, ComposesWithUlyssesOnA2x2Mesh) {
   EXPECT_EQ(run.local_outputs[0].placements, (Ps{R, S(1)}));
 }
 
+// The same with ring attention inside each branch (--cp=ring): the sequence halves of k and v
+// rotate over mesh axis 1 by send/recv (no all-to-all, no allgather of k or v), the combine still
+// gathers the branches over axis 0.
+TEST(CfgParallel, ComposesWithRingAttentionOnA2x2Mesh) {
+  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (a 2x2 mesh: CFG x sequence)";
+  const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
+  ExecutorOptions options;
+  options.pipeline.propagation.context_parallel = ContextParallel::Ring;
+  ShardedRun run = runSharded(*attentionDenoiser(),
+                              {{mesh, {S(0), S(1)}}, {mesh, {R, R}}, {mesh, {R, R}}, {mesh, {R, R}}, {mesh, {R, R}}},
+                              {}, options);
+  expectMatchesReference(run);
+  expectSameCollectives(run.reported, run.collectives);
+  const int64_t r = worldRank();
+  const Team sequence_axis = r < 2 ? Team{0, 1} : Team{2, 3}, cfg_axis = r % 2 == 0 ? Team{0, 2} : Team{1, 3};
+  int64_t sends = 0;
+  for (const CollectiveInfo& c : run.collectives) {
+    EXPECT_NE(c.kind, CommKind::AllToAll);
+    if (c.kind == CommKind::SendRecv) {  // a pair of ranks of this rank's sequence axis
+      ++sends;
+      for (int64_t peer : c.team) EXPECT_NE(std::find(sequence_axis.begin(), sequence_axis.end(), peer), sequence_axis.end());
+    }
+  }
+  EXPECT_EQ(sends, 2);
+  // One rotation step of k and one of v (2 ranks per ring), then the combine. The attention
+  // output keeps its query rows' sequence split, so the output projection needs no collective.
+  ASSERT_EQ(kinds(run.collectives), (Strs{"send_recv", "send_recv", "allgather"}));
+  EXPECT_EQ(run.collectives.back().team, cfg_axis);
+  EXPECT_EQ(run.local_outputs[0].placements, (Ps{R, S(1)}));
+}
+
 }  // namespace
 }  // namespace meshfuse::testing

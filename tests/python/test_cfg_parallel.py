@@ -1,6 +1,6 @@
 """CFG parallelism (issue 17): examples/python/dit_cfg.py's DiT block evaluated on both guidance
 branches as one batch and combined, uncond + s (cond - uncond), with the batch Shard(0) over the
-world (1, 2, 4 ranks) and, on 4 ranks, CFG x Ulysses on a 2x2 mesh; forward against PyTorch and
+world (1, 2, 4 ranks) and, on 4 ranks, CFG x Ulysses and CFG x ring attention on a 2x2 mesh; forward against PyTorch and
 the exact collectives of this rank, and the backward (batch-sharded) against torch.autograd."""
 
 import os
@@ -69,6 +69,22 @@ def test_cfg_times_ulysses_on_a_2x2_mesh():
     # then the guidance combine's allgather over the CFG axis.
     assert [(k.kind, k.mesh_axis) for k in plan.collectives()] == [
         ("all_to_all", 1), ("all_to_all", 1), ("all_to_all", 1), ("reduce_scatter", 1), ("allgather", 0)]
+
+
+@pytest.mark.world(4)
+def test_cfg_times_ring_attention_on_a_2x2_mesh():
+    c = dit_cfg.Config()
+    mesh = DeviceMesh([[0, 1], [2, 3]])
+    arrays, inputs = placed(c, mesh, dit_cfg.CFG_X_ULYSSES)
+    fdw = FusionDefinitionWrapper(dit_cfg.define_dit(c), cp="ring")
+    (out,) = fdw(inputs)
+    H.assert_close(out.full_tensor(), torch_forward(c, arrays)[1].detach().numpy())
+    assert out.placements == (R, Shard(1))
+    # k and v rotate over the sequence axis (one step each: 2 ranks per ring), nothing gathered
+    # there; the attention output keeps its rows, so the output projection needs no collective;
+    # then the combine's allgather over the CFG axis.
+    assert [(k.kind, k.mesh_axis) for k in fdw.plan(inputs).collectives()] == [
+        ("send_recv", 1), ("send_recv", 1), ("allgather", 0)]
 
 
 def test_cfg_backward_matches_torch_autograd():
