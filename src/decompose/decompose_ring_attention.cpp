@@ -81,12 +81,15 @@ int64_t ringAxis(const Expr* e) {
 }
 
 // Sequence chunks of the ring: one per device, or (causal) two per device, which balances the
-// work, unless the sizes are static and a device's rows do not split in two.
-int64_t chunksOf(const Expr* sdpa, int64_t devices) {
-  if (!sdpa->attr<bool>("is_causal")) return devices;
-  // A copy: shape() returns its extents by value.
-  const Extent seq = static_cast<const TensorView*>(sdpa->input(size_t{0}))->shape()[kSeq];
-  return seq.isStatic() && !seq.divisible(2 * devices) ? devices : 2 * devices;
+// work, unless the sizes are static and a device's query or key rows do not split in two.
+int64_t chunksOf(const Expr* attention, int64_t devices) {
+  if (!attention->attr<bool>("is_causal")) return devices;
+  for (size_t operand : {size_t{0}, size_t{1}}) {  // the query, the key
+    // A copy: shape() returns its extents by value.
+    const Extent seq = static_cast<const TensorView*>(attention->input(operand))->shape()[kSeq];
+    if (seq.isStatic() && !seq.divisible(2 * devices)) return devices;
+  }
+  return 2 * devices;
 }
 
 // Adds the sdpa_lse of `sdpa`'s query and key right after it, sharded like its output: the
@@ -110,7 +113,7 @@ void addLse(Fusion& f, Expr* sdpa, int64_t n) {
 // first (each ring rotates its own blocks: the set becomes its loop's send/recv steps).
 void rotate(Fusion& f, Expr* e, int64_t axis) {
   const int64_t n = e->output()->mesh()->size(axis);
-  const int64_t chunks = e->kind() == OpKind::Sdpa ? chunksOf(e, n) : n;  // (the balance is the forward's)
+  const int64_t chunks = chunksOf(e, n);
   const ShardingRule rule = shardingRuleOf(e);
   for (size_t i = 0; i < e->inputs().size(); ++i) {
     auto* t = const_cast<TensorView*>(operandAt(e, i));

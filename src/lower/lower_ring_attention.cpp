@@ -54,7 +54,7 @@ class RingLowering {
         const Sharding from = readSharding(source), to = readSharding(set->output());
         for (size_t a = 0; a < from.axes.size(); ++a)
           if (from.axes[a] != to.axes[a]) axis_ = static_cast<int64_t>(a);
-        balanced_ = sdpa_ != nullptr && set->attr<int64_t>("chunks") == 2 * att_->output()->mesh()->size(axis_);
+        balanced_ = set->attr<int64_t>("chunks") == 2 * att_->output()->mesh()->size(axis_);
       }
     }
     MF_CHECK(!rotating_.empty() && axis_ >= 0, "{}: a ring attention segment with no rotating operand", att_->name());
@@ -62,15 +62,18 @@ class RingLowering {
     // Which side's rows rotate: the keys' (sdpa, sdpa_lse, the query's gradient) or the
     // queries' (the key's and value's gradients: their rows are key rows).
     queries_rotate_ = grad_ != nullptr && grad_->attr<std::string>("wrt") != "query";
-    // The balanced query's buffer: slot 1, unless the query is itself a rotating tensor
-    // (self-attention: q, k and v one tensor), whose slots 1 and 2 hold the key blocks.
-    const TensorView* q = operandOf(att_, 0);
-    if (std::find(rotating_.begin(), rotating_.end(), q) != rotating_.end()) query_slot_ = kNext + 1;
+    // The rows this rank keeps: the operands no ring-marked set gathers (the query, or for the
+    // query's gradient also the output's gradient, lse and delta; the key and value when the
+    // queries rotate).
+    for (const Val* v : att_->inputs())
+      if (v != nullptr && !isRingSet(v->definition()) &&
+          std::find(kept_.begin(), kept_.end(), v) == kept_.end())
+        kept_.push_back(static_cast<const TensorView*>(v));
   }
 
   void lower(std::vector<HostNode>& out) {
     for (const Expr* e : seg_.exprs) out.push_back(allocate(e->output()));
-    if (balanced_) balanceQuery(out);
+    if (balanced_) balanceKeptRows(out);
     for (const TensorView* t : rotating_) {
       out.push_back(allocate(t, 1, kCur));
       if (!donated(t)) out.push_back(allocate(t, 1, kNext));
@@ -108,7 +111,7 @@ class RingLowering {
       out.push_back(deallocate(t, 1, kCur));
       if (!donated(t)) out.push_back(deallocate(t, 1, kNext));
     }
-    if (balanced_) restoreOutput(out);
+    if (balanced_) restoreOutputs(out);
   }
 
  private:
@@ -138,39 +141,53 @@ class RingLowering {
     std::vector<BlockRef> views;
     for (const TensorView* in : seg_.inputs) {
       const Expr* d = in->definition();
-      views.push_back(sdpa_ != nullptr && in == q ? BlockRef::of(q, balanced_ ? query_slot_ : 0)
-                      : isRingSet(d)              ? BlockRef::of(operandOf(d, 0), slot)
-                                                  : BlockRef::of(in));
+      views.push_back(isRingSet(d) ? BlockRef::of(operandOf(d, 0), slot)
+                      : balanced_  ? BlockRef::of(in, keptSlot(in))
+                                   : BlockRef::of(in));
     }
-    for (const TensorView* o : seg_.outputs)
-      views.push_back(BlockRef::of(o, sdpa_ != nullptr && o == sdpa_->output() && balanced_ ? 1 : 0));
+    for (const TensorView* o : seg_.outputs) views.push_back(BlockRef::of(o, restored(o) ? 1 : 0));
     auto source = [&](size_t i) {  // (the block a ring-marked set gathers)
       const TensorView* t = operandOf(att_, i);
       return isRingSet(t->definition()) ? operandOf(t->definition(), 0) : t;
     };
     const TensorView* k = operandOf(att_, 1);
     BlockRef rotating = block(source(queries_rotate_ ? 0 : 1), n_, std::move(coeffs), 1, offset, axis_);
-    std::vector<BlockRef> own = {
-        block(queries_rotate_ ? k : q, balanced_ ? 2 * n_ : n_, {}, balanced_ ? 2 : 1, 0, axis_)};
-    if (balanced_) own.push_back(block(q, 2 * n_, {}, -2, 2 * n_ - 1, axis_));
+    const TensorView* kept = queries_rotate_ ? k : q;
+    std::vector<BlockRef> own = {block(kept, balanced_ ? 2 * n_ : n_, {}, balanced_ ? 2 : 1, 0, axis_)};
+    if (balanced_) own.push_back(block(kept, 2 * n_, {}, -2, 2 * n_ - 1, axis_));
     if (queries_rotate_) return host::attentionStep(index_, std::move(views), accumulate, {rotating}, std::move(own));
     return host::attentionStep(index_, std::move(views), accumulate, std::move(own), {rotating});
   }
 
-  // Causal balance: this rank keeps the first half of its query rows (chunk 2r) and takes the
-  // second half of rank n - 1 - r's (chunk 2n - 1 - 2r) into q~1 (the query's slot).
-  void balanceQuery(std::vector<HostNode>& out) {
-    const TensorView* q = operandOf(att_, 0);
-    out.push_back(allocate(sdpa_->output(), 1, 1));
-    out.push_back(allocate(q, 1, query_slot_));
-    swapHalves(BlockRef::of(q), BlockRef::of(q, query_slot_), out);
+  // Causal balance: this rank keeps the first half of the rows it keeps (chunk 2r of the query,
+  // or of the keys when the queries rotate) and takes the second half of rank n - 1 - r's (chunk
+  // 2n - 1 - 2r) into each kept operand's balanced buffer (keptSlot).
+  void balanceKeptRows(std::vector<HostNode>& out) {
+    for (const TensorView* o : seg_.outputs)
+      if (restored(o)) out.push_back(allocate(o, 1, 1));
+    for (const TensorView* t : kept_) {
+      out.push_back(allocate(t, 1, keptSlot(t)));
+      swapHalves(BlockRef::of(t), BlockRef::of(t, keptSlot(t)), out);
+    }
   }
   // ... and gives the output rows of those back: its own first half, rank n - 1 - r's second.
-  void restoreOutput(std::vector<HostNode>& out) {
-    const TensorView* o = sdpa_->output();
-    swapHalves(BlockRef::of(o, 1), BlockRef::of(o), out);
-    out.push_back(deallocate(o, 1, 1));
-    out.push_back(deallocate(operandOf(sdpa_, 0), 1, query_slot_));
+  void restoreOutputs(std::vector<HostNode>& out) {
+    for (const TensorView* o : seg_.outputs) {
+      if (!restored(o)) continue;
+      swapHalves(BlockRef::of(o, 1), BlockRef::of(o), out);
+      out.push_back(deallocate(o, 1, 1));
+    }
+    for (const TensorView* t : kept_) out.push_back(deallocate(t, 1, keptSlot(t)));
+  }
+  // A kept operand's balanced buffer: slot 1, unless it is itself a rotating tensor
+  // (self-attention: q, k and v one tensor), whose slots 1 and 2 hold the rotating blocks.
+  int64_t keptSlot(const TensorView* t) const {
+    return std::find(rotating_.begin(), rotating_.end(), t) != rotating_.end() ? kNext + 1 : 1;
+  }
+  // Whether output `o` is computed in the balanced layout and given back: every output anything
+  // reads (the forward's own log-sum-exp, the merge state nothing else reads, stays as computed).
+  bool restored(const TensorView* o) const {
+    return balanced_ && (o->fusion()->isOutput(o) || !o->uses().empty());
   }
   // `to` = (the first half of `from`, the second half of the mirrored rank's `from`), halves of
   // the sequence dim.
@@ -194,9 +211,9 @@ class RingLowering {
   const Expr* grad_ = nullptr;
   const Expr* att_ = nullptr;                // the sdpa, else the sdpa_grad, else the sdpa_lse
   std::vector<const TensorView*> rotating_;  // the local blocks the ring-marked sets gather, each once
+  std::vector<const TensorView*> kept_;      // the operands of the rows this rank keeps, each once
   int64_t axis_ = -1, n_ = 1;
   bool balanced_ = false, queries_rotate_ = false;
-  int64_t query_slot_ = 1;  // the balanced query's buffer (balanceQuery)
 };
 
 // The global (start, rows) of the sequence block `b` names on `rank` in the iteration `loops`.

@@ -16,10 +16,12 @@
 // loop body is the same every step).
 //
 // Causal attention with 2n chunks (decompose-ring-attention): the work is balanced. Rank r keeps
-// the first chunk of its rows (chunk 2r) and trades its second with rank n - 1 - r (one mirror
-// send/recv of half its query rows before the loop, and of the output's after it), so that it
-// holds chunks 2r and 2n - 1 - 2r: one chunk i and its mirror 2n - 1 - i, every rank the same
-// amount of causal work. The attention steps take the global positions of their rows (the
+// the first chunk of the rows it keeps (chunk 2r) and trades its second with rank n - 1 - r (one
+// mirror send/recv of half of each kept operand before the loop -- the query; for the query's
+// gradient also the output's gradient, lse and delta; the key and value when the queries rotate --
+// and of half of each output after it), so that it holds chunks 2r and 2n - 1 - 2r: one chunk i
+// and its mirror 2n - 1 - i, every rank the same amount of causal work. The forward's own
+// log-sum-exp, the merge state nothing else reads, stays in that layout. The attention steps take the global positions of their rows (the
 // launch's `rows`/`keys`): the mask compares them and key blocks entirely after a query chunk
 // are skipped.
 //

@@ -13,6 +13,7 @@
 #include "meshfuse/autodiff.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/training_executor.h"
+#include "lower/pipeline.h"
 #include "mpi_test_main.h"
 
 namespace meshfuse::testing {
@@ -21,6 +22,12 @@ namespace {
 using Strs = std::vector<std::string>;
 
 Strs expect(Strs kinds) { return worldSize() > 1 ? kinds : Strs{}; }
+
+// The mirrored exchanges (send/recv of half a rank's rows with rank n - 1 - r) that balance a
+// causal ring attention's backward: the lse's ring takes q in the balanced layout and gives the
+// lse back (2), dq's takes q, the output's gradient, lse and delta and gives dq back (5), the ring
+// of dk and dv takes k and v and gives both gradients back (4).
+constexpr int64_t kBalanceExchanges = 11;
 
 // The backward fusion of sdpa(q, k, v) ([2, 4, 16, 8], placed Shard(2) on the world: autodiff
 // places the backward's inputs like the forward tensors they stand for, the seed like the output,
@@ -70,8 +77,31 @@ TEST(ContextParallelTraining, RingBackwardRotatesBlocksAndMatchesSingleDevice) {
     expectMatchesReference(run);
     expectSameCollectives(run.reported, run.collectives);
     const int64_t n = worldSize();
-    EXPECT_EQ(kinds(run.collectives), expect(Strs(7 * (n - 1), "send_recv")));
+    // Causal: the work is balanced as in the forward (kBalanceExchanges more, below).
+    EXPECT_EQ(kinds(run.collectives), expect(Strs(7 * (n - 1) + (causal ? kBalanceExchanges : 0), "send_recv")));
     for (size_t i = 0; i < run.local_outputs.size(); ++i) EXPECT_EQ(run.local_outputs[i].placements, Ps{S(2)}) << i;
+  }
+}
+
+// Causal ring attention's backward balances its work as the forward does: each ring keeps its
+// rows in two chunks, i and 2n - 1 - i, so every rank attends the same (query chunk, key chunk)
+// pairs, 2n + 1 of them, in each of the three rings (the lse's, dq's, and the one of dk and dv).
+TEST(ContextParallelTraining, CausalRingBackwardIsBalanced) {
+  const int64_t n = worldSize();
+  if (n == 1) GTEST_SKIP() << "no ring on one rank";
+  Gradients g = attentionGradients(true);
+  PipelineOptions options;
+  options.propagation.context_parallel = ContextParallel::Ring;
+  CompiledProgram p = compile(g.backward->clone(), options);
+  for (int64_t rank = 0; rank < n; ++rank) {
+    std::vector<AttentionBlocks> blocks = attentionBlocks(programForRank(p, rank), {});
+    ASSERT_EQ(blocks.size(), 3u);
+    for (const AttentionBlocks& b : blocks) {
+      EXPECT_EQ(b.steps, n) << b.tensor;
+      EXPECT_EQ(b.chunk, 16 / (2 * n)) << b.tensor;
+      EXPECT_EQ(b.attended, 2 * n + 1) << b.tensor << " on rank " << rank;
+      EXPECT_EQ(b.skipped, 2 * n - 1) << b.tensor << " on rank " << rank;
+    }
   }
 }
 
@@ -101,7 +131,9 @@ TEST(ContextParallelTraining, HybridUlyssesAndRingBackwardOnA2x2Mesh) {
     if (c.kind == CommKind::SendRecv) ++sends;
     EXPECT_EQ(c.mesh_axis, c.kind == CommKind::SendRecv ? 0 : 1) << commKindName(c.kind) << " " << c.source;
   }
-  EXPECT_EQ(sends, 7);  // one step (2 ranks on axis 0) per rotating tensor: k; k, v; q, grad, lse, delta
+  // One step (2 ranks on axis 0) per rotating tensor: k; k, v; q, grad, lse, delta; and the
+  // causal balance's exchanges.
+  EXPECT_EQ(sends, 7 + kBalanceExchanges);
 }
 
 // The same on the reference backend (the f64 oracle's own attention-gradient steps).
