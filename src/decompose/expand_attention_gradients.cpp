@@ -80,12 +80,16 @@ bool rowsSplit(const Expr* e) {
   return false;
 }
 
+// With its lse and delta (as autodiff writes it) an sdpa_grad runs the attention-gradient kernel
+// of both backends on whole sequences too: no [s, s] P is materialized.
+bool tiled(const Expr* e) { return e->input("lse") != nullptr && e->input("delta") != nullptr; }
+
 }  // namespace
 
 void expandAttentionGradients(Fusion& f) {
   std::vector<Expr*> pending;
   std::copy_if(f.exprs().begin(), f.exprs().end(), std::back_inserter(pending),
-               [](const Expr* e) { return isSdpaGrad(e) && !rowsSplit(e); });
+               [](const Expr* e) { return isSdpaGrad(e) && !rowsSplit(e) && !tiled(e); });
   while (!pending.empty()) {
     std::vector<Expr*> group;
     for (Expr* e : pending)

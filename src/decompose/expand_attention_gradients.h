@@ -1,15 +1,16 @@
-// expand-attention-gradients: rewrites every sdpa_grad (autodiff's gradient of sdpa, a
-// first-class op so that propagation shards it as attention: batch and heads pass through, the
-// sequences stay whole, Ulysses applies) into the ops that compute it, once it is placed
+// expand-attention-gradients: rewrites every sdpa_grad (the gradient of sdpa, a first-class op so
+// that propagation shards it as attention: batch and heads pass through, Ulysses applies) that
+// has no lse and delta operands (text written by hand: autodiff writes both, and those run the
+// backends' attention-gradient kernel) into the ops that compute it, once it is placed
 // (docs/training.md "Attention's gradient").
 //
 // requires: propagate-shardings; an sdpa_grad's output is Shard(0), Shard(1) or Replicate on each
 //   mesh axis, or (one with its lse and delta operands, whose rows are independent) Shard(2) on
 //   some: never Partial, never an embedding dim.
-// guarantees: no sdpa_grad is left but those split along a sequence (Shard(2) on some mesh axis),
-//   which stay for the attention-gradient kernel on blocks of rows (ring attention rotates the
-//   other side's blocks: decompose-ring-attention); the others' lse and delta operands, where given,
-//   give P = exp(scale q k^T - lse) and the row sums of dP o P; the sdpa_grad ops of one attention (same operands,
+// guarantees: no sdpa_grad is left but those with lse and delta operands (autodiff's), which stay
+//   for the attention-gradient kernel of both backends, on whole sequences or on blocks of rows
+//   (ring attention rotates the other side's blocks: decompose-ring-attention), and those split
+//   along a sequence (Shard(2) on some mesh axis, which needs both); the sdpa_grad ops of one attention (same operands,
 //   attributes and sharding) share one recomputation of P = softmax(scale q k^T (+ mask)); every
 //   value the expansion creates is on the op's mesh with the op's batch/heads sharding, so the new
 //   ops compute locally and decompose-reshardings moves their operands exactly as it would have
