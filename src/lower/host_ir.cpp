@@ -283,7 +283,7 @@ void collect(const HostProgram& p, const std::vector<HostNode>& nodes, const Buf
       // per rank (each sends); a stage boundary on both sides, with the bytes that cross.
       const bool sends = n.send_to >= 0;
       team = sends ? Team{p.rank, n.send_to} : Team{n.recv_from, p.rank};
-      bytes = sizes.bytes(sends ? n.in : n.out, p.rank, loops);
+      bytes = sizes.bytes(sends ? n.in : n.out, p.rank, loops, n.in_dim);
     } else if ((n.kind != CommKind::Broadcast && n.kind != CommKind::Scatter) || n.root == p.rank) {
       // What this rank contributes (a broadcast's or scatter's non-root contributes nothing).
       bytes = sizes.bytes(n.in, p.rank, loops);
@@ -386,9 +386,20 @@ Span BufferSizes::rows(const BlockRef& ref, int64_t rank, const std::vector<int6
   return out;
 }
 
-std::vector<int64_t> BufferSizes::shape(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const {
+std::vector<int64_t> BufferSizes::shape(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops,
+                                        int64_t dim) const {
   std::vector<int64_t> shape = bufferShape(ref.tv, ref.slot, rank, loops);
-  if (!shape.empty()) shape[0] = rows(ref, rank, loops).size;
+  if (shape.empty()) return shape;
+  if (dim <= 0 || ref.whole()) {
+    if (dim <= 0) shape[0] = rows(ref, rank, loops).size;
+    return shape;
+  }
+  // Blocks along `dim` of a buffer that holds the whole local tensor (the halves a ring's causal
+  // balance exchanges), cut as torch.chunk cuts.
+  MF_CHECK(dim < static_cast<int64_t>(shape.size()), "a block along dim {} of a {}-dim buffer", dim, shape.size());
+  const int64_t index = blockIndex(ref, rank, loops);
+  const Span outer = chunkSpan(shape[dim], ref.blocks / ref.sub_blocks, index / ref.sub_blocks);
+  shape[dim] = chunkSpan(outer.size, ref.sub_blocks, index % ref.sub_blocks).size;
   return shape;
 }
 
@@ -396,8 +407,8 @@ int64_t BufferSizes::elements(const BlockRef& ref, int64_t rank, const std::vect
   return numel(shape(ref, rank, loops));
 }
 
-int64_t BufferSizes::bytes(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const {
-  return elements(ref, rank, loops) * dtypeSize(ref.tv->dtype());
+int64_t BufferSizes::bytes(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops, int64_t dim) const {
+  return numel(shape(ref, rank, loops, dim)) * dtypeSize(ref.tv->dtype());
 }
 
 int64_t BufferSizes::allocationBytes(const hir::BufferNode& allocate, int64_t rank) const {

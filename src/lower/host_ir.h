@@ -340,9 +340,12 @@ class BufferSizes {
   static int64_t blockIndex(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops);
   // The rows of its buffer that `ref` names (its first row there, and how many).
   Span rows(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const;
-  std::vector<int64_t> shape(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const;
+  // The shape of the block `ref` names: rows of dim 0, or (dim > 0: a send/recv whose blocks run
+  // along another dim, Communication::in_dim) a block of that dim of the whole buffer.
+  std::vector<int64_t> shape(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops,
+                             int64_t dim = 0) const;
   int64_t elements(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const;
-  int64_t bytes(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const;
+  int64_t bytes(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops, int64_t dim = 0) const;
   // Bytes of the buffer an Allocate node makes, in the loops' first iteration (the largest).
   int64_t allocationBytes(const hir::BufferNode& allocate, int64_t rank) const;
 

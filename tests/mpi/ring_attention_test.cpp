@@ -77,6 +77,10 @@ TEST(RingAttention, KAndVRotateInNMinusOneSendRecvStepsEach) {
     EXPECT_EQ(count(r.collectives, "%q"), mirrors);
     EXPECT_EQ(count(r.collectives, "%a"), mirrors);
     EXPECT_EQ(static_cast<int64_t>(r.collectives.size()), 2 * (n - 1) + 2 * mirrors);
+    for (const CollectiveInfo& c : r.collectives)  // half a block, in the report as executed
+      if (c.source == "%q" || c.source == "%a") EXPECT_EQ(c.bytes, block / 2) << c.source;
+    for (const CollectiveInfo& c : r.reported)
+      if (c.source == "%q" || c.source == "%a") EXPECT_EQ(c.bytes, block / 2) << c.source;
   }
 }
 
