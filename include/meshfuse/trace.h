@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,15 @@ struct OverlapSummary {
   double hiddenFraction() const { return communication_us > 0 ? hidden_us / communication_us : 0; }
 };
 OverlapSummary summarizeOverlap(const std::vector<TraceEvent>& events);
+// Causal balance's half exchanges (before and after a causal ring attention, see
+// docs/parallelisms.md) carry this mark in their names and their waits' names.
+inline constexpr const char* kCausalBalanceMark = " (causal balance)";
+bool isCausalBalanceExchange(const TraceEvent& e);
+
+// The same, over the communication tasks `counted` accepts only (compute counts whole): e.g. a
+// ring's rotation without causal balance's exchanges, which run before and after it.
+OverlapSummary summarizeOverlap(const std::vector<TraceEvent>& events,
+                                const std::function<bool(const TraceEvent&)>& counted);
 
 // Chrome / Perfetto trace JSON ("traceEvents" with complete events; pid = rank, tid = stream).
 std::string chromeTraceJson(const std::vector<std::vector<TraceEvent>>& per_rank);

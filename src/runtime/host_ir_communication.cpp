@@ -79,7 +79,8 @@ void HostIrEvaluator::communicate(const hir::Communication& n) {
   info.root = n.root;
   info.padded_bytes = paddedBytes(*sizes_, n, loopValues());
   executed_.push_back(std::move(info));
-  h->ticket = submitCommunication(taskName(n), issueCollective(n, h, in, out));
+  h->name = taskName(n);
+  h->ticket = submitCommunication(h->name, issueCollective(n, h, in, out));
 }
 
 std::function<void()> HostIrEvaluator::issueCollective(const hir::Communication& n, const std::shared_ptr<Handle>& h,
@@ -275,7 +276,8 @@ void HostIrEvaluator::sendRecv(const hir::Communication& n) {
   Communicator* comm = &comm_;
   const int64_t me = comm_.rank();
   const Team team = program_ranks_;
-  h->ticket = submitCommunication(taskName(n), [=]() mutable {
+  h->name = taskName(n);
+  h->ticket = submitCommunication(h->name, [=]() mutable {
     if (pack) pack();
     if (to == me && from == me) {  // both sides on this rank (stages on one device, a mirror's middle): a copy
       backend->copy(out, in);

@@ -9,6 +9,7 @@
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/ir/placement.h"
+#include "meshfuse/trace.h"
 #include "runtime/host_ir_issue.h"
 #include "runtime/tensor_blocks.h"
 
@@ -155,7 +156,10 @@ std::string HostIrEvaluator::describe(const hir::SegmentCall& n) const {
 }
 
 std::string HostIrEvaluator::describe(const hir::Communication& n) const {
-  return fmt::format("{} {}", commKindName(n.kind), program_.fusion->displayName(n.out.tv));
+  // Causal balance's half exchanges are named apart from a ring's rotation: timelines and the
+  // overlap summary tell the rotation (hidden behind attention) from them (which nothing hides).
+  return fmt::format("{} {}{}", commKindName(n.kind), program_.fusion->displayName(n.out.tv),
+                     n.mirror ? kCausalBalanceMark : "");
 }
 
 std::vector<Tensor> HostIrEvaluator::run(const std::vector<Tensor>& local_inputs,
@@ -284,7 +288,7 @@ void HostIrEvaluator::wait(const hir::Wait& n) {
   MF_CHECK(it != handles_.end(), "wait on unknown handle h{}", n.handle);
   std::shared_ptr<Handle> h = it->second;
   handles_.erase(it);
-  submit(TaskKind::Communication, "wait", [this, h] {
+  submit(TaskKind::Communication, h->name.empty() ? "wait" : "wait for " + h->name, [this, h] {
     WaitContext context([this, ticket = h->ticket] { return describeWait(ticket); });
     if (h->work) h->work->wait();
     if (h->finish) h->finish();

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "runtime/host_ir_evaluator.h"
@@ -55,6 +56,7 @@ class HostIrEvaluator::IssueGate {
 // A communication in flight: filled by the task that issues it, finished by the Wait's task.
 struct HostIrEvaluator::Handle {
   int64_t ticket = -1;  // its position in this rank's issue order (the plan's issue_index)
+  std::string name;     // the communication's, in timelines (its wait's task is named after it)
   std::unique_ptr<Work> work;
   std::function<void()> finish;             // unpacks staging buffers (all-to-all)
   std::vector<Tensor> buffers;              // kept alive until the operation completed

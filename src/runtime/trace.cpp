@@ -20,7 +20,16 @@ const char* taskKindName(TaskKind k) {
   return "?";
 }
 
+bool isCausalBalanceExchange(const TraceEvent& e) {
+  return e.kind == TaskKind::Communication && e.name.find(kCausalBalanceMark) != std::string::npos;
+}
+
 OverlapSummary summarizeOverlap(const std::vector<TraceEvent>& events) {
+  return summarizeOverlap(events, [](const TraceEvent&) { return true; });
+}
+
+OverlapSummary summarizeOverlap(const std::vector<TraceEvent>& events,
+                                const std::function<bool(const TraceEvent&)>& counted) {
   // The union of compute intervals, as sorted disjoint intervals.
   std::vector<std::pair<double, double>> compute;
   for (const TraceEvent& e : events)
@@ -37,7 +46,7 @@ OverlapSummary summarizeOverlap(const std::vector<TraceEvent>& events) {
   OverlapSummary s;
   for (auto [b, e] : merged) s.compute_us += e - b;
   for (const TraceEvent& e : events) {
-    if (e.kind != TaskKind::Communication) continue;
+    if (e.kind != TaskKind::Communication || !counted(e)) continue;
     s.communication_us += e.end_us - e.begin_us;
     for (auto [b, f] : merged) s.hidden_us += std::max(0.0, std::min(f, e.end_us) - std::max(b, e.begin_us));
   }

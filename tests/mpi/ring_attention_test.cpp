@@ -3,7 +3,10 @@
 // each) while each rank attends the block it holds, partial outputs merged by log-sum-exp.
 // Against single-device execution on 1, 2 and 4 ranks (and the 2-D hybrid with Ulysses on a 2x2
 // mesh), with the exact communications, the causal work per rank and the memory per rank.
+#include <algorithm>
+
 #include "meshfuse/ops.h"
+#include "meshfuse/trace.h"
 #include "lower/pipeline.h"
 #include "mpi_test_main.h"
 
@@ -77,11 +80,53 @@ TEST(RingAttention, KAndVRotateInNMinusOneSendRecvStepsEach) {
     EXPECT_EQ(count(r.collectives, "%q"), mirrors);
     EXPECT_EQ(count(r.collectives, "%a"), mirrors);
     EXPECT_EQ(static_cast<int64_t>(r.collectives.size()), 2 * (n - 1) + 2 * mirrors);
-    for (const CollectiveInfo& c : r.collectives)  // half a block, in the report as executed
-      if (c.source == "%q" || c.source == "%a") EXPECT_EQ(c.bytes, block / 2) << c.source;
-    for (const CollectiveInfo& c : r.reported)
-      if (c.source == "%q" || c.source == "%a") EXPECT_EQ(c.bytes, block / 2) << c.source;
+    for (const std::vector<CollectiveInfo>* cs : {&r.collectives, &r.reported}) {  // as executed, in the report
+      for (const CollectiveInfo& c : *cs) {
+        if (c.source == "%q" || c.source == "%a") {
+          EXPECT_EQ(c.bytes, block / 2) << c.source;  // half a block
+        }
+      }
+    }
   }
+}
+
+// The timeline names causal balance's half exchanges (and their waits) apart from the ring's
+// rotation, so that the overlap summary can count the rotation alone (what the attention hides):
+// the benchmarks' "rotation hidden" and `meshfuse run --trace`.
+TEST(RingAttention, TimelineTellsTheRotationFromCausalBalance) {
+  const int64_t n = worldSize();
+  if (n == 1) GTEST_SKIP() << "no ring on one rank";
+  Attention at;
+  at.causal = true;
+  ExecutorOptions options;
+  options.pipeline.propagation.context_parallel = ContextParallel::Ring;
+  options.trace = true;
+  ShardedRun r = runSharded(*definition(at), {3, {worldMesh(), {S(2)}}}, {}, options);
+  expectMatchesReference(r);
+  Strs balance, rotation;
+  for (const TraceEvent& e : r.trace) {
+    if (e.kind != TaskKind::Communication) continue;
+    (isCausalBalanceExchange(e) ? balance : rotation).push_back(e.name);
+  }
+  EXPECT_EQ(balance, (Strs{"send_recv %q (causal balance)", "wait for send_recv %q (causal balance)",
+                           "send_recv %a (causal balance)", "wait for send_recv %a (causal balance)"}));
+  Strs want;
+  for (int64_t step = 0; step + 1 < n; ++step)
+    for (const char* t : {"send_recv %k", "send_recv %v", "wait for send_recv %k", "wait for send_recv %v"})
+      want.push_back(t);
+  std::sort(rotation.begin(), rotation.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(rotation, want);
+  // Counting the rotation alone leaves out exactly the balance exchanges' time.
+  const OverlapSummary all = summarizeOverlap(r.trace);
+  const OverlapSummary rotating =
+      summarizeOverlap(r.trace, [](const TraceEvent& e) { return !isCausalBalanceExchange(e); });
+  double balance_us = 0;
+  for (const TraceEvent& e : r.trace)
+    if (isCausalBalanceExchange(e)) balance_us += e.end_us - e.begin_us;
+  EXPECT_NEAR(all.communication_us - rotating.communication_us, balance_us, 1e-6 * all.communication_us + 1e-9);
+  EXPECT_EQ(all.compute_us, rotating.compute_us);
+  EXPECT_LE(rotating.hidden_us, all.hidden_us);
 }
 
 TEST(RingAttention, MatchesSingleDeviceInBf16) {
