@@ -6,7 +6,7 @@
 //   - every resharding `set` is its own Communication segment;
 //   - every linear / matmul / sdpa / sdpa_lse is in a Gemm segment of its own (a linear's bias is
 //     fused into the GEMM; sdpa is one tiled attention kernel), with the transposes of its
-//     operands it can read in place (a lone permute of the last two dims that only it reads),
+//     operands it can read in place (a permute of the last two dims that only it reads),
 //     except that an sdpa and an sdpa_lse of the same query, key and attributes share one
 //     segment with two outputs (one kernel computes both), and so do the key's and the value's
 //     gradient (sdpa_grad) of one attention (keyValueGradientPair);
@@ -130,8 +130,9 @@ class Segmenter {
     return -1;
   }
 
-  // A permute that swaps the last two dims of a GEMM operand, alone in its kernel and read by
-  // nothing else, joins the GEMM's segment: the GEMM reads its operand transposed, no copy.
+  // A permute that swaps the last two dims of a GEMM operand and that nothing else reads joins the
+  // GEMM's segment, out of the kernel it was fused into if any: the GEMM reads its operand
+  // transposed, no copy (autodiff's weight gradients are matmuls of such transposes).
   // (Not for GEMMs that overlap lowering chunks: it launches the GEMM segment on row blocks.)
   void absorbTransposes(int64_t g, const Expr* gemm) {
     auto overlapped = [](const Expr* e) {
@@ -148,7 +149,7 @@ class Segmenter {
       if (i == 0 && row_chunks) continue;
       const auto* tv = static_cast<const TensorView*>(gemm->input(i));
       const Expr* p = tv->definition();
-      if (p == nullptr || p->kind() != OpKind::Permute || groups_[group_of_.at(p)].exprs.size() != 1) continue;
+      if (p == nullptr || p->kind() != OpKind::Permute) continue;
       if (linear && tv->rank() != 2) continue;  // a linear's rows are its input's leading dims, flattened
       std::vector<int64_t> perm = p->attr<std::vector<int64_t>>("dims");
       const int64_t r = static_cast<int64_t>(perm.size());
@@ -162,9 +163,12 @@ class Segmenter {
       if (!swap || !only_here || !sameMesh(tv, gemm->output()) ||
           streamSplitOf(tv).has_value() != streamSplitOf(gemm->output()).has_value())
         continue;
+      // Out of its kernel, fused with its producers or alone: nothing else there reads it, so the
+      // kernel stays closed (it stores the permute's operand instead, in its own layout).
+      Group& home = groups_[group_of_.at(p)];
+      home.exprs.erase(std::find(home.exprs.begin(), home.exprs.end(), p));
+      home.alive = !home.exprs.empty();
       groups_[g].exprs.insert(groups_[g].exprs.begin(), p);
-      groups_[group_of_.at(p)].alive = false;
-      groups_[group_of_.at(p)].exprs.clear();
       group_of_[p] = g;
     }
     inProgramOrder(groups_[g].exprs);
@@ -319,3 +323,4 @@ std::string printSegments(const Fusion& f, const std::vector<Segment>& segments)
 }
 
 }  // namespace meshfuse
+

@@ -2,6 +2,7 @@
 #include "runtime/environment.h"
 
 #include <cstdlib>
+#include <string>
 
 #include "meshfuse/error.h"
 
@@ -23,6 +24,11 @@ RuntimeEnvironment readRuntimeEnvironment() {
     env.comm_timeout_s = std::strtod(t, &end);
     MF_USER_CHECK(end != t && *end == '\0' && env.comm_timeout_s >= 0, ErrorKind::Value,
                   "MESHFUSE_COMM_TIMEOUT={}: expected a number of seconds >= 0", t);
+  }
+  if (const char* m = std::getenv("MESHFUSE_PERF_MAP")) {
+    const std::string v = m;
+    MF_USER_CHECK(v == "0" || v == "1", ErrorKind::Value, "MESHFUSE_PERF_MAP={}: expected 0 or 1", v);
+    env.perf_map = v == "1";
   }
   if (const char* d = std::getenv("MESHFUSE_CACHE_DIR")) {
     env.cache_dir = d;

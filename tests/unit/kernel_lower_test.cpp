@@ -97,6 +97,25 @@ TEST(KernelLower, TransposedOperandsAreReadInPlace) {
       << p[0];
 }
 
+// Autodiff's weight gradient: matmul(permute(dy), x) where dy is the end of a pointwise chain.
+// The transpose leaves the chain's kernel for the GEMM's transpose flag: the kernel stores dy
+// once, row by row, and its column sum (the bias gradient) reads it back instead of computing
+// the chain a second time along strided columns.
+TEST(KernelLower, ATransposeFusedIntoItsProducerIsReadInPlaceToo) {
+  Fusion f;
+  TensorView* up = f.defineTensor({8, 16}, DataType::Float, "up");
+  TensorView* x = f.defineTensor({8, 4}, DataType::Float, "x");
+  TensorView* dy = ops::mul(ops::tanh(up), up);
+  f.addOutput(ops::matmul(ops::permute(dy, {1, 0}), x));  // [16, 4]
+  f.addOutput(ops::sum(dy, {0}));
+  std::vector<std::string> p = lowered(f);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(count(p[0], "tanh"), 1) << p[0];  // the chain, once
+  EXPECT_EQ(count(p[0], "(i0 * 16) + i1"), 3) << p[0];  // read and stored row by row
+  EXPECT_NE(p[1].find("gemm m=16 n=4 k=8"), std::string::npos) << p[1];
+  EXPECT_NE(p[1].find("b0^T[+0, ld 16]"), std::string::npos) << p[1];
+}
+
 TEST(KernelLower, SdpaIsOneTiledAttentionStep) {
   Fusion f;
   TensorView* q = f.defineTensor({1, 2, 5, 4}, DataType::Float, "q");

@@ -1,12 +1,16 @@
 // LLJIT for the host (contract in jit.h).
 #include "codegen/llvm/jit.h"
 #include "codegen/kernel_ir.h"
+#include "codegen/llvm/perf_map.h"
 
 #include <llvm/Analysis/CGSCCPassManager.h>
 #include <llvm/Analysis/LoopAnalysisManager.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/JITEventListener.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/RTDyldObjectLinkingLayer.h>
+#include <llvm/ExecutionEngine/SectionMemoryManager.h>
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/PassManager.h>
 #include <llvm/Passes/PassBuilder.h>
@@ -48,10 +52,23 @@ llvm::orc::JITTargetMachineBuilder hostBuilder() {
 
 }  // namespace
 
-Jit::Jit() {
+Jit::Jit(bool perf_map) {
   llvm::orc::JITTargetMachineBuilder b = hostBuilder();
   tm_ = unwrap(b.createTargetMachine(), "creating the host TargetMachine");
-  jit_ = unwrap(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(b).create(), "creating the JIT");
+  llvm::orc::LLJITBuilder builder;
+  builder.setJITTargetMachineBuilder(b);
+  if (perf_map) {
+    // LLJIT's own linking layer on this host (RuntimeDyld), with the listener that names kernels.
+    perf_map_ = makePerfMapListener();
+    builder.setObjectLinkingLayerCreator([listener = perf_map_.get()](llvm::orc::ExecutionSession& es,
+                                                                      const llvm::Triple&) {
+      auto layer = std::make_unique<llvm::orc::RTDyldObjectLinkingLayer>(
+          es, [] { return std::make_unique<llvm::SectionMemoryManager>(); });
+      layer->registerJITEventListener(*listener);
+      return llvm::Expected<std::unique_ptr<llvm::orc::ObjectLayer>>(std::move(layer));
+    });
+  }
+  jit_ = unwrap(builder.create(), "creating the JIT");
   // Kernels may call libm (pow): resolve symbols from this process.
   jit_->getMainJITDylib().addGenerator(
       unwrap(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(jit_->getDataLayout().getGlobalPrefix()),

@@ -18,6 +18,7 @@ class TargetMachine;
 namespace orc {
 class LLJIT;
 }
+class JITEventListener;
 }  // namespace llvm
 
 namespace meshfuse::cpu {
@@ -26,7 +27,8 @@ using KernelFn = void (*)(void** buffers);
 
 class Jit {
  public:
-  Jit();
+  // perf_map: name the kernels for Linux perf (perf_map.h).
+  explicit Jit(bool perf_map = false);
   ~Jit();
 
   // Optimizes the module for the host and compiles it; returns the addresses of its functions
@@ -41,6 +43,7 @@ class Jit {
   void optimize(llvm::Module& m);
 
   std::unique_ptr<llvm::TargetMachine> tm_;
+  std::unique_ptr<llvm::JITEventListener> perf_map_;  // outlives the JIT's linking layer
   std::unique_ptr<llvm::orc::LLJIT> jit_;
   std::mutex mu_;
 };

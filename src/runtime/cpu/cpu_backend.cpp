@@ -9,6 +9,7 @@
 // allocates are recycled by size (host_allocator.h).
 #include <cblas.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "runtime/cpu/host_allocator.h"
 #include "codegen/llvm/jit.h"
 #include "runtime/cpu/segment_key.h"
+#include "runtime/environment.h"
 
 namespace meshfuse {
 namespace {
@@ -137,6 +139,18 @@ class CpuBackend final : public Backend {
     size_t scratch_bytes = 0;
   };
 
+  // The kernels' symbol prefix: unique in this backend's JIT, and saying what they compute to
+  // whoever reads a profile (MESHFUSE_PERF_MAP=1): mf_4_gelu_mul_sum.
+  static std::string symbolPrefix(const Segment& seg, int64_t id) {
+    std::string s = fmt::format("mf_{}", id);
+    for (const Expr* e : seg.exprs) {
+      if (s.size() > 48) break;
+      s += '_';
+      for (char ch : std::string(e->name())) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    }
+    return s;
+  }
+
   const Compiled& compiled(const Segment& seg, const ShapeFn& shape_of) {
     const cpu::SegmentKey key = cpu::segmentKey(seg, shape_of);
     std::lock_guard<std::mutex> lock(mu_);
@@ -153,11 +167,11 @@ class CpuBackend final : public Backend {
       if (b.role == kir::Buffer::Temp) offset += (static_cast<size_t>(b.numel() * dtypeSize(b.dtype)) + 63) / 64 * 64;
     }
     c->scratch_bytes = offset;
-    cpu::EmittedModule m = cpu::emitModule(c->program, fmt::format("mf_{}", id));
+    cpu::EmittedModule m = cpu::emitModule(c->program, symbolPrefix(seg, id));
     int64_t kernels = 0;
     for (const std::string& f : m.functions) kernels += f.empty() ? 0 : 1;
     if (kernels > 0) {
-      if (!jit_) jit_ = std::make_unique<cpu::Jit>();
+      if (!jit_) jit_ = std::make_unique<cpu::Jit>(readRuntimeEnvironment().perf_map);
       c->functions = jit_->compile(std::move(m));
     } else {
       c->functions.assign(c->program.steps.size(), nullptr);
