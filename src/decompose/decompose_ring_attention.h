@@ -21,9 +21,10 @@
 //   nothing else, and whose query and output are split along the sequence on a: those sets carry
 //   overlap="ring" and chunks = the number of sequence chunks (n; 2n for a causal attention, or
 //   attention gradient, whose query and key rows split in 2n: the chunks balance the work, each
-//   rank then attending with chunks i and 2n - 1 - i, see lower_ring_attention.h), and an sdpa_lse of the same query, key and attributes, sharded like
-//   the sdpa, follows it: the f32 log-sum-exp the steps merge their partial outputs by
-//   (segmentation puts both in one attention kernel). Sets the input already marked so (a
+//   rank then attending with chunks i and 2n - 1 - i, see lower_ring_attention.h), and an
+//   sdpa_lse of the same query, key and attributes, sharded like the sdpa, follows it: the f32
+//   log-sum-exp the steps merge their partial outputs by (segmentation puts both in one
+//   attention kernel). Sets the input already marked so (a
 //   decomposed fusion written back as text) get that sdpa_lse again where dead-code-elimination
 //   removed it, whatever `option` says.
 //

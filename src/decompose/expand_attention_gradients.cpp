@@ -72,16 +72,9 @@ void expandGroup(Fusion& f, const std::vector<Expr*>& group) {
     if (op != nullptr) replaceWith(f, op->output(), grad);
 }
 
-// Whether `e`'s rows are split (an sdpa_grad with its lse and delta, placed along a sequence):
-// it stays, for the attention-gradient kernel (and ring attention) on blocks of rows.
-bool rowsSplit(const Expr* e) {
-  for (const AxisState& st : readSharding(e->output()).axes)
-    if (st.kind == Placement::Shard && st.dim >= 2) return true;
-  return false;
-}
-
 // With its lse and delta (as autodiff writes it) an sdpa_grad runs the attention-gradient kernel
-// of both backends on whole sequences too: no [s, s] P is materialized.
+// of both backends, on whole sequences or on blocks of rows: no [s, s] P is materialized. (Only
+// such a one has its rows split: sharding_rule.cpp; shape inference gives both or neither.)
 bool tiled(const Expr* e) { return e->input("lse") != nullptr && e->input("delta") != nullptr; }
 
 }  // namespace
@@ -89,7 +82,7 @@ bool tiled(const Expr* e) { return e->input("lse") != nullptr && e->input("delta
 void expandAttentionGradients(Fusion& f) {
   std::vector<Expr*> pending;
   std::copy_if(f.exprs().begin(), f.exprs().end(), std::back_inserter(pending),
-               [](const Expr* e) { return isSdpaGrad(e) && !rowsSplit(e) && !tiled(e); });
+               [](const Expr* e) { return isSdpaGrad(e) && !tiled(e); });
   while (!pending.empty()) {
     std::vector<Expr*> group;
     for (Expr* e : pending)

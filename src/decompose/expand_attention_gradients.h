@@ -7,11 +7,11 @@
 // requires: propagate-shardings; an sdpa_grad's output is Shard(0), Shard(1) or Replicate on each
 //   mesh axis, or (one with its lse and delta operands, whose rows are independent) Shard(2) on
 //   some: never Partial, never an embedding dim.
-// guarantees: no sdpa_grad is left but those with lse and delta operands (autodiff's), which stay
-//   for the attention-gradient kernel of both backends, on whole sequences or on blocks of rows
-//   (ring attention rotates the other side's blocks: decompose-ring-attention), and those split
-//   along a sequence (Shard(2) on some mesh axis, which needs both); the sdpa_grad ops of one attention (same operands,
-//   attributes and sharding) share one recomputation of P = softmax(scale q k^T (+ mask)); every
+// guarantees: no sdpa_grad is left but those with lse and delta operands (autodiff's; the only
+//   ones that may be split along a sequence), which stay for the attention-gradient kernel of
+//   both backends, on whole sequences or on blocks of rows (ring attention rotates the other
+//   side's blocks: decompose-ring-attention); the expanded sdpa_grad ops of one attention (same
+//   operands, attributes and sharding) share one recomputation of P = softmax(scale q k^T (+ mask)); every
 //   value the expansion creates is on the op's mesh with the op's batch/heads sharding, so the new
 //   ops compute locally and decompose-reshardings moves their operands exactly as it would have
 //   moved the sdpa_grad's (one move per operand, shared); the values and the f32 numerics are

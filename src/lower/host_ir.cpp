@@ -389,9 +389,9 @@ Span BufferSizes::rows(const BlockRef& ref, int64_t rank, const std::vector<int6
 std::vector<int64_t> BufferSizes::shape(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops,
                                         int64_t dim) const {
   std::vector<int64_t> shape = bufferShape(ref.tv, ref.slot, rank, loops);
-  if (shape.empty()) return shape;
-  if (dim <= 0 || ref.whole()) {
-    if (dim <= 0) shape[0] = rows(ref, rank, loops).size;
+  if (shape.empty() || (dim > 0 && ref.whole())) return shape;
+  if (dim <= 0) {
+    shape[0] = rows(ref, rank, loops).size;
     return shape;
   }
   // Blocks along `dim` of a buffer that holds the whole local tensor (the halves a ring's causal

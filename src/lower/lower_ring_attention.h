@@ -21,9 +21,9 @@
 // gradient also the output's gradient, lse and delta; the key and value when the queries rotate --
 // and of half of each output after it), so that it holds chunks 2r and 2n - 1 - 2r: one chunk i
 // and its mirror 2n - 1 - i, every rank the same amount of causal work. The forward's own
-// log-sum-exp, the merge state nothing else reads, stays in that layout. The attention steps take the global positions of their rows (the
-// launch's `rows`/`keys`): the mask compares them and key blocks entirely after a query chunk
-// are skipped.
+// log-sum-exp, the merge state nothing else reads, stays in that layout. The attention steps
+// take the global positions of their rows (the launch's `rows`/`keys`): the mask compares them
+// and key blocks entirely after a query chunk are skipped.
 //
 //   allocate %a ; allocate %lse ; allocate %k~1 ; allocate %k~2 ; (same for v)
 //   record e0[0] ; stream 1 ; wait_event e0[0]
