@@ -32,6 +32,9 @@ struct PropagationOptions {
   // activations keep their sharding (by default parameters stay and activations move).
   bool gather_parameters = false;
   ContextParallel context_parallel = ContextParallel::Auto;
+  // After the op-by-op decisions, search them for a plan that sends fewer bytes
+  // (decompose/search_placements.h); off: the greedy plan.
+  bool search = true;
 };
 
 // decompose-for-overlap: how every allgather+GEMM, GEMM+reduce-scatter and GEMM+allreduce pair

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <vector>
 
 #include "decompose/resharding_steps.h"
 #include "meshfuse/ir/fusion.h"
@@ -103,18 +105,61 @@ TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target
 }
 
 // Resharded copies made so far, so that several consumers needing the same sharding of a value
-// share one collective (q, k and v projections read one gathered activation).
+// share one collective (q, k and v projections read one gathered activation), and the copies of
+// each value (what sets make of it: decomposition's and the program's own), so that a consumer
+// converts from whichever copy sends least: a Partial() all-reduced for one consumer and needed
+// Shard(d) by another is sliced, not reduce-scattered again; a value pinned Shard(d) by a set
+// after its op is read whole from the op by a consumer that needs it whole, not gathered back.
 class ReshardCache {
  public:
   TensorView* get(Fusion& f, Expr* e, TensorView* from, const Sharding& target, const std::string& why) {
     auto key = std::make_pair(from, toString(target) + fmt::format("@{}", target.mesh));
     auto it = done_.find(key);
     if (it != done_.end()) return it->second;
-    return done_[key] = reshard(f, e, from, target, why);
+    // (Attention's operands keep their own conversions: ring attention finds the allgathers of
+    // its keys and values that this pass makes.)
+    TensorView* source = e->info().category == OpCategory::Attention ? from : cheapestCopy(f, from, target);
+    TensorView* made = readSharding(source) == target ? source : reshard(f, e, source, target, why);
+    noteCopies(made, source);
+    return done_[key] = made;
+  }
+
+  // The copy of `tv`'s value that converts to `target` sending least: `tv` itself unless
+  // another sends strictly less (when the bytes cannot be told, `tv`).
+  TensorView* cheapestCopy(const Fusion& f, TensorView* tv, const Sharding& target) const {
+    std::optional<int64_t> best = wireBytes(f, tv, readSharding(tv), target);
+    TensorView* pick = tv;
+    if (!best) return pick;
+    auto it = copies_.find(rootOf(tv));
+    if (it == copies_.end()) return pick;
+    for (TensorView* c : it->second) {
+      std::optional<int64_t> w = wireBytes(f, c, readSharding(c), target);
+      if (w && *w < *best) best = w, pick = c;
+    }
+    return pick;
+  }
+
+  // Every set output from `made` back to `source` holds `source`'s value (so does `source`).
+  void noteCopies(TensorView* made, TensorView* source) {
+    TensorView* root = rootOf(source);
+    std::vector<TensorView*>& copies = copies_[root];
+    if (copies.empty()) copies.push_back(root);
+    for (TensorView* t = made; t != source && t->definition() != nullptr && t->definition()->kind() == OpKind::Set;
+         t = static_cast<TensorView*>(t->definition()->input(size_t{0}))) {
+      if (root_.count(t) > 0 || t == root) continue;
+      root_[t] = root;
+      copies.push_back(t);
+    }
   }
 
  private:
+  TensorView* rootOf(TensorView* tv) const {
+    auto it = root_.find(tv);
+    return it == root_.end() ? tv : it->second;
+  }
   std::map<std::pair<TensorView*, std::string>, TensorView*> done_;
+  std::map<TensorView*, TensorView*> root_;                   // a copy -> the value it copies
+  std::map<TensorView*, std::vector<TensorView*>> copies_;    // a value -> its copies, itself first
 };
 
 // A set that changes several axes, or moves between meshes in several steps, becomes a chain of
@@ -185,6 +230,16 @@ void decomposeReshardings(Fusion& f) {
   ReshardCache cache;
   for (Expr* e : exprs) {
     if (e->kind() == OpKind::Set) {
+      // The program's own set (a pin, an output made whole) converts from the cheapest copy
+      // of its operand too, and its result is one more copy.
+      TensorView* in = tensorAt(e, 0);
+      if (in->meshIndex() == e->output()->meshIndex()) {
+        TensorView* source = cache.cheapestCopy(f, in, readSharding(e->output()));
+        if (source != in) f.replaceOperand(e, in, source);
+        decomposeSet(f, e);
+        cache.noteCopies(e->output(), source);
+        continue;
+      }
       decomposeSet(f, e);
       continue;
     }

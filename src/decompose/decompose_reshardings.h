@@ -19,6 +19,11 @@
 //   pinned Partial that no operand can give (a scalar added, a non-linear op) is a user error
 //   saying why. (An output pinned in a sharding its op cannot give, or gives at a higher cost,
 //   was already split by propagate-shardings into the op and a set to the pin.)
+//   A value needed in several shardings is converted once per sharding, each time from the copy
+//   that sends least (wireBytes): the value, or a copy a set already made of it (for another
+//   consumer, or the program's own set: a pin, an output made whole). An allreduce made for one
+//   consumer is sliced for another that needs Shard(d), not reduce-scattered again; a consumer
+//   of a pinned Shard(d) set reads the op's whole result rather than gathering the pin back.
 //
 //   before: %out = linear(%inp, %up_w) : @m {Shard(1)}     with %inp Shard(0)
 //   after:  %0 = set(%inp) : @m {}                          (allgather of %inp)

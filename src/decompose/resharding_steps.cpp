@@ -187,4 +187,37 @@ std::vector<ReshardingStep> planResharding(Fusion& f, const Sharding& from, cons
   return p.take();
 }
 
+std::optional<int64_t> wireBytes(const Fusion& f, const TensorView* tv, const Sharding& from, const Sharding& to) {
+  if (from.mesh != to.mesh) return std::nullopt;
+  for (size_t a = 0; a < to.axes.size(); ++a)
+    if (to.axes[a].kind == Placement::Partial && from.axes[a] != to.axes[a]) return std::nullopt;
+  int64_t global = dtypeSize(tv->dtype());
+  for (const IterDomain* id : tv->dims()) {
+    if (!id->extent().isStatic()) return std::nullopt;
+    global *= id->extent().value();
+  }
+  const DeviceMesh& mesh = f.mesh(from.mesh);
+  const int64_t ranks = mesh.size();
+  int64_t total = 0;
+  Sharding at = from;
+  for (const Sharding& next : reshardingSteps(from, to)) {
+    for (size_t a = 0; a < at.axes.size(); ++a) {
+      const Placement &x = at.axes[a], &y = next.axes[a];
+      const int64_t n = mesh.size(static_cast<int64_t>(a));
+      if (x == y || x.kind == Placement::Replicate || n == 1) continue;  // (a slice, or nothing)
+      int64_t held = global;  // what each rank holds: the value split by every axis sharding it
+      for (size_t b = 0; b < at.axes.size(); ++b)
+        if (at.axes[b].kind == Placement::Shard) held /= mesh.size(static_cast<int64_t>(b));
+      // Per rank, times `ranks` (which n divides).
+      const int64_t factor = x.kind == Placement::Shard && y.kind == Placement::Replicate ? (n - 1) * ranks
+                             : x.kind == Placement::Partial && y.kind == Placement::Replicate
+                                 ? 2 * (n - 1) * (ranks / n)
+                                 : (n - 1) * (ranks / n);
+      total += ranks * factor * held;
+    }
+    at = next;
+  }
+  return total;
+}
+
 }  // namespace meshfuse

@@ -36,6 +36,8 @@
 //   [0, 1] {Shard(0)} -> [3] {}:  gather to [0] (new mesh), then send/recv [0] -> [3].
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,5 +61,14 @@ struct ReshardingStep {
 // may ask for a pending sum the other does not have (callers check that first, with context).
 std::vector<ReshardingStep> planResharding(Fusion& f, const Sharding& from, const Sharding& to,
                                            const std::string& name);
+
+// What taking `tv`'s value from `from` to `to` on one mesh puts on the wire, summed over the
+// ranks (reshardingSteps' steps, each as ring algorithms send on a mesh axis of n devices from
+// what each rank holds, b: an allgather (n-1) b per rank, a reduce-scatter or an all-to-all
+// (n-1)/n b, an allreduce 2 (n-1)/n b; a slice nothing), times the mesh's device count so that
+// it is an integer. (Uneven blocks count as the global size over the shard count.) nullopt when
+// it cannot be told: a symbolic size, two meshes, or a pending sum `from` does not have. The plan
+// search ranks plans by it; decomposition converts from the copy of a value it makes cheapest.
+std::optional<int64_t> wireBytes(const Fusion& f, const TensorView* tv, const Sharding& from, const Sharding& to);
 
 }  // namespace meshfuse

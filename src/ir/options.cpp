@@ -97,6 +97,15 @@ std::vector<CompileOption> makeCompileOptions() {
        "ahead) instead of moving the activations",
        T::Flag, {}, [](const PipelineOptions& o) { return std::string(o.propagation.gather_parameters ? "true" : "false"); },
        [](PipelineOptions& o, const std::string& v) { o.propagation.gather_parameters = parseFlag("fsdp", v); }},
+      {"plan",
+       "how propagation places the intermediates: search (decide op by op, then search those decisions for a plan "
+       "that sends fewer bytes, on programs of static sizes and at most 64 ops) or greedy (op by op only)",
+       T::Choice, {"search", "greedy"},
+       [](const PipelineOptions& o) { return std::string(o.propagation.search ? "search" : "greedy"); },
+       [](PipelineOptions& o, const std::string& v) {
+         MF_USER_CHECK(v == "search" || v == "greedy", ErrorKind::Value, "plan '{}': expected search or greedy", v);
+         o.propagation.search = v == "search";
+       }},
       {"cp",
        "context parallelism for attention whose key/value sequence arrives sharded: auto (per mesh axis, Ulysses "
        "where the heads divide, else ring where q is split alike, else gather), ulysses (all-to-all to a split of "

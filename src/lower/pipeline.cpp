@@ -10,6 +10,7 @@
 #include "decompose/expand_attention_gradients.h"
 #include "decompose/expand_for_sharding.h"
 #include "decompose/layout_for_communication.h"
+#include "decompose/search_placements.h"
 #include "lower/check_aliases.h"
 #include "lower/dead_code_elimination.h"
 #include "meshfuse/error.h"
@@ -17,7 +18,6 @@
 #include "meshfuse/ir/placement.h"
 #include "meshfuse/ir/printer.h"
 #include "meshfuse/ir/verifier.h"
-#include "propagation/propagate_shardings.h"
 #include "propagation/propagate_streams.h"
 
 namespace meshfuse {
@@ -45,8 +45,9 @@ const std::vector<FusionPass>& fusionPasses() {
        "rewrite cross_entropy's mean (a sum over a count) and row-sharded embeddings (grouped by row block) "
        "into ops propagation can shard",
        plain(expandForSharding)},
-      {"propagate-shardings", "give every tensor a mesh and DID axes, from the pinned ones",
-       [](Fusion& f, const PipelineOptions& o) { propagateShardings(f, o.propagation, o.sizes); }},
+      {"propagate-shardings",
+       "give every tensor a mesh and DID axes, from the pinned ones (op by op, then a search for fewer bytes moved)",
+       [](Fusion& f, const PipelineOptions& o) { searchPlacements(f, o); }},
       {"expand-attention-gradients", "rewrite each placed sdpa_grad into GEMMs and a softmax backward, sharded alike",
        plain(expandAttentionGradients), requirePropagated},
       {"decompose-reshardings", "split every op into local compute plus single-axis communications",

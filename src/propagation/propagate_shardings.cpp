@@ -97,7 +97,9 @@ bool Propagator::routePinned(Expr* e) {
     if (!listed && (pin_state.kind != Placement::Shard || rule.fromOperands(as_pinned.out_logical)) &&
         !contextParallel(e, rule, mesh, a))
       cands.push_back(as_pinned);
-    std::optional<OutputChoice> best = choose(e, rule, mesh, a, cands, &pin_state);
+    std::optional<OutputChoice> best =
+        choose(e, rule, mesh, a, cands, &pin_state,
+               alignedWithOtherAxes(out, s, mesh, a, searchCandidates(e, rule, mesh, a, cands)));
     if (!best.has_value()) continue;  // a pinned pending sum the op cannot give: decomposition says why
     take(e, rule, mesh, a, *best, s);
     if (best->state != pin_state) moved.push_back(a);
@@ -276,8 +278,10 @@ bool Propagator::decide(Expr* e) {
   TvState s = fresh(meshFor(e, rule));
   const DeviceMesh& mesh = f_.mesh(s.sharding.mesh);
   for (int64_t a = 0; a < mesh.rank(); ++a) {
+    const std::vector<OutputChoice> cands = alignedWithOtherAxes(out, s, mesh, a, candidates(e, rule, mesh, a));
     std::optional<OutputChoice> best =
-        choose(e, rule, mesh, a, alignedWithOtherAxes(out, s, mesh, a, candidates(e, rule, mesh, a)), nullptr);
+        choose(e, rule, mesh, a, cands, nullptr,
+               alignedWithOtherAxes(out, s, mesh, a, searchCandidates(e, rule, mesh, a, cands)));
     MF_CHECK(best.has_value(), "no feasible sharding for {} on mesh axis {}", e->name(), a);
     take(e, rule, mesh, a, *best, s);
   }
@@ -356,14 +360,15 @@ void Propagator::materializeOutputs() {
 
 namespace meshfuse {
 
-void propagateShardings(Fusion& f, const PropagationOptions& options, const SymbolBindings& sizes) {
+void propagateShardings(Fusion& f, const PropagationOptions& options, const SymbolBindings& sizes,
+                        PlanChoices* choices) {
   // Meshes may differ in shape: decomposition moves a value between them (see
   // decompose_reshardings.h for the moves it supports).
   int64_t mesh = -1;
   for (TensorView* tv : f.tensorViews())
     if (mesh < 0 && tv->meshIndex() >= 0) mesh = tv->meshIndex();
   if (mesh < 0) return;  // nothing placed: a single-device fusion
-  sharding_propagation::Propagator(f, mesh, options, sizes).run();
+  sharding_propagation::Propagator(f, mesh, options, sizes, choices).run();
 }
 
 }  // namespace meshfuse

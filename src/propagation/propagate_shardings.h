@@ -59,6 +59,9 @@
 //           %y = set(%0) : f32[16] @m {split(0, 4), parallelize(0, DIDx)}                  (pinned)
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "meshfuse/ir/extent.h"
 #include "meshfuse/options.h"
 
@@ -66,8 +69,21 @@ namespace meshfuse {
 
 class Fusion;
 
+// The decisions of one run, for a search that revisits them (decompose/search_placements.h):
+// the pass decides op by op, one mesh axis at a time, and ranks each decision's feasible
+// candidates by the cost above (0: the cheapest, what the greedy pass takes).
+struct PlanChoices {
+  // In: per decision, in the order the pass makes them, the rank of the candidate to take
+  // (decisions past the end take 0; a rank past a decision's last candidate takes its last).
+  std::vector<int64_t> take;
+  // Out: per decision, how many feasible candidates it had.
+  std::vector<int64_t> candidates;
+};
+
 // `sizes`: symbolic sizes known at compile time; a reshape that splits or merges an unbound
 // symbolic dim keeps no shard through it (whether its blocks line up depends on the size).
-void propagateShardings(Fusion& fusion, const PropagationOptions& options = {}, const SymbolBindings& sizes = {});
+// `choices`: when given, the candidates it names are taken and the candidate counts recorded.
+void propagateShardings(Fusion& fusion, const PropagationOptions& options = {}, const SymbolBindings& sizes = {},
+                        PlanChoices* choices = nullptr);
 
 }  // namespace meshfuse

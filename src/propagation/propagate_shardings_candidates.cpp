@@ -15,31 +15,16 @@ std::vector<OutputChoice> Propagator::candidates(const Expr* e, const ShardingRu
   std::vector<OutputChoice> out;
   const TensorView* o = e->output();
   const int64_t n = mesh.size(a);
+  // (A pending sum that passes through from one operand or from another is two candidates:
+  // each needs the other operand whole, linear(x Partial, w Partial) reduces x or w.)
   auto add = [&](OutputChoice c) {
     for (const OutputChoice& x : out)
-      if (x.state == c.state && x.contraction_dim == c.contraction_dim) return;
+      if (x.state == c.state && x.contraction_dim == c.contraction_dim && x.source_operand == c.source_operand)
+        return;
     out.push_back(std::move(c));
   };
-  // Operand i's dim d, sharded on this axis (or upstream), carried to the output where the
-  // blocks line up (carriesShard): a reshape that merges [2, 16] into [32] cannot carry a
-  // 4-way split of the 32 back to the 2.
   auto fromDim = [&](size_t i, int64_t d, const char* how) {
-    int64_t ol = rule.operand_maps[i][d];
-    if (ol < 0 || expands(e, rule, i, d) || !carriesShard(e, rule, i, d, {n}, sizes_)) return;
-    const IterDomain* id = o->logical()[ol];
-    OutputChoice c;
-    if (id->isReduction()) {
-      if (!rule.contraction_ok) return;
-      c.state = Placement::partial();
-      c.contraction_dim = ol;
-      c.why = {fmt::format("Partial(): contracted dim {} is sharded in {{}} ({})", d, how), {e->inputs()[i]}};
-    } else {
-      c.state = Placement::shard(dimIndexOfLogical(o, ol));
-      c.out_logical = ol;
-      c.why = {fmt::format("{}: dim {} of {{}} ({}) through {}", c.state.toString(), d, how, e->name()),
-               {e->inputs()[i]}};
-    }
-    add(c);
+    if (std::optional<OutputChoice> c = carried(e, rule, i, d, n, how)) add(*c);
   };
   for (size_t i = 0; i < e->inputs().size(); ++i) {
     const TensorView* in = tensorAt(e, i);
@@ -72,6 +57,50 @@ std::vector<OutputChoice> Propagator::candidates(const Expr* e, const ShardingRu
   OutputChoice rep;
   rep.why = Provenance::literal(fmt::format("Replicate(): no cheaper sharding for {} on mesh axis {}", e->name(), a));
   add(rep);
+  return out;
+}
+
+// Operand i's dim d, split on a mesh axis of n devices (or upstream), carried to e's output
+// where the blocks line up (carriesShard: a reshape that merges [2, 16] into [32] cannot carry
+// a 4-way split of the 32 back to the 2): a Shard of the dim it becomes, or a pending sum when
+// that dim is contracted. `how` says why the operand dim is split, for the provenance.
+std::optional<OutputChoice> Propagator::carried(const Expr* e, const ShardingRule& rule, size_t i, int64_t d,
+                                                int64_t n, const char* how) const {
+  const int64_t ol = rule.operand_maps[i][d];
+  if (ol < 0 || expands(e, rule, i, d) || !carriesShard(e, rule, i, d, {n}, sizes_)) return std::nullopt;
+  const TensorView* o = e->output();
+  OutputChoice c;
+  if (o->logical()[ol]->isReduction()) {
+    if (!rule.contraction_ok) return std::nullopt;
+    c.state = Placement::partial();
+    c.contraction_dim = ol;
+    c.why = {fmt::format("Partial(): contracted dim {} is sharded in {{}} ({})", d, how), {e->inputs()[i]}};
+  } else {
+    c.state = Placement::shard(dimIndexOfLogical(o, ol));
+    c.out_logical = ol;
+    c.why = {fmt::format("{}: dim {} of {{}} ({}) through {}", c.state.toString(), d, how, e->name()),
+             {e->inputs()[i]}};
+  }
+  return c;
+}
+
+// For a search over the decisions (choices_): every other sharding the op can give its output
+// on axis `a` from operands moved to fit, each operand dim carried through its rule (a Shard,
+// or a pending sum over a contracted dim) whatever the operand's own state. Ranked after
+// candidates(): the greedy decision is the same with or without them.
+std::vector<OutputChoice> Propagator::searchCandidates(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
+                                                       int64_t a, const std::vector<OutputChoice>& taken) const {
+  std::vector<OutputChoice> out;
+  if (choices_ == nullptr || contextParallel(e, rule, mesh, a)) return out;
+  for (size_t i = 0; i < e->inputs().size(); ++i) {
+    if (tensorAt(e, i) == nullptr) continue;
+    for (int64_t d = 0; d < static_cast<int64_t>(rule.operand_maps[i].size()); ++d) {
+      std::optional<OutputChoice> c = carried(e, rule, i, d, mesh.size(a), "split for it, by the plan search");
+      auto same = [&](const OutputChoice& x) { return x.state == c->state && x.contraction_dim == c->contraction_dim; };
+      if (c && std::none_of(taken.begin(), taken.end(), same) && std::none_of(out.begin(), out.end(), same))
+        out.push_back(std::move(*c));
+    }
+  }
   return out;
 }
 

@@ -118,26 +118,51 @@ bool cheaper(const Scored& x, const Scored& y, const AxisState* pin) {
 // staying Partial: not a concern under a pin, which the set settles), then to less data, then
 // to moving less before the op (it computes on its operands as they are and the set moves its
 // result: nvFuser's reduce-scatter of a sum over one row per device), then to the pin itself
-// (no set), then to the first candidate.
+// (no set), then to the first candidate. A search (choices_) may ask for the k-th cheapest
+// instead: the feasible candidates are ranked by repeatedly taking the cheapest of the rest.
 std::optional<OutputChoice> Propagator::choose(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
                                                int64_t a, const std::vector<OutputChoice>& cands,
-                                               const AxisState* pin) const {
+                                               const AxisState* pin, const std::vector<OutputChoice>& more) const {
   struct Scored {
     const OutputChoice* choice;
     Cost total;
     Volume before;  // what the operands' moves send
   };
-  std::optional<Scored> best;
-  for (const OutputChoice& c : cands) {
-    Scored s{&c, candidateCost(e, rule, mesh, c, a), {}};
-    s.before = s.total.volume;
-    if (pin != nullptr)
-      s.total += {conversionCost(c.state, *pin), moveVolume(e->output(), c.state, *pin, mesh.size(a))};
-    if (s.total.collectives >= kInfinite) continue;
-    if (!best || cheaper(s, *best, pin)) best = s;
+  // The feasible ones of `cands`, then of `more`: each group ranked apart.
+  std::vector<Scored> groups[2];
+  for (int g = 0; g < 2; ++g) {
+    for (const OutputChoice& c : g == 0 ? cands : more) {
+      Scored s{&c, candidateCost(e, rule, mesh, c, a), {}};
+      s.before = s.total.volume;
+      if (pin != nullptr)
+        s.total += {conversionCost(c.state, *pin), moveVolume(e->output(), c.state, *pin, mesh.size(a))};
+      if (s.total.collectives < kInfinite) groups[g].push_back(s);
+    }
   }
-  if (!best) return std::nullopt;
-  return *best->choice;
+  const size_t feasible = groups[0].size() + groups[1].size();
+  const size_t decision = decisions_++;
+  size_t rank = 0;
+  if (choices_ != nullptr) {
+    choices_->candidates.resize(decisions_, 0);
+    choices_->candidates[decision] = static_cast<int64_t>(feasible);
+    if (decision < choices_->take.size() && feasible > 0)
+      rank = std::min(static_cast<size_t>(choices_->take[decision]), feasible - 1);
+  }
+  if (feasible == 0) return std::nullopt;
+  for (std::vector<Scored>& group : groups) {
+    if (rank >= group.size()) {
+      rank -= group.size();
+      continue;
+    }
+    for (size_t taken = 0;; ++taken) {
+      auto best = group.begin();
+      for (auto it = group.begin() + 1; it != group.end(); ++it)
+        if (cheaper(*it, *best, pin)) best = it;
+      if (taken == rank) return *best->choice;
+      group.erase(best);
+    }
+  }
+  return std::nullopt;  // (unreachable: rank < feasible)
 }
 
 // The communication that giving every operand what candidate `c` needs on axis `a` costs;

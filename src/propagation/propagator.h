@@ -13,6 +13,7 @@
 
 #include "meshfuse/ir/fusion.h"
 #include "meshfuse/options.h"
+#include "propagation/propagate_shardings.h"
 #include "propagation/required_sharding.h"
 #include "propagation/sharding.h"
 #include "propagation/sharding_rule.h"
@@ -31,8 +32,9 @@ struct TvState {
 class Propagator {
  public:
   // `mesh`: the mesh of tensors nothing else decides.
-  Propagator(Fusion& f, int64_t mesh, const PropagationOptions& options, SymbolBindings sizes)
-      : f_(f), mesh_index_(mesh), options_(options), sizes_(std::move(sizes)) {}
+  // `choices`: the candidates a search asks for (null: the cheapest of each decision).
+  Propagator(Fusion& f, int64_t mesh, const PropagationOptions& options, SymbolBindings sizes, PlanChoices* choices)
+      : f_(f), mesh_index_(mesh), options_(options), sizes_(std::move(sizes)), choices_(choices) {}
 
   void run();
 
@@ -59,6 +61,10 @@ class Propagator {
   // What an op's output may be on one mesh axis (propagate_shardings_candidates.cpp).
   std::vector<OutputChoice> candidates(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
                                        int64_t a) const;
+  std::optional<OutputChoice> carried(const Expr* e, const ShardingRule& rule, size_t i, int64_t d, int64_t n,
+                                      const char* how) const;
+  std::vector<OutputChoice> searchCandidates(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, int64_t a,
+                                            const std::vector<OutputChoice>& taken) const;
   std::vector<OutputChoice> alignedWithOtherAxes(const TensorView* tv, const TvState& state, const DeviceMesh& mesh,
                                                  int64_t a, std::vector<OutputChoice> cands) const;
   std::optional<OutputChoice> contextParallel(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
@@ -67,8 +73,10 @@ class Propagator {
                                  const AxisState& chosen) const;
 
   // Which candidate is cheapest (propagate_shardings_cost.cpp).
+  // `more`: candidates ranked after every one of `cands` (a search's: searchCandidates).
   std::optional<OutputChoice> choose(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, int64_t a,
-                                     const std::vector<OutputChoice>& cands, const AxisState* pin) const;
+                                     const std::vector<OutputChoice>& cands, const AxisState* pin,
+                                     const std::vector<OutputChoice>& more = {}) const;
   Cost candidateCost(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, const OutputChoice& c,
                      int64_t a) const;
 
@@ -120,6 +128,9 @@ class Propagator {
   std::vector<Move> planned_;
   // Pinned op outputs whose op has not yet chosen how to compute them (routePinned).
   std::set<const TensorView*> unrouted_;
+  // The search's requests and the candidate count of each decision so far (choose()).
+  PlanChoices* choices_;
+  mutable size_t decisions_ = 0;
 };
 
 }  // namespace meshfuse::sharding_propagation

@@ -1,0 +1,232 @@
+// search-placements (contract in search_placements.h): the greedy plan, then a local search
+// over propagate-shardings' decisions, each plan measured after decompose-reshardings.
+#include "decompose/search_placements.h"
+
+#include <algorithm>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "decompose/decompose_reshardings.h"
+#include "decompose/resharding_steps.h"
+#include "meshfuse/error.h"
+#include "meshfuse/ir/fusion.h"
+#include "meshfuse/ops.h"
+#include "meshfuse/options.h"
+#include "propagation/propagate_shardings.h"
+#include "propagation/sharding.h"
+#include "propagation/sharding_rule.h"
+
+namespace meshfuse {
+
+namespace {
+
+// What a plan costs, in the order plans are ranked.
+struct PlanCost {
+  int64_t parameter_moves = 0;  // collectives whose input is a parameter
+  int64_t wire = 0;             // bytes on the wire over all ranks (times the device count: wireBytes)
+  int64_t collectives = 0;
+  // Not ranked but bounded: the elements each rank's ops read and write, summed over the ops
+  // (a plan may not exceed the greedy plan's: compute is not replicated to save bytes).
+  int64_t work = 0;
+  auto key() const { return std::tie(parameter_moves, wire, collectives); }
+  bool operator<(const PlanCost& o) const { return key() < o.key(); }
+};
+
+// The fusion input `tv` is, or is a copy of (through sets); null when it is computed.
+const TensorView* copiedInput(const Fusion& f, const TensorView* tv) {
+  while (!f.isInput(tv)) {
+    const Expr* def = tv->definition();
+    if (def == nullptr || def->kind() != OpKind::Set) return nullptr;
+    tv = static_cast<const TensorView*>(def->input(size_t{0}));
+  }
+  return tv;
+}
+
+// The parameters: fusion inputs an op reads (directly, or through decomposition's sets) as its
+// weight (a GEMM's, an embedding's table). A plan that moves one ranks below any that does not.
+std::set<const TensorView*> parameters(const Fusion& f) {
+  std::set<const TensorView*> out;
+  for (const Expr* e : f.exprs()) {
+    const int64_t w = shardingRuleOf(e).weight_operand;
+    if (w < 0 || static_cast<size_t>(w) >= e->inputs().size()) continue;
+    const Val* v = e->inputs()[w];
+    if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
+    if (const TensorView* p = copiedInput(f, static_cast<const TensorView*>(v))) out.insert(p);
+  }
+  return out;
+}
+
+// The elements of `tv` one rank holds (the largest of torch.chunk's blocks: a pending sum holds
+// the whole value).
+int64_t localElements(const Fusion& f, const TensorView* tv) {
+  const Sharding s = readSharding(tv);
+  const DeviceMesh& mesh = f.mesh(s.mesh);
+  int64_t n = 1;
+  const std::vector<IterDomain*> dims = tv->dims();
+  for (size_t d = 0; d < dims.size(); ++d) {
+    int64_t extent = dims[d]->extent().value(), parts = 1;
+    for (size_t a = 0; a < s.axes.size(); ++a)
+      if (s.axes[a] == Placement::shard(static_cast<int64_t>(d))) parts *= mesh.size(static_cast<int64_t>(a));
+    n *= (extent + parts - 1) / parts;
+  }
+  return n;
+}
+
+// What the collectives of decomposed `f` (one mesh) send: each set changes one mesh axis
+// (decompose-reshardings' guarantee), a collective or a local slice (which sends nothing).
+PlanCost measure(const Fusion& f) {
+  const std::set<const TensorView*> params = parameters(f);
+  PlanCost cost;
+  for (const Expr* e : f.exprs()) {
+    if (e->kind() != OpKind::Set) {
+      cost.work += localElements(f, e->output());
+      for (const Val* v : e->inputs())
+        if (v != nullptr && v->valKind() == ValKind::TensorView) cost.work += localElements(f, static_cast<const TensorView*>(v));
+      continue;
+    }
+    const auto* in = static_cast<const TensorView*>(e->input(size_t{0}));
+    const std::optional<int64_t> wire = wireBytes(f, in, readSharding(in), readSharding(e->output()));
+    MF_CHECK(wire.has_value(), "the plan search measures programs of static sizes on one mesh only");
+    if (*wire == 0) continue;
+    cost.wire += *wire;
+    cost.collectives += 1;
+    const TensorView* source = copiedInput(f, in);
+    cost.parameter_moves += source != nullptr && params.count(source) > 0 ? 1 : 0;
+  }
+  return cost;
+}
+
+bool applies(const Fusion& f, const PipelineOptions& options) {
+  if (!options.propagation.search || options.propagation.gather_parameters) return false;
+  if (f.numMeshes() != 1 || f.mesh(0).size() < 2) return false;
+  if (static_cast<int64_t>(f.exprs().size()) > search_placements::kMaxExprs) return false;
+  for (const Expr* e : f.exprs())
+    if (e->info().category == OpCategory::Attention) return false;
+  for (const TensorView* tv : f.tensorViews())
+    for (const IterDomain* id : tv->logical())
+      if (!id->extent().isStatic()) return false;
+  return true;
+}
+
+// The outputs' shardings after propagation (what the search may not change).
+std::vector<Sharding> outputShardings(const Fusion& f) {
+  std::vector<Sharding> out;
+  for (const TensorView* o : f.outputs()) out.push_back(readSharding(o));
+  return out;
+}
+
+// Every output of `f` that a plan computes otherwise than `kept` (the greedy plan's outputs) is
+// moved there by a set after it, which takes its name: what the user sees stays as it was.
+void keepOutputs(Fusion& f, const std::vector<Sharding>& kept) {
+  const std::vector<TensorView*> outs = f.outputs();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    TensorView* o = outs[i];
+    const Sharding now = readSharding(o);
+    if (now == kept[i]) continue;
+    TensorView* m = ops::set(o);
+    writeSharding(m, kept[i]);
+    m->setPinned(false);
+    m->setProvenance(Provenance::literal(
+        fmt::format("output kept {} as op-by-op propagation places it: the plan search computes it as {}, "
+                    "which sends fewer bytes in all",
+                    toString(kept[i]), toString(now))));
+    f.replaceOutput(o, m);
+    if (std::string name = o->name(); !name.empty()) {
+      f.rename(o, "");
+      f.rename(m, name);
+    }
+  }
+}
+
+struct Trial {
+  PlanCost cost;
+  PlanChoices choices;
+};
+
+// Propagates a copy of `placed` taking `take`, keeps the outputs as `kept` (the greedy plan's;
+// empty: this is the greedy plan), decomposes it and measures it; nullopt when decomposition
+// refuses the plan (a candidate a later pass cannot make).
+std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& options, std::vector<int64_t> take,
+                             std::vector<Sharding>& kept) {
+  std::unique_ptr<Fusion> f = placed.clone();
+  Trial t;
+  t.choices.take = std::move(take);
+  propagateShardings(*f, options.propagation, options.sizes, &t.choices);
+  if (kept.empty()) kept = outputShardings(*f);
+  keepOutputs(*f, kept);
+  try {
+    decomposeReshardings(*f);
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
+  t.cost = measure(*f);
+  return t;
+}
+
+
+// One step of the local search from `best`: the first plan that changes one decision, or else
+// two, and ranks better without more `work` than the greedy plan; nullopt when none does within
+// the budget.
+std::optional<Trial> betterNeighbour(const Fusion& f, const PipelineOptions& options, const Trial& best,
+                                     const PlanCost& bound, std::vector<Sharding>& kept, int64_t& plans) {
+  const std::vector<int64_t>& counts = best.choices.candidates;
+  std::vector<int64_t> base = best.choices.take;
+  base.resize(counts.size(), 0);
+  auto attempt = [&](std::vector<int64_t> take) -> std::optional<Trial> {
+    ++plans;
+    std::optional<Trial> t = tryPlan(f, options, std::move(take), kept);
+    if (t && t->cost < best.cost && t->cost.work <= bound.work && t->cost.collectives <= bound.collectives) return t;
+    return std::nullopt;
+  };
+  const auto budget = search_placements::kMaxPlans;
+  for (size_t d = 0; d < counts.size(); ++d)
+    for (int64_t k = 0; k < counts[d] && plans < budget; ++k) {
+      if (k == base[d]) continue;
+      std::vector<int64_t> take = base;
+      take[d] = k;
+      if (std::optional<Trial> t = attempt(take)) return t;
+    }
+  // Two decisions at once: a value gathered for one consumer serves a second only when that
+  // consumer, too, stops computing on its shards (each alone costs more than the greedy plan).
+  for (size_t d = 0; d < counts.size(); ++d)
+    for (int64_t k = 0; k < counts[d]; ++k)
+      for (size_t e = d + 1; e < counts.size(); ++e)
+        for (int64_t l = 0; l < counts[e] && plans < budget; ++l) {
+          if (k == base[d] || l == base[e]) continue;
+          std::vector<int64_t> take = base;
+          take[d] = k;
+          take[e] = l;
+          if (std::optional<Trial> t = attempt(take)) return t;
+        }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void searchPlacements(Fusion& f, const PipelineOptions& options) {
+  if (!applies(f, options)) {
+    propagateShardings(f, options.propagation, options.sizes);
+    return;
+  }
+  std::vector<Sharding> kept;
+  std::optional<Trial> best = tryPlan(f, options, {}, kept);
+  int64_t plans = 1;
+  // (When the greedy plan does not decompose, the pass below makes it and decomposition then
+  // reports why, as it would without the search.)
+  if (best)
+    for (const PlanCost greedy = best->cost;;) {
+      std::optional<Trial> t = betterNeighbour(f, options, *best, greedy, kept, plans);
+      if (!t) break;
+      best = std::move(t);
+    }
+  PlanChoices chosen;
+  if (best) chosen.take = best->choices.take;
+  propagateShardings(f, options.propagation, options.sizes, &chosen);
+  if (!kept.empty()) keepOutputs(f, kept);
+}
+
+}  // namespace meshfuse

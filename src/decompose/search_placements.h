@@ -1,0 +1,56 @@
+// search-placements: the placements propagate-shardings gives, improved by a search over its
+// decisions that measures each plan by what decomposition makes of it. The pipeline's
+// propagate-shardings pass runs this.
+//
+// requires: a placed definition (the user's pins), as propagate-shardings does.
+// guarantees: what propagate-shardings guarantees; and, where the search applies, a plan that
+//   ranks no worse than the greedy one: every plan it tries is decomposed (on a copy) and
+//   measured by the bytes its collectives put on the wire, summed over the ranks (wireBytes in
+//   resharding_steps.h). Plans rank by the moves of parameters first (the documented priority:
+//   pins > parameters never move), bytes second, collectives third, and one is taken only
+//   within two bounds set by the greedy plan: no more collectives (the priority puts fewer
+//   collectives before fewer bytes) and no more work, the elements each op reads and writes on
+//   a rank summed over the ops (compute split across ranks, data parallelism's above all, is
+//   not replicated to save bytes). Every output keeps the placement the greedy plan gives it
+//   (what the user sees does not depend on the search): a plan that computes one otherwise
+//   pays for a set after it, which takes its name.
+//
+// The greedy pass decides op by op (propagate_shardings.h), so it cannot see that a choice
+// free at one op costs a larger collective later, or that a collective another consumer pays
+// for could serve this one too: a Partial reduced once per consumer instead of once, an operand
+// sliced (free) where gathering it would make a later allreduce unnecessary, a value gathered
+// for one consumer while another goes Partial. The search revisits the decisions: each decision
+// ranks its candidates (the greedy's first, then every other sharding the op can give from
+// operands moved to fit: PlanChoices), and from the greedy plan the search tries changing one
+// decision, then two, the later decisions re-made greedily around them, and moves to the first
+// plan that ranks better, until none does or its budget (kMaxPlans) is spent. That is a local
+// search, not an exhaustive one: the placement fuzzer's oracle (fuzz/placements/oracle.h)
+// measures how close it comes (docs/testing.md, "Known failures").
+//
+// Where it does not apply the greedy plan stands: a program on one device or on several meshes
+// (pipeline stages), with symbolic sizes (its bytes depend on them, and the executor compiles
+// it once for every size), with attention (context parallelism chooses how its operands move,
+// by the user's --cp too: a search by bytes would override it), under FSDP (gather_parameters moves parameters by design), of more
+// than kMaxExprs ops, or with PropagationOptions::search off (--plan=greedy).
+//
+//   %t0 = input f32[2, 2, 3, 3, r2] @m0 {parallelize(4, DIDx)}     (Partial() on two ranks)
+//   %t1 = add(%t0, %t0)   %t2 = mean(%t0, dims=[3])   %t3 = relu(%t2)   output %t1, %t3
+//   greedy:  %t1 is all-reduced (144 bytes a rank) and so is %t2 (48): 2 collectives
+//   search:  %t0 is all-reduced once (144 bytes a rank), both ops compute on it: 1 collective
+#pragma once
+
+#include <cstdint>
+
+namespace meshfuse {
+
+class Fusion;
+struct PipelineOptions;
+
+namespace search_placements {
+constexpr int64_t kMaxExprs = 64;    // larger programs keep the greedy plan
+constexpr int64_t kMaxPlans = 256;   // plans decomposed and measured, the greedy one included
+}  // namespace search_placements
+
+void searchPlacements(Fusion& fusion, const PipelineOptions& options);
+
+}  // namespace meshfuse

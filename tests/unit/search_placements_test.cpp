@@ -1,0 +1,153 @@
+// The plan search after propagate-shardings (decompose/search_placements.h): the three kinds of
+// waste the op-by-op decisions leave (the placement fuzzer's shrunk reproducers), what the
+// search may not change (outputs' placements, parameters that stay, the collectives and compute
+// of the greedy plan as bounds), and where it does not run.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "lower/pipeline.h"
+#include "meshfuse/ir/parser.h"
+#include "propagation/sharding.h"
+#include "test_helpers.h"
+
+namespace meshfuse {
+namespace {
+
+using ::testing::ElementsAre;
+using Strings = std::vector<std::string>;
+
+PipelineOptions plan(const std::string& how) {
+  PipelineOptions o;
+  findCompileOption("plan").set(o, how);
+  return o;
+}
+
+// Rank 0's collectives as "kind tensor-in bytes-in".
+Strings collectivesOf(const std::string& text, const std::string& how = "search", const SymbolBindings& sizes = {}) {
+  CompiledProgram p = compile(parseFusion(text, "t.mf"), plan(how));
+  Strings out;
+  for (const CollectiveInfo& c : collectives(programForRank(p, 0), sizes))
+    out.push_back(fmt::format("{} {} {}", commKindName(c.kind), c.source, c.bytes));
+  return out;
+}
+
+Strings outputShardings(const std::string& text, const std::string& how) {
+  CompiledProgram p = compile(parseFusion(text, "t.mf"), plan(how));
+  Strings out;
+  for (const TensorView* o : p.fusion->outputs()) out.push_back(toString(readSharding(o)));
+  return out;
+}
+
+// A pending sum read by two consumers: reduced once, before both, not once per consumer.
+constexpr const char* kPendingSumTwice = R"(fusion {
+  mesh @m0 = [0, 1]
+  %t0 = input f32[2, 2, 3, 3, r2] @m0 {parallelize(4, DIDx)}
+  %t1 = add(%t0, %t0)
+  %t2 = mean(%t0, dims=[3])
+  %t3 = relu(%t2)
+  output %t1, %t3
+})";
+
+TEST(SearchPlacements, APendingSumReadTwiceIsReducedOnce) {
+  EXPECT_THAT(collectivesOf(kPendingSumTwice, "greedy"), ElementsAre("allreduce %t2 48", "allreduce %0 144"));
+  EXPECT_THAT(collectivesOf(kPendingSumTwice), ElementsAre("allreduce %t0 144"));
+  EXPECT_EQ(outputShardings(kPendingSumTwice, "search"), outputShardings(kPendingSumTwice, "greedy"));
+}
+
+// A contraction over a sharded dim of a small operand: gathering it (8 bytes a rank) would send
+// less than slicing the other operand (free) and all-reducing the larger result (16), but every
+// rank would then compute the whole product: the search does not replicate compute to save
+// bytes (the placement fuzzer's oracle, which counts bytes only, lists such cases as known).
+TEST(SearchPlacements, AContractionIsNotReplicatedToSaveBytes) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1]
+  %t0 = input f32[2, 2] @m0 {split(1, 2), parallelize(1, DIDx)}
+  %t1 = input f32[2, 2] @m0 {}
+  %t2 = matmul(%t0, %t1)
+  output %t2
+})";
+  EXPECT_THAT(collectivesOf(text, "greedy"), ElementsAre("allreduce %1 16"));
+  EXPECT_THAT(collectivesOf(text), ElementsAre("allreduce %1 16"));
+}
+
+// neg reads the %t0 that max gathers, as a slice of its columns (free), so that mean sums whole
+// columns: its output is one rank's 4 bytes to gather instead of 8 to all-reduce. The output
+// stays Replicate(), as the greedy plan places it: the allgather is the set that keeps it so.
+constexpr const char* kColumnsOfAGatheredValue = R"(fusion {
+  mesh @m0 = [0, 1]
+  %t0 = input f32[2, 2] @m0 {split(0, 2), parallelize(0, DIDx)}
+  %t1 = max(%t0, dims=[0])
+  %t2 = neg(%t0)
+  %t3 = mean(%t2, dims=[0])
+  %t4 = neg(%t3)
+  output %t1, %t4
+})";
+
+TEST(SearchPlacements, AnOutputKeepsItsPlacementThroughACheaperPlan) {
+  EXPECT_THAT(collectivesOf(kColumnsOfAGatheredValue, "greedy"), ElementsAre("allgather %t0 8", "allreduce %2 8"));
+  EXPECT_THAT(collectivesOf(kColumnsOfAGatheredValue), ElementsAre("allgather %t0 8", "allgather %2 4"));
+  EXPECT_EQ(outputShardings(kColumnsOfAGatheredValue, "search"), outputShardings(kColumnsOfAGatheredValue, "greedy"));
+}
+
+// max over a pending sum: a reduce-scatter, max on each rank's rows and an allgather of the
+// (smaller) result would send less than an allreduce of the input, but in two collectives: the
+// search never adds a collective (nor work) to what the greedy plan has.
+TEST(SearchPlacements, APlanOfMoreCollectivesIsNotTaken) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1]
+  %t0 = input f32[6, 8, 4, r2] @m0 {parallelize(3, DIDx)}
+  %t1 = max(%t0, dims=[1])
+  output %t1
+})";
+  EXPECT_THAT(collectivesOf(text), ElementsAre("allreduce %t0 768"));
+}
+
+// Nor does it replicate compute to save bytes: with the batch split (data parallelism) the
+// weight gradients' pending sums are all-reduced, though gathering the small batch would send
+// less (each rank would then compute the whole batch).
+TEST(SearchPlacements, DataParallelComputeStaysSplit) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1]
+  %x = input f32[8, 8] @m0 {split(0, 2), parallelize(0, DIDx)}
+  %dy = input f32[8, 64] @m0 {split(0, 2), parallelize(0, DIDx)}
+  %dyt = permute(%dy, dims=[1, 0])
+  %dw = matmul(%dyt, %x)
+  output %dw
+})";
+  EXPECT_THAT(collectivesOf(text), ElementsAre("allreduce %0 2048"));
+}
+
+// Parameters never move (the documented priority), even where gathering the weight would send
+// far less than all-reducing the product.
+TEST(SearchPlacements, AParameterStaysWhereMovingItWouldSendLess) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1]
+  %x = input f32[64, 8] @m0 {}
+  %w = input f32[4, 8] @m0 {split(1, 2), parallelize(1, DIDx)}
+  %y = linear(%x, %w)
+  output %y
+})";
+  EXPECT_THAT(collectivesOf(text, "greedy"), ElementsAre("allreduce %1 1024"));
+  EXPECT_THAT(collectivesOf(text), ElementsAre("allreduce %1 1024"));
+}
+
+// Symbolic sizes: what a plan sends depends on them, so the greedy plan stands (the same for
+// every size, as the executor compiles it once).
+TEST(SearchPlacements, SymbolicSizesKeepTheGreedyPlan) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1]
+  %t0 = input f32[?t, 2] @m0 {split(1, 2), parallelize(1, DIDx)}
+  %t1 = input f32[2, 2] @m0 {}
+  %t2 = matmul(%t0, %t1)
+  output %t2
+})";
+  EXPECT_THAT(collectivesOf(text, "search", {{"t", 4}}), ElementsAre("allreduce %1 32"));
+}
+
+TEST(SearchPlacements, ThePlanOptionNamesItsValues) {
+  EXPECT_THAT(testing_helpers::userErrorMessage(ErrorKind::Value, [] { plan("exhaustive"); }),
+              ::testing::HasSubstr("plan 'exhaustive': expected search or greedy"));
+}
+
+}  // namespace
+}  // namespace meshfuse
