@@ -158,8 +158,8 @@ class ReshardCache {
     return it == root_.end() ? tv : it->second;
   }
   std::map<std::pair<TensorView*, std::string>, TensorView*> done_;
-  std::map<TensorView*, TensorView*> root_;                   // a copy -> the value it copies
-  std::map<TensorView*, std::vector<TensorView*>> copies_;    // a value -> its copies, itself first
+  std::map<TensorView*, TensorView*> root_;                 // a copy -> the value it copies
+  std::map<TensorView*, std::vector<TensorView*>> copies_;  // a value -> its copies, itself first
 };
 
 // A set that changes several axes, or moves between meshes in several steps, becomes a chain of

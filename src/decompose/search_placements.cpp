@@ -3,7 +3,6 @@
 #include "decompose/search_placements.h"
 
 #include <algorithm>
-#include <exception>
 #include <memory>
 #include <optional>
 #include <set>
@@ -85,7 +84,8 @@ PlanCost measure(const Fusion& f) {
     if (e->kind() != OpKind::Set) {
       cost.work += localElements(f, e->output());
       for (const Val* v : e->inputs())
-        if (v != nullptr && v->valKind() == ValKind::TensorView) cost.work += localElements(f, static_cast<const TensorView*>(v));
+        if (v != nullptr && v->valKind() == ValKind::TensorView)
+          cost.work += localElements(f, static_cast<const TensorView*>(v));
       continue;
     }
     const auto* in = static_cast<const TensorView*>(e->input(size_t{0}));
@@ -166,7 +166,6 @@ std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& option
   t.cost = measure(*f);
   return t;
 }
-
 
 // One step of the local search from `best`: the first plan that changes one decision, or else
 // two, and ranks better without more `work` than the greedy plan; nullopt when none does within

@@ -30,8 +30,8 @@
 // Where it does not apply the greedy plan stands: a program on one device or on several meshes
 // (pipeline stages), with symbolic sizes (its bytes depend on them, and the executor compiles
 // it once for every size), with attention (context parallelism chooses how its operands move,
-// by the user's --cp too: a search by bytes would override it), under FSDP (gather_parameters moves parameters by design), of more
-// than kMaxExprs ops, or with PropagationOptions::search off (--plan=greedy).
+// by the user's --cp too: a search by bytes would override it), under FSDP (gather_parameters moves parameters by
+// design), of more than kMaxExprs ops, or with PropagationOptions::search off (--plan=greedy).
 //
 //   %t0 = input f32[2, 2, 3, 3, r2] @m0 {parallelize(4, DIDx)}     (Partial() on two ranks)
 //   %t1 = add(%t0, %t0)   %t2 = mean(%t0, dims=[3])   %t3 = relu(%t2)   output %t1, %t3
@@ -47,8 +47,8 @@ class Fusion;
 struct PipelineOptions;
 
 namespace search_placements {
-constexpr int64_t kMaxExprs = 64;    // larger programs keep the greedy plan
-constexpr int64_t kMaxPlans = 256;   // plans decomposed and measured, the greedy one included
+constexpr int64_t kMaxExprs = 64;   // larger programs keep the greedy plan
+constexpr int64_t kMaxPlans = 256;  // plans decomposed and measured, the greedy one included
 }  // namespace search_placements
 
 void searchPlacements(Fusion& fusion, const PipelineOptions& options);

@@ -19,8 +19,7 @@ std::vector<OutputChoice> Propagator::candidates(const Expr* e, const ShardingRu
   // each needs the other operand whole, linear(x Partial, w Partial) reduces x or w.)
   auto add = [&](OutputChoice c) {
     for (const OutputChoice& x : out)
-      if (x.state == c.state && x.contraction_dim == c.contraction_dim && x.source_operand == c.source_operand)
-        return;
+      if (x.state == c.state && x.contraction_dim == c.contraction_dim && x.source_operand == c.source_operand) return;
     out.push_back(std::move(c));
   };
   auto fromDim = [&](size_t i, int64_t d, const char* how) {
@@ -64,8 +63,8 @@ std::vector<OutputChoice> Propagator::candidates(const Expr* e, const ShardingRu
 // where the blocks line up (carriesShard: a reshape that merges [2, 16] into [32] cannot carry
 // a 4-way split of the 32 back to the 2): a Shard of the dim it becomes, or a pending sum when
 // that dim is contracted. `how` says why the operand dim is split, for the provenance.
-std::optional<OutputChoice> Propagator::carried(const Expr* e, const ShardingRule& rule, size_t i, int64_t d,
-                                                int64_t n, const char* how) const {
+std::optional<OutputChoice> Propagator::carried(const Expr* e, const ShardingRule& rule, size_t i, int64_t d, int64_t n,
+                                                const char* how) const {
   const int64_t ol = rule.operand_maps[i][d];
   if (ol < 0 || expands(e, rule, i, d) || !carriesShard(e, rule, i, d, {n}, sizes_)) return std::nullopt;
   const TensorView* o = e->output();

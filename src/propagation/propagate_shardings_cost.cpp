@@ -121,8 +121,8 @@ bool cheaper(const Scored& x, const Scored& y, const AxisState* pin) {
 // (no set), then to the first candidate. A search (choices_) may ask for the k-th cheapest
 // instead: the feasible candidates are ranked by repeatedly taking the cheapest of the rest.
 std::optional<OutputChoice> Propagator::choose(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
-                                               int64_t a, const std::vector<OutputChoice>& cands,
-                                               const AxisState* pin, const std::vector<OutputChoice>& more) const {
+                                               int64_t a, const std::vector<OutputChoice>& cands, const AxisState* pin,
+                                               const std::vector<OutputChoice>& more) const {
   struct Scored {
     const OutputChoice* choice;
     Cost total;

@@ -64,7 +64,7 @@ class Propagator {
   std::optional<OutputChoice> carried(const Expr* e, const ShardingRule& rule, size_t i, int64_t d, int64_t n,
                                       const char* how) const;
   std::vector<OutputChoice> searchCandidates(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, int64_t a,
-                                            const std::vector<OutputChoice>& taken) const;
+                                             const std::vector<OutputChoice>& taken) const;
   std::vector<OutputChoice> alignedWithOtherAxes(const TensorView* tv, const TvState& state, const DeviceMesh& mesh,
                                                  int64_t a, std::vector<OutputChoice> cands) const;
   std::optional<OutputChoice> contextParallel(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
