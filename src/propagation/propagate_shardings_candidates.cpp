@@ -13,7 +13,6 @@ namespace meshfuse::sharding_propagation {
 std::vector<OutputChoice> Propagator::candidates(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
                                                  int64_t a) const {
   std::vector<OutputChoice> out;
-  const TensorView* o = e->output();
   const int64_t n = mesh.size(a);
   // (A pending sum that passes through from one operand or from another is two candidates:
   // each needs the other operand whole, linear(x Partial, w Partial) reduces x or w.)
