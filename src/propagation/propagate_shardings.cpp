@@ -94,9 +94,13 @@ bool Propagator::routePinned(Expr* e) {
       listed |= c.state == pin_state && c.contraction_dim == as_pinned.contraction_dim;
     // A Shard along a dim no operand dim becomes is not the op's to give (softmax's dim), nor
     // one that context parallelism did not choose (a set after the op makes it).
+    // (Nested with the other axes' shards like any candidate: a reshape of [2, 4] rows split
+    // [Shard(0), Shard(0)] on a 2x2 mesh holds 4, 0, 4, 0 elements, not the 2 each of its [8]
+    // output's pin; the op then computes it whole and the set slices it. Found by the placement
+    // fuzzer, s9-w4-u40-c186: the ranks read blocks that were not theirs.)
     if (!listed && (pin_state.kind != Placement::Shard || rule.fromOperands(as_pinned.out_logical)) &&
         !contextParallel(e, rule, mesh, a))
-      cands.push_back(as_pinned);
+      for (OutputChoice& c : alignedWithOtherAxes(out, s, mesh, a, {as_pinned})) cands.push_back(std::move(c));
     std::optional<OutputChoice> best =
         choose(e, rule, mesh, a, cands, &pin_state,
                alignedWithOtherAxes(out, s, mesh, a, searchCandidates(e, rule, mesh, a, cands)));
