@@ -47,23 +47,28 @@ struct Problem {
   }
   // The cheapest way to give tensor t every placement in `need`, starting from `own`: each one
   // converted from the best placement available so far (all orders tried; `need` is tiny).
-  int64_t conversions(int t, int own, std::vector<int> need, std::vector<std::string>* how) const {
+  // `collectives` (optional) gets how many of the conversions send anything.
+  int64_t conversions(int t, int own, std::vector<int> need, std::vector<std::string>* how,
+                      int64_t* collectives = nullptr) const {
     need.erase(std::remove(need.begin(), need.end(), own), need.end());
     std::sort(need.begin(), need.end());
     need.erase(std::unique(need.begin(), need.end()), need.end());
     int64_t best = kNever;
+    int64_t best_count = 0;
     std::vector<int> best_order;
     do {
       std::vector<int> have = {own};
-      int64_t cost = 0;
+      int64_t cost = 0, count = 0;
       for (int q : need) {
         int64_t step = kNever;
         for (int a : have) step = std::min(step, conversion(t, a, q));
         cost = std::min(kNever, cost + step);
+        count += step > 0 ? 1 : 0;
         have.push_back(q);
       }
-      if (cost < best) best = cost, best_order = need;
+      if (cost < best || (cost == best && count < best_count)) best = cost, best_order = need, best_count = count;
     } while (std::next_permutation(need.begin(), need.end()));
+    if (collectives) *collectives += best_count;
     if (how && best < kNever) {
       std::vector<int> have = {own};
       for (int q : best_order) {
@@ -163,28 +168,46 @@ std::vector<Rule> rulesFor(const Problem& p, const OpSpec& op, int out) {
   return ok;
 }
 
+// One plan's measures: what it is ranked by (parameter moves, then bytes: `rank`) and what it is
+// bounded by (collectives and work per rank, at most meshfuse's).
+struct Cost {
+  int64_t rank = kNever;  // kWeightMove per parameter move, plus the bytes (times n)
+  int64_t collectives = 0;
+  int64_t work = 0;
+};
+
 struct Search {
   const Problem& p;
+  PlanBounds bounds;
   std::vector<std::vector<Rule>> rules;  // per op
-  std::vector<size_t> choice, best_choice;
-  int64_t best = kNever;
+  std::vector<size_t> choice, best_choice, free_choice;
+  Cost best, free;  // the best plan within the bounds, and the best of all
 
-  // The total bytes of one choice of rules; `how` (optional) gets the plan's description.
-  int64_t cost(const std::vector<size_t>& pick, std::vector<std::string>* how) const {
+  // The elements one rank holds of tensor t placed `q` (a pending sum holds the whole value).
+  int64_t local(int t, int q) const { return p.bytes[t] / 4 / (q >= 0 ? p.n : 1); }
+
+  // The measures of one choice of rules; `how` (optional) gets the plan's description.
+  Cost cost(const std::vector<size_t>& pick, std::vector<std::string>* how) const {
     const CaseSpec& c = p.c;
     const int inputs = static_cast<int>(c.input_shapes.size());
     std::vector<int> placement(c.numTensors());
     std::vector<std::vector<int>> need(c.numTensors());
+    Cost out;
+    out.rank = 0;
     for (int t = 0; t < inputs; ++t) {
       const Placement& q = c.input_placements[t][0];
       placement[t] = q.kind == Placement::Shard ? static_cast<int>(q.dim) : q.kind == Placement::Partial ? kPar : kRep;
     }
     for (size_t i = 0; i < c.ops.size(); ++i) {
       const Rule& r = rules[i][pick[i]];
-      placement[inputs + i] = r.out;
-      for (size_t k = 0; k < r.in.size(); ++k) need[c.ops[i].operands[k]].push_back(r.in[k]);
+      const int result = inputs + static_cast<int>(i);
+      placement[result] = r.out;
+      out.work += local(result, r.out);
+      for (size_t k = 0; k < r.in.size(); ++k) {
+        need[c.ops[i].operands[k]].push_back(r.in[k]);
+        out.work += local(c.ops[i].operands[k], r.in[k]);
+      }
     }
-    int64_t total = 0;
     for (size_t k = 0; k < c.outputs.size(); ++k) {
       const int t = c.outputs[k];
       if (!c.output_pins[k].empty()) {
@@ -205,19 +228,21 @@ struct Search {
     }
     for (int t = 0; t < c.numTensors(); ++t) {
       if (how) how->push_back(fmt::format("  %t{}: {}", t, name(placement[t])));
-      const int64_t bytes = p.conversions(t, placement[t], need[t], how);
-      if (bytes >= kNever) return kNever;
+      const int64_t bytes = p.conversions(t, placement[t], need[t], how, &out.collectives);
+      if (bytes >= kNever) return Cost{};
       // A parameter's move weighs more than any number of bytes (meshfuse's documented priority).
-      if (bytes > 0 && p.weight[t]) total += kWeightMove;
-      total += bytes;
+      if (bytes > 0 && p.weight[t]) out.rank += kWeightMove;
+      out.rank += bytes;
     }
-    return total;
+    return out;
   }
 
   void run(size_t op) {
     if (op == rules.size()) {
-      const int64_t c = cost(choice, nullptr);
-      if (c < best) best = c, best_choice = choice;
+      const Cost c = cost(choice, nullptr);
+      if (c.rank < free.rank) free = c, free_choice = choice;
+      if (c.rank < best.rank && c.collectives <= bounds.collectives && c.work <= bounds.work)
+        best = c, best_choice = choice;
       return;
     }
     for (size_t r = 0; r < rules[op].size(); ++r) {
@@ -229,7 +254,7 @@ struct Search {
 
 }  // namespace
 
-OraclePlan minimumBytes(const CaseSpec& c, int64_t max_plans) {
+OraclePlan minimumBytes(const CaseSpec& c, const PlanBounds& bounds, int64_t max_plans) {
   OraclePlan plan;
   if (c.mesh_shape.size() != 1) {
     plan.why_not = "the oracle models 1-D meshes only";
@@ -246,7 +271,7 @@ OraclePlan minimumBytes(const CaseSpec& c, int64_t max_plans) {
   for (const OpSpec& op : c.ops)
     if ((op.kind == FuzzOp::Linear || op.kind == FuzzOp::Matmul) && op.operands[1] < static_cast<int>(c.input_shapes.size()))
       p.weight[op.operands[1]] = true;
-  Search search{p, {}, std::vector<size_t>(c.ops.size()), {}, kNever};
+  Search search{p, bounds, {}, std::vector<size_t>(c.ops.size()), {}, {}, {}, {}};
   int64_t plans = 1;
   for (size_t i = 0; i < c.ops.size(); ++i) {
     search.rules.push_back(rulesFor(p, c.ops[i], static_cast<int>(c.input_shapes.size() + i)));
@@ -257,14 +282,26 @@ OraclePlan minimumBytes(const CaseSpec& c, int64_t max_plans) {
     }
   }
   search.run(0);
-  if (search.best >= kNever) {
+  if (search.free.rank >= kNever) {
     plan.why_not = "no plan within the oracle's rules";  // e.g. a Shard pin on a dim it cannot shard
     return plan;
   }
-  plan.applicable = true;
   plan.n = p.n;
-  plan.min_wire_times_n = p.n == 1 ? 0 : search.best % kWeightMove;
-  plan.weight_moves = search.best / kWeightMove;
+  plan.bytes_only_min_times_n = p.n == 1 ? 0 : search.free.rank % kWeightMove;
+  plan.bytes_only_collectives = search.free.collectives;
+  plan.bytes_only_work = search.free.work;
+  if (search.best.rank >= kNever) {
+    // meshfuse's plan is outside the rules' reach in collectives or work (not a finding: the
+    // oracle has nothing to compare it with).
+    plan.why_not = fmt::format("no plan of the oracle's rules has at most {} collectives and {} elements of work per rank",
+                               bounds.collectives, bounds.work);
+    return plan;
+  }
+  plan.applicable = true;
+  plan.min_wire_times_n = p.n == 1 ? 0 : search.best.rank % kWeightMove;
+  plan.weight_moves = search.best.rank / kWeightMove;
+  plan.collectives = search.best.collectives;
+  plan.work = search.best.work;
   search.cost(search.best_choice, &plan.lines);
   return plan;
 }

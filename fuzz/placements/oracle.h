@@ -11,9 +11,14 @@
 //     tensor converted to several placements pays for each conversion once, each from its own
 //     placement or from one it was already converted to (Partial -> Shard -> Replicate);
 //   - an output is converted to its pin; an unpinned output may be anything but Partial;
-//   - meshfuse's documented priority "parameters never move" is kept: plans are ranked by how
-//     many times a parameter (an input that is a linear's or matmul's weight operand) is
-//     converted first, by bytes second. The minimum is the bytes of the best-ranked plan.
+//   - meshfuse's documented priority is kept. Plans are ranked by how many times a parameter (an
+//     input that is a linear's or matmul's weight operand) is converted first, by bytes second.
+//     And a plan is compared with meshfuse's only when it is no worse in what the priority puts
+//     before bytes: no more collectives (each conversion that sends anything counts one), and no
+//     more work per rank (the elements each op reads and writes on a rank, summed over the ops:
+//     a plan that gathers a batch so that every rank computes all of it sends less but gives up
+//     the data parallelism). The minimum is the bytes of the best-ranked plan within those
+//     bounds; the bytes-only minimum (no bounds) is reported beside it.
 // Conversions and what they send over the wire, summed over the ranks, as ring algorithms do
 // (B = the tensor's global bytes): Shard -> Replicate allgather (n-1)B; Partial -> Shard
 // reduce-scatter (n-1)B; Partial -> Replicate allreduce 2(n-1)B; Shard(a) -> Shard(b)
@@ -27,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -36,17 +42,31 @@
 
 namespace meshfuse::placement_fuzz {
 
+// What meshfuse's plan costs in the measures the priority ranks before bytes: the oracle compares
+// it only with plans no worse in these. The default is no bound.
+struct PlanBounds {
+  int64_t collectives = std::numeric_limits<int64_t>::max();  // collectives per rank
+  int64_t work = std::numeric_limits<int64_t>::max();         // elements read and written per rank
+};
+
 struct OraclePlan {
   bool applicable = false;
   std::string why_not;              // when not applicable
   int64_t n = 1;                    // the mesh size
-  int64_t min_wire_times_n = 0;     // the best plan's wire bytes over all ranks, times n
+  int64_t min_wire_times_n = 0;     // the best plan within the bounds: its wire bytes over all ranks, times n
   int64_t weight_moves = 0;         // conversions of parameters the best plan cannot avoid
+  int64_t collectives = 0;          // the best plan's collectives per rank
+  int64_t work = 0;                 // the best plan's work per rank
   std::vector<std::string> lines;   // the argmin: each tensor's placement and its conversions
+  // The best plan of all, bounds or not (set whenever some plan fits the rules, applicable or not).
+  int64_t bytes_only_min_times_n = -1;
+  int64_t bytes_only_collectives = 0;
+  int64_t bytes_only_work = 0;
 };
 
-// The minimum over all plans (applicable: 1-D mesh, at most `max_plans` rule combinations).
-OraclePlan minimumBytes(const CaseSpec& c, int64_t max_plans = 2'000'000);
+// The minimum over all plans within `bounds` (applicable: 1-D mesh, at most `max_plans` rule
+// combinations, some plan within the bounds).
+OraclePlan minimumBytes(const CaseSpec& c, const PlanBounds& bounds = {}, int64_t max_plans = 2'000'000);
 
 // What one rank's collective of `kind` with `in_bytes` in, on a team of n ranks, sends, times n.
 int64_t wireBytesTimesN(CommKind kind, int64_t in_bytes, int64_t n);

@@ -76,6 +76,49 @@ TEST(PlacementOracle, TensorParallelMlpIsOneAllreduce) {
   OraclePlan o = minimumBytes(c);
   EXPECT_EQ(o.min_wire_times_n, 2 * 1024);
   EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 2), o.min_wire_times_n);
+  // The same plan counted both ways: one collective; work per rank 8*16 + 16*16 + 8*16 (up: x,
+  // its weight's half, the half result), 2 * 8*16 (relu), 8*16 + 16*16 + 8*16 (down, its
+  // pending-sum result whole) = 1280 elements.
+  const PlanBounds mine = plannedBounds(placedDefinition(c));
+  EXPECT_EQ(mine.collectives, 1);
+  EXPECT_EQ(mine.work, 1280);
+  EXPECT_EQ(o.collectives, mine.collectives);
+  EXPECT_EQ(o.work, mine.work);
+}
+
+// The oracle keeps the priority's ranks before bytes. matmul(a [2, 2] Shard(1), b Replicate()),
+// the output unpinned: meshfuse computes partial sums and all-reduces the [2, 2] result (32
+// bytes); gathering `a` sends 16, but then each rank computes the whole product (more work per
+// rank). Held to meshfuse's work, the oracle's best is meshfuse's plan; the bytes-only minimum is
+// below. (Like the fuzzer, the oracle is given the output placement meshfuse chose as a pin.)
+TEST(PlacementOracle, AGatherThatReplicatesComputeIsOutsideTheBounds) {
+  CaseSpec c = parseCase("name=c72;mesh=2;slots=2,2,2;in=x0,x1@S1;in=x1,x2@R;op=matmul:0.1:;out=2@");
+  const int64_t planned = plannedWireTimesN(placedDefinition(c), 2);
+  EXPECT_EQ(planned, 2 * 32);
+  const PlanBounds mine = plannedBounds(placedDefinition(c));
+  c.output_pins[0] = {R};  // what meshfuse gave it
+  OraclePlan o = minimumBytes(c, mine);
+  ASSERT_TRUE(o.applicable) << o.why_not;
+  EXPECT_EQ(o.min_wire_times_n, planned);
+  EXPECT_EQ(o.bytes_only_min_times_n, 2 * 16);
+  EXPECT_GT(o.bytes_only_work, mine.work);
+  EXPECT_EQ(compareWithOracle(o, planned), "");
+}
+
+// max over dim 3 of a pending sum [2, 2, 2, 2], made Replicate(): one allreduce (128 bytes) in
+// meshfuse's plan; a reduce-scatter, the max on each half, an allgather of the smaller result
+// send 96 in two collectives. The priority puts fewer collectives first.
+TEST(PlacementOracle, FewerBytesInMoreCollectivesIsOutsideTheBounds) {
+  CaseSpec c = parseCase("name=c80;mesh=2;slots=2,2,2,2;in=x0,x1,x2,x3@P;op=max:0:3;out=1@");
+  const int64_t planned = plannedWireTimesN(placedDefinition(c), 2);
+  EXPECT_EQ(planned, 2 * 128);
+  const PlanBounds mine = plannedBounds(placedDefinition(c));
+  EXPECT_EQ(mine.collectives, 1);
+  c.output_pins[0] = {R};  // what meshfuse gave it
+  OraclePlan o = minimumBytes(c, mine);
+  EXPECT_EQ(o.min_wire_times_n, planned);
+  EXPECT_EQ(o.bytes_only_min_times_n, 2 * 96);
+  EXPECT_EQ(o.bytes_only_collectives, 2);
 }
 
 // max has no pending-max placement: over a sharded dim the data must move.
@@ -88,12 +131,15 @@ TEST(PlacementOracle, MaxOverTheShardedDimNeedsAGather) {
 
 TEST(PlacementOracle, FlagsAPlanWithAnInjectedCollective) {
   CaseSpec c = chain({S(0)}, {op(FuzzOp::Sum, 0)}, {S(0)});
-  OraclePlan o = minimumBytes(c);
+  const PlanBounds mine = plannedBounds(placedDefinition(c));
   const int64_t planned = plannedWireTimesN(placedDefinition(c), 2);
-  EXPECT_EQ(compareWithOracle(o, planned), "");
-  // One more allreduce of the [16] result (64 bytes in on each of two ranks).
+  EXPECT_EQ(compareWithOracle(minimumBytes(c, mine), planned), "");
+  // One more allreduce of the [16] result (64 bytes in on each of two ranks): one collective more,
+  // so the bounds the plan sets are looser, and the oracle still finds the one reduce-scatter.
   const int64_t extra_allreduce = 2 * wireBytesTimesN(CommKind::Allreduce, 64, 2);
-  EXPECT_EQ(compareWithOracle(o, planned + extra_allreduce),
+  PlanBounds worse = mine;
+  worse.collectives += 1;
+  EXPECT_EQ(compareWithOracle(minimumBytes(c, worse), planned + extra_allreduce),
             "meshfuse's plan sends 192.0 bytes; the oracle's sends 64.0");
 }
 
@@ -106,9 +152,12 @@ TEST(PlacementOracle, FlagsARealPlanMadeWorseByAPin) {
   std::unique_ptr<Fusion> worse = placedDefinition(c);
   auto* first_exp = static_cast<TensorView*>(worse->outputs()[0]->definition()->input(0));
   applyPlacements(first_exp, DeviceMesh({0, 1}), {R});
+  const PlanBounds bounds = plannedBounds(worse->clone());
   const int64_t wire = plannedWireTimesN(std::move(worse), 2);
   EXPECT_EQ(wire, 2 * 512);  // the allgather of the first exp: each rank sends its 256 B half
   EXPECT_EQ(compareWithOracle(o, wire), "meshfuse's plan sends 512.0 bytes; the oracle's sends 0.0");
+  // Held to that plan's own collectives and work, the oracle's plan (none, half the work) is within.
+  EXPECT_EQ(compareWithOracle(minimumBytes(c, bounds), wire), "meshfuse's plan sends 512.0 bytes; the oracle's sends 0.0");
 }
 
 TEST(PlacementOracle, TwoDimensionalMeshesAreOutsideTheOracle) {

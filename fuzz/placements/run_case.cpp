@@ -14,6 +14,7 @@
 #include "lower/host_ir.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/reference.h"
+#include "propagation/sharding.h"
 #include "runtime/host_ir_evaluator.h"
 
 namespace meshfuse::placement_fuzz {
@@ -112,6 +113,46 @@ int64_t plannedWireTimesN(std::unique_ptr<Fusion> placed, int64_t ranks) {
   return total;
 }
 
+int64_t plannedWork(std::unique_ptr<Fusion> placed) {
+  // The passes up to decomposition, as the plan search measures: later passes add permutes that
+  // lay a collective's blocks out contiguously (part of a conversion, which the oracle counts in
+  // bytes, not in work).
+  runPasses(*placed, {"dead-code-elimination", "expand-for-sharding", "propagate-shardings",
+                      "expand-attention-gradients", "decompose-reshardings"});
+  const Fusion& compiled = *placed;
+  // The largest of torch.chunk's blocks along each sharded dim (a pending sum holds it whole).
+  auto local = [&](const Val* v) -> int64_t {
+    if (v == nullptr || v->valKind() != ValKind::TensorView) return 0;
+    const auto* tv = static_cast<const TensorView*>(v);
+    const Sharding s = readSharding(tv);
+    const DeviceMesh& mesh = compiled.mesh(s.mesh);
+    const std::vector<IterDomain*> dims = tv->dims();
+    int64_t n = 1;
+    for (size_t d = 0; d < dims.size(); ++d) {
+      int64_t parts = 1;
+      for (size_t a = 0; a < s.axes.size(); ++a)
+        if (s.axes[a] == Placement::shard(static_cast<int64_t>(d))) parts *= mesh.size(static_cast<int64_t>(a));
+      n *= (dims[d]->extent().value() + parts - 1) / parts;
+    }
+    return n;
+  };
+  int64_t work = 0;
+  for (const Expr* e : compiled.exprs()) {
+    if (e->kind() == OpKind::Set) continue;
+    work += local(e->output());
+    for (const Val* v : e->inputs()) work += local(v);
+  }
+  return work;
+}
+
+PlanBounds plannedBounds(std::unique_ptr<Fusion> placed) {
+  CompiledProgram program = compile(placed->clone());
+  PlanBounds b;
+  b.collectives = static_cast<int64_t>(collectives(programForRank(program, 0), {}).size());
+  b.work = plannedWork(std::move(placed));
+  return b;
+}
+
 CaseResult runCase(const CaseSpec& c, Communicator& world) {
   CaseResult res;
   const bool even = evenlyPlaced(c);
@@ -155,6 +196,12 @@ CaseResult runCase(const CaseSpec& c, Communicator& world) {
     res.plan += "    " + describeCollective(ci) + "\n";
   }
   res.plan_wire_times_n = sumOverRanks(wire);
+  {
+    long long in = static_cast<long long>(ran.size()), most = 0;
+    MPI_Allreduce(&in, &most, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    res.plan_bounds.collectives = most;
+    res.plan_bounds.work = plannedWork(placedDefinition(c));
+  }
   // An unpinned output's placement is meshfuse's choice (DESIGN.md: a Partial output is
   // all-reduced unless its inputs were sharded along a dim it keeps), not a matter of bytes: the
   // oracle gets it as a pin, and judges only the way there.
@@ -162,7 +209,7 @@ CaseResult runCase(const CaseSpec& c, Communicator& world) {
   for (size_t i = 0; i < c.outputs.size(); ++i)
     if (judged.output_pins[i].empty()) judged.output_pins[i] = outs[i].placements;
   if (even) {
-    res.oracle = minimumBytes(judged);
+    res.oracle = minimumBytes(judged, res.plan_bounds);
   } else {
     res.oracle.why_not = "uneven blocks (the oracle counts bytes of even blocks only)";
   }
@@ -185,8 +232,13 @@ std::string report(const CaseSpec& c, const CaseResult& r) {
   const auto n = static_cast<double>(c.meshSize());
   s += fmt::format("  meshfuse's plan (sends {:.1f} bytes over all ranks; rank 0's collectives, bytes in):\n{}",
                    r.plan_wire_times_n / n, r.plan.empty() ? "    (none)\n" : r.plan);
+  s += fmt::format("  (meshfuse's plan: {} collectives per rank, {} elements of work per rank)\n", r.plan_bounds.collectives,
+                   r.plan_bounds.work);
   if (r.oracle.applicable) {
-    s += fmt::format("  the oracle's plan (sends {:.1f} bytes over all ranks):\n", r.oracle.min_wire_times_n / n);
+    s += fmt::format(
+        "  the oracle's plan, the best with at most as many collectives and as much work (sends {:.1f} bytes over all "
+        "ranks; {} collectives, {} elements of work per rank):\n",
+        r.oracle.min_wire_times_n / n, r.oracle.collectives, r.oracle.work);
     for (const std::string& line : r.oracle.lines) s += line + "\n";
   } else {
     s += fmt::format("  the oracle: not applicable ({})\n", r.oracle.why_not);

@@ -3,7 +3,8 @@
 //   (b) the collectives each rank executed equal its program's static report (collectives());
 //   (c) on a 1-D mesh, the bytes all ranks' collectives send are at most the oracle's minimum
 //       for the same input placements, reaching the same output placements (pins, and for an
-//       unpinned output the placement meshfuse gave it).
+//       unpinned output the placement meshfuse gave it), over the plans with no more collectives
+//       and no more work per rank than meshfuse's (oracle.h: what the priority ranks first).
 // Every rank calls runCase with the same case; the verdict is agreed between the ranks.
 #pragma once
 
@@ -20,6 +21,7 @@ struct CaseResult {
   std::string detail;     // Fail: which check and why; Refused/Invalid: the error message
   std::string plan;       // meshfuse's collectives (rank 0's, with the total over ranks)
   int64_t plan_wire_times_n = 0;  // bytes sent, summed over the ranks, times n (oracle.h)
+  PlanBounds plan_bounds;         // meshfuse's collectives and work per rank
   OraclePlan oracle;
   std::vector<std::vector<Placement>> output_placements;  // what meshfuse gave each output
 };
@@ -32,6 +34,12 @@ std::unique_ptr<Fusion> placedDefinition(const CaseSpec& c);
 // the ranks, times n), without running: what check (c) holds against the oracle, for tests
 // without MPI.
 int64_t plannedWireTimesN(std::unique_ptr<Fusion> placed, int64_t ranks);
+// The work per rank of meshfuse's plan for `placed`, as the oracle and the plan search count it:
+// the elements each compute op (not a `set`) reads and writes on one rank, summed over the ops of
+// the decomposed fusion (before the permutes that lay out a collective's blocks).
+int64_t plannedWork(std::unique_ptr<Fusion> placed);
+// meshfuse's plan for `placed` in the oracle's bounds (rank 0's collectives, the work per rank).
+PlanBounds plannedBounds(std::unique_ptr<Fusion> placed);
 
 // The failure report: the program, the placements, meshfuse's plan and the oracle's.
 std::string report(const CaseSpec& c, const CaseResult& r);
