@@ -112,10 +112,15 @@ TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target
 // after its op is read whole from the op by a consumer that needs it whole, not gathered back.
 class ReshardCache {
  public:
+  // `first`: values to convert to a sharding a later consumer needs before their first
+  // conversion (convertFirst).
+  explicit ReshardCache(std::map<TensorView*, Sharding> first) : first_(std::move(first)) {}
+
   TensorView* get(Fusion& f, Expr* e, TensorView* from, const Sharding& target, const std::string& why) {
     auto key = std::make_pair(from, toString(target) + fmt::format("@{}", target.mesh));
     auto it = done_.find(key);
     if (it != done_.end()) return it->second;
+    if (e->info().category != OpCategory::Attention) convertAhead(f, e, from, target);
     // (Attention's operands keep their own conversions: ring attention finds the allgathers of
     // its keys and values that this pass makes.)
     TensorView* source = e->info().category == OpCategory::Attention ? from : cheapestCopy(f, from, target);
@@ -123,6 +128,21 @@ class ReshardCache {
     noteCopies(made, source);
     return done_[key] = made;
   }
+
+  // Before the first conversion of `from` (for `e`, to `target`): the conversion convertFirst
+  // chose to make first, when it is another.
+  void convertAhead(Fusion& f, Expr* e, TensorView* from, const Sharding& target) {
+    auto early = first_.find(from);
+    if (early == first_.end()) return;
+    const Sharding ahead = early->second;
+    first_.erase(early);
+    if (ahead != target)
+      made_ahead_[get(f, e, from, ahead,
+          fmt::format("{{}} converted to {} first, for a later consumer: its other shardings are cheaper from there",
+                      toString(ahead)))] = from;
+  }
+  // Whether convertAhead made `tv`.
+  bool madeAhead(const TensorView* tv) const { return made_ahead_.count(tv) > 0; }
 
   // The copy of `tv`'s value that converts to `target` sending least: `tv` itself unless
   // another sends strictly less (when the bytes cannot be told, `tv`).
@@ -157,6 +177,8 @@ class ReshardCache {
     auto it = root_.find(tv);
     return it == root_.end() ? tv : it->second;
   }
+  std::map<TensorView*, Sharding> first_;
+  std::map<const TensorView*, TensorView*> made_ahead_;  // a conversion made ahead -> the value
   std::map<std::pair<TensorView*, std::string>, TensorView*> done_;
   std::map<TensorView*, TensorView*> root_;                 // a copy -> the value it copies
   std::map<TensorView*, std::vector<TensorView*>> copies_;  // a value -> its copies, itself first
@@ -184,8 +206,8 @@ void decomposeSet(Fusion& f, Expr* e) {
   }
 }
 
-// Gives every operand of the compute op `e` the sharding its rule needs for e's output.
-void decomposeCompute(Fusion& f, Expr* e, const ShardingRule& rule, ReshardCache& cache) {
+// What e's output takes on each mesh axis, checked against what the op can compute.
+std::vector<OutputChoice> outputChoices(const Fusion& f, const Expr* e, const ShardingRule& rule) {
   TensorView* out = e->output();
   const int64_t axes = out->mesh()->rank();
   std::vector<OutputChoice> choices;
@@ -200,26 +222,125 @@ void decomposeCompute(Fusion& f, Expr* e, const ShardingRule& rule, ReshardCache
              "output whole)",
              e->name(), f.displayName(out), p.toString(), a);
   }
+  return choices;
+}
+
+// The sharding operand i of `e` must have for `choices` (a user error when none can give it);
+// nullopt for a scalar operand.
+std::optional<Sharding> operandNeed(const Fusion& f, const Expr* e, const ShardingRule& rule,
+                                    const std::vector<OutputChoice>& choices, size_t i) {
+  const TensorView* out = e->output();
+  const auto axes = static_cast<int64_t>(choices.size());
+  // Scalars too: a pinned Partial output of add(%q, 1.0) has no operands that give it.
+  for (int64_t a = 0; a < axes; ++a)
+    MF_USER_CHECK(requiredOperandState(e, rule, choices[a], i).has_value(), ErrorKind::Unsupported,
+                  "{}: its output {} is {} on mesh axis {}, which no sharding of operand {} can give: {}", e->name(),
+                  f.displayName(out), choices[a].state.toString(), a, f.displayName(e->inputs()[i]),
+                  whyNoPendingSum(f, e, rule, choices[a]));
+  if (tensorAt(e, i) == nullptr) return std::nullopt;
+  // Operands come to the op's pipeline stage (whose mesh may have another shape).
+  Sharding need{out->meshIndex(), std::vector<AxisState>(axes, Placement::replicate())};
+  for (int64_t a = 0; a < axes; ++a) need.axes[a] = *requiredOperandState(e, rule, choices[a], i);
+  return need;
+}
+
+// Gives every operand of the compute op `e` the sharding its rule needs for e's output.
+void decomposeCompute(Fusion& f, Expr* e, const ShardingRule& rule, ReshardCache& cache) {
+  const std::vector<OutputChoice> choices = outputChoices(f, e, rule);
   for (size_t i = 0; i < e->inputs().size(); ++i) {
     if (e->inputs()[i] == nullptr) continue;
-    // Scalars too: a pinned Partial output of add(%q, 1.0) has no operands that give it.
-    for (int64_t a = 0; a < axes; ++a)
-      MF_USER_CHECK(requiredOperandState(e, rule, choices[a], i).has_value(), ErrorKind::Unsupported,
-                    "{}: its output {} is {} on mesh axis {}, which no sharding of operand {} can give: {}", e->name(),
-                    f.displayName(out), choices[a].state.toString(), a, f.displayName(e->inputs()[i]),
-                    whyNoPendingSum(f, e, rule, choices[a]));
+    const std::optional<Sharding> need = operandNeed(f, e, rule, choices, i);
+    if (!need) continue;
     TensorView* in = tensorAt(e, i);
-    if (in == nullptr) continue;
     Sharding actual = readSharding(in);
     MF_CHECK(actual.decided(), "{} has no mesh", f.displayName(in));
-    // Operands come to the op's pipeline stage (whose mesh may have another shape).
-    Sharding need{out->meshIndex(), std::vector<AxisState>(axes, Placement::replicate())};
-    for (int64_t a = 0; a < axes; ++a) need.axes[a] = *requiredOperandState(e, rule, choices[a], i);
-    if (need == actual) continue;
-    TensorView* fixed = cache.get(f, e, in, need, fmt::format("{} needs {{}} as {}", e->name(), toString(need)));
+    if (*need == actual) continue;
+    TensorView* fixed = cache.get(f, e, in, *need, fmt::format("{} needs {{}} as {}", e->name(), toString(*need)));
     // Only this operand slot: a value read twice may be needed in two shardings
     // (matmul(%a, %a) reads %a sharded on rows and whole).
     f.replaceOperandAt(e, i, fixed);
+  }
+}
+
+// What converting a value to `needs` in that order sends, each from the cheapest copy made so
+// far: {bytes, collectives}; nullopt when the bytes cannot be told.
+std::optional<std::pair<int64_t, int64_t>> conversionCost(const Fusion& f, const TensorView* tv,
+                                                          const std::vector<Sharding>& needs) {
+  std::vector<Sharding> have = {readSharding(tv)};
+  std::pair<int64_t, int64_t> cost{0, 0};
+  for (const Sharding& n : needs) {
+    std::optional<int64_t> step;
+    for (const Sharding& h : have) {
+      std::optional<int64_t> w = wireBytes(f, tv, h, n);
+      if (!w) return std::nullopt;
+      step = step ? std::min(*step, *w) : *w;
+    }
+    cost.first += *step;
+    cost.second += *step > 0 ? 1 : 0;
+    have.push_back(n);
+  }
+  return cost;
+}
+
+// For each value its consumers (ops and the program's own sets, not attention) need in several
+// shardings: the one to convert it to first, when converting there first and slicing the others
+// from it sends fewer bytes in no more collectives than converting in consumer order (an operand
+// needed Shard(1) by one op and whole by a later one: one allgather and a free slice, not an
+// all-to-all and then the allgather).
+std::map<TensorView*, Sharding> convertFirst(const Fusion& f) {
+  std::map<TensorView*, std::vector<Sharding>> needs;  // in consumer order, distinct
+  auto note = [&](TensorView* in, const Sharding& need) {
+    if (need == readSharding(in) || need.mesh != in->meshIndex()) return;
+    std::vector<Sharding>& n = needs[in];
+    if (std::find(n.begin(), n.end(), need) == n.end()) n.push_back(need);
+  };
+  for (Expr* e : f.exprs()) {
+    if (e->kind() == OpKind::Set) {
+      if (TensorView* in = tensorAt(e, 0)) note(in, readSharding(e->output()));
+      continue;
+    }
+    if (e->output()->mesh() == nullptr || e->info().category == OpCategory::Attention) continue;
+    const ShardingRule rule = shardingRuleOf(e);
+    const std::vector<OutputChoice> choices = outputChoices(f, e, rule);
+    // (Every operand in order, scalars too: a user error names the same operand as
+    // decomposeCompute's would.)
+    for (size_t i = 0; i < e->inputs().size(); ++i)
+      if (e->inputs()[i] != nullptr)
+        if (std::optional<Sharding> need = operandNeed(f, e, rule, choices, i)) note(tensorAt(e, i), *need);
+  }
+  std::map<TensorView*, Sharding> first;
+  for (auto& [tv, n] : needs) {
+    if (n.size() < 2) continue;
+    const std::optional<std::pair<int64_t, int64_t>> in_order = conversionCost(f, tv, n);
+    if (!in_order) continue;
+    std::pair<int64_t, int64_t> best = *in_order;
+    for (size_t k = 1; k < n.size(); ++k) {
+      std::vector<Sharding> reordered = n;
+      std::rotate(reordered.begin(), reordered.begin() + static_cast<std::ptrdiff_t>(k),
+                  reordered.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+      const std::optional<std::pair<int64_t, int64_t>> c = conversionCost(f, tv, reordered);
+      if (c && c->first < best.first && c->second <= in_order->second) best = *c, first.insert_or_assign(tv, n[k]);
+    }
+  }
+  return first;
+}
+
+// The program's own set `e` would copy `made`, a conversion of its operand made ahead of it
+// (convertFirst) to the same sharding: `made` becomes the set's result (its name, its pin, its
+// readers), and the set goes.
+void foldInto(Fusion& f, Expr* e, TensorView* made) {
+  TensorView* out = e->output();
+  const bool pinned = out->pinned();
+  f.replaceAllUses(out, made);
+  redirectProvenance(f, out, made);
+  f.removeExpr(e);
+  if (std::string name = out->name(); !name.empty()) {
+    f.rename(out, "");
+    f.rename(made, name);
+  }
+  if (pinned) {
+    made->setPinned(true);
+    made->setProvenance(pinnedProvenance(made));
   }
 }
 
@@ -227,14 +348,19 @@ void decomposeCompute(Fusion& f, Expr* e, const ShardingRule& rule, ReshardCache
 
 void decomposeReshardings(Fusion& f) {
   std::vector<Expr*> exprs = f.exprs();
-  ReshardCache cache;
+  ReshardCache cache(convertFirst(f));
   for (Expr* e : exprs) {
     if (e->kind() == OpKind::Set) {
       // The program's own set (a pin, an output made whole) converts from the cheapest copy
       // of its operand too, and its result is one more copy.
       TensorView* in = tensorAt(e, 0);
       if (in->meshIndex() == e->output()->meshIndex()) {
+        cache.convertAhead(f, e, in, readSharding(e->output()));
         TensorView* source = cache.cheapestCopy(f, in, readSharding(e->output()));
+        if (cache.madeAhead(source) && readSharding(source) == readSharding(e->output())) {
+          foldInto(f, e, source);
+          continue;
+        }
         if (source != in) f.replaceOperand(e, in, source);
         decomposeSet(f, e);
         cache.noteCopies(e->output(), source);

@@ -24,10 +24,20 @@
 //   consumer, or the program's own set: a pin, an output made whole). An allreduce made for one
 //   consumer is sliced for another that needs Shard(d), not reduce-scattered again; a consumer
 //   of a pinned Shard(d) set reads the op's whole result rather than gathering the pin back.
+//   And a value is converted first, before its first consumer, to the sharding a later consumer
+//   needs when the others are cheaper from there: sending fewer bytes than converting in
+//   consumer order, in no more collectives (an operand needed Shard(1), then whole: one allgather
+//   and a local slice, not an all-to-all and then an allgather). When that later consumer is the
+//   program's own set to that sharding, the conversion is the set's result (its name, its pin).
 //
 //   before: %out = linear(%inp, %up_w) : @m {Shard(1)}     with %inp Shard(0)
 //   after:  %0 = set(%inp) : @m {}                          (allgather of %inp)
 //           %out = linear(%0, %up_w) : @m {Shard(1)}
+//
+//   before: %a = set(%x) : @m {Shard(1)}    with %x Shard(0)
+//           %b = set(%x) : @m {}
+//   after:  %b = set(%x) : @m {}            (allgather of %x, moved before %a)
+//           %a = set(%b) : @m {Shard(1)}    (local slice)
 //
 //   before: %y = set(%x) : @three {}       with %x Shard(0) on @two = [0, 1], and @three = [3]
 //   after:  %0 = set(%x) : @m2 {}          (gather to rank 0: a new mesh @m2 = [0])
