@@ -37,6 +37,7 @@ void Propagator::run() {
   for (size_t i = 0; i < f_.exprs().size(); ++i)  // routePinned may insert a set after the op
     if (unrouted_.count(f_.exprs()[i]->output()) > 0) routePinned(f_.exprs()[i]);
   write();
+  settlePendingSources();
   materializeOutputs();
 }
 
@@ -45,6 +46,7 @@ TvState Propagator::fresh(int64_t mesh) const {
   TvState s;
   s.sharding = {mesh, std::vector<AxisState>(axes, Placement::replicate())};
   s.partial_dims.assign(axes, -1);
+  s.partial_sources.assign(axes, -1);
   s.hints.assign(axes, std::nullopt);
   s.why.assign(axes, Provenance{});
   return s;
@@ -139,6 +141,7 @@ TensorView* Propagator::movePinToASetAfter(Expr* e) {
   TvState pinned = states_.at(out);
   writeSharding(made, pinned.sharding);                        // pins it
   pinned.partial_dims.assign(pinned.partial_dims.size(), -1);  // a set's pending sums are dims of their own
+  pinned.partial_sources.assign(pinned.partial_sources.size(), -1);
   states_[made] = pinned;
   made->setProvenance(out->provenanceNote());
   out->setPinned(false);
@@ -253,6 +256,7 @@ OutputChoice Propagator::outputChoice(const Expr* e, int64_t a) const {
   OutputChoice c;
   c.state = s.sharding.axes[a];
   c.contraction_dim = s.partial_dims[a];
+  c.source_operand = s.partial_sources[a];
   if (c.state.kind == Placement::Shard) c.out_logical = logicalIndexOfDim(e->output(), c.state.dim);
   return c;
 }
@@ -304,6 +308,7 @@ void Propagator::take(const Expr* e, const ShardingRule& rule, const DeviceMesh&
   }
   s.sharding.axes[a] = c.state;
   s.partial_dims[a] = c.contraction_dim;
+  s.partial_sources[a] = c.source_operand;
   s.why[a] = c.why;
   s.hints[a] = hintFor(e, rule, mesh, a, c.state);
 }
@@ -315,6 +320,50 @@ void Propagator::write() {
     writeSharding(tv, s.sharding, s.partial_dims);
     tv->setPinned(false);
     tv->setProvenance(Provenance::join(s.why));
+  }
+}
+
+// The IR records a pending sum passing through an op (linear(%x Partial, %w Partial) keeping
+// %w's) only as the output's Partial; decomposition takes the first pending operand the op is
+// linear in as its source. Where the decision kept another operand's, a set before the op makes
+// each pending operand ahead of that one what the op needs of it (whole), so the IR says which
+// (and so does a dump of this stage). Found by the placement fuzzer (s1-w2-c225): %w, a
+// parameter, was all-reduced for the op where propagation had chosen to reduce %x.
+void Propagator::settlePendingSources() {
+  const std::vector<Expr*> exprs = f_.exprs();
+  for (Expr* e : exprs) {
+    if (e->kind() == OpKind::Set) continue;
+    TensorView* out = e->output();
+    auto it = states_.find(out);
+    if (it == states_.end()) continue;
+    const TvState& s = it->second;
+    const ShardingRule rule = shardingRuleOf(e);
+    for (size_t a = 0; a < s.partial_sources.size(); ++a) {
+      const int64_t src = s.partial_sources[a];
+      if (src <= 0 || s.sharding.axes[a].kind != Placement::Partial) continue;
+      OutputChoice c;
+      c.state = Placement::partial();
+      c.source_operand = src;
+      for (int64_t i = 0; i < src; ++i) {
+        TensorView* in = tensorAt(e, static_cast<size_t>(i));
+        if (in == nullptr || static_cast<size_t>(i) >= rule.linear_in.size() || !rule.linear_in[i] ||
+            in->mesh() != out->mesh() || placementsOf(in)[a].kind != Placement::Partial)
+          continue;
+        const std::optional<AxisState> need = requiredOperandState(e, rule, c, static_cast<size_t>(i));
+        if (!need || need->kind == Placement::Partial) continue;
+        Sharding target = readSharding(in);
+        target.axes[a] = *need;
+        f_.setInsertionPoint(e);
+        TensorView* made = ops::set(in);
+        f_.setInsertionPoint(nullptr);
+        writeSharding(made, target);
+        made->setPinned(false);
+        made->setProvenance({fmt::format("{} keeps the pending sum of {} on mesh axis {}: {{}} is made {} for it",
+                                         e->name(), f_.displayName(e->inputs()[src]), a, need->toString()),
+                             {in}});
+        f_.replaceOperandAt(e, static_cast<size_t>(i), made);
+      }
+    }
   }
 }
 

@@ -25,6 +25,7 @@ struct Cost;  // what a candidate costs (propagate_shardings_cost.cpp)
 struct TvState {
   Sharding sharding;
   std::vector<int64_t> partial_dims;          // per axis: logical reduction index or -1
+  std::vector<int64_t> partial_sources;       // per axis: the operand whose pending sum passes through, or -1
   std::vector<std::optional<int64_t>> hints;  // per axis: a dims() index sharded upstream
   std::vector<Provenance> why;                // per axis
 };
@@ -56,6 +57,7 @@ class Propagator {
   void take(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh, int64_t a, const OutputChoice& c,
             TvState& s);
   void write();
+  void settlePendingSources();
   void materializeOutputs();
 
   // What an op's output may be on one mesh axis (propagate_shardings_candidates.cpp).

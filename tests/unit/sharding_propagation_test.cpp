@@ -114,6 +114,36 @@ TEST(ShardingPropagation, PinnedPendingSumNoOperandCanGiveIsAnError) {
             "linear, so a pending sum must be reduced before it");
 }
 
+// linear(%x Partial(), %w Partial()) needs one operand whole. Propagation keeps the pending sum
+// of the parameter %w and makes %x whole (moving a parameter ranks last); the IR says so with a
+// set of %x before the op, so decomposition all-reduces %x, not %w (placement fuzzer,
+// s1-w2-c225: %w was all-reduced).
+TEST(ShardingPropagation, TheKeptPendingOperandIsTheOneDecompositionKeeps) {
+  auto f = parseFusion(R"(fusion {
+  mesh @m = [0, 1]
+  %x = input f32[2, 12, r2] @m {parallelize(2, DIDx)}
+  %w = input f32[4, 12, r2] @m {parallelize(2, DIDx)}
+  %y = linear(%x, %w)
+  output %y
+})");
+  propagateShardings(*f);
+  const Expr* linear = f->outputs()[0]->definition()->input(0)->definition();
+  ASSERT_EQ(linear->kind(), OpKind::Linear);
+  const Expr* made_whole = linear->input(0)->definition();
+  ASSERT_NE(made_whole, nullptr);
+  EXPECT_EQ(made_whole->kind(), OpKind::Set);
+  EXPECT_EQ(made_whole->input(0), f->inputs()[0]);
+  EXPECT_EQ(placementsOf(static_cast<const TensorView*>(linear->input(0))), std::vector<Placement>{Placement::replicate()});
+  EXPECT_EQ(linear->input(1), f->inputs()[1]) << "the parameter keeps its pending sum";
+  EXPECT_EQ(static_cast<const TensorView*>(linear->input(0))->provenanceNote().text,
+            "linear keeps the pending sum of %w on mesh axis 0: {} is made Replicate() for it");
+  decomposeReshardings(*f);
+  int64_t reductions_of_w = 0;
+  for (const Expr* e : f->exprs())
+    if (e->kind() == OpKind::Set && e->input(0) == f->inputs()[1]) ++reductions_of_w;
+  EXPECT_EQ(reductions_of_w, 0);
+}
+
 TEST(ShardingPropagation, PinnedTensorsRecordWhy) {
   auto f = parseFusion(R"(fusion {
   mesh @m = [0, 1]
