@@ -96,10 +96,11 @@ TensorView* insertSteps(Fusion& f, Expr* e, TensorView* from, const std::vector<
 TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target, const std::string& why) {
   Sharding s = readSharding(from);
   for (size_t a = 0; a < target.axes.size(); ++a)
-    MF_USER_CHECK(
-        target.axes[a].kind != Placement::Partial || (axesCorrespond(f, s, target) && s.axes[a] == target.axes[a]),
-        ErrorKind::Unsupported, "{}: {} needs {} but a {} value cannot become a pending sum", e->name(),
-        f.displayName(from), target.axes[a].toString(), stateOn(f, s, target, a));
+    MF_USER_CHECK(target.axes[a].kind != Placement::Partial ||
+                      (axesCorrespond(f, s, target) &&
+                       (s.axes[a] == target.axes[a] || s.axes[a].kind == Placement::Replicate)),
+                  ErrorKind::Unsupported, "{}: {} needs {} but a {} value cannot become a pending sum", e->name(),
+                  f.displayName(from), target.axes[a].toString(), stateOn(f, s, target, a));
   std::string name = fmt::format("{} (for {})", f.displayName(from), f.displayName(e->output()));
   return insertSteps(f, e, from, planResharding(f, s, target, name), why);
 }
@@ -192,10 +193,10 @@ void decomposeSet(Fusion& f, Expr* e) {
   MF_CHECK(from.decided() && to.decided(), "decompose-reshardings requires propagate-shardings first");
   for (size_t a = 0; a < to.axes.size(); ++a)
     MF_USER_CHECK(to.axes[a].kind != Placement::Partial ||
-                      (axesCorrespond(f, from, to) && from.axes[a].kind == Placement::Partial),
+                      (axesCorrespond(f, from, to) && from.axes[a].kind != Placement::Shard),
                   ErrorKind::Unsupported,
-                  "set: {} is pinned {} on mesh axis {} but its input {} is {}; a set cannot make a pending sum "
-                  "(Partial) of a value that has none",
+                  "set: {} is pinned {} on mesh axis {} but its input {} is {}; a set makes a pending sum (Partial) "
+                  "only of a whole value (Replicate)",
                   f.displayName(e->output()), to.axes[a].toString(), a, f.displayName(in), stateOn(f, from, to, a));
   std::vector<ReshardingStep> steps =
       planResharding(f, from, to, fmt::format("{} (for {})", f.displayName(in), f.displayName(e->output())));

@@ -7,7 +7,7 @@
 //   slice/copy) of the table in DESIGN.md:
 //     Shard(d) -> Replicate: allgather      Replicate -> Shard(d): local slice
 //     Shard(a) -> Shard(b): all-to-all      Partial -> Replicate: allreduce
-//     Partial -> Shard(d): reduce-scatter
+//     Partial -> Shard(d): reduce-scatter   Replicate -> Partial: local (first device keeps it)
 //   and a set that only changes the mesh (a pipeline stage boundary) is a send/recv between the
 //   devices at the same coordinates of the two meshes. Between meshes of different shapes a set
 //   is one rooted collective with its root in its team (resharding_steps.h):
@@ -16,8 +16,10 @@
 //                           or a send from A's first device (a local copy) of a replicated value
 //   (an operand on another mesh than its op's output moves there the same way; a root outside
 //   the team is reached by a send/recv through a single-device mesh added to the fusion). A
-//   pinned Partial that no operand can give (a scalar added, a non-linear op) is a user error
-//   saying why. (An output pinned in a sharding its op cannot give, or gives at a higher cost,
+//   Replicate value needed Partial is a local partition (Replicate -> Partial: the axis's first
+//   device keeps it, the others hold zeros); a split value needed Partial, or an op placed
+//   Partial that no operand can give (a scalar added, a non-linear op: propagation computes such
+//   a pinned op whole and partitions it after), is a user error saying why. (An output pinned in a sharding its op cannot give, or gives at a higher cost,
 //   was already split by propagate-shardings into the op and a set to the pin.)
 //   A value needed in several shardings is converted once per sharding, each time from the copy
 //   that sends least (wireBytes): the value, or a copy a set already made of it (for another

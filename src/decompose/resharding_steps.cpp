@@ -190,7 +190,9 @@ std::vector<ReshardingStep> planResharding(Fusion& f, const Sharding& from, cons
 std::optional<int64_t> wireBytes(const Fusion& f, const TensorView* tv, const Sharding& from, const Sharding& to) {
   if (from.mesh != to.mesh) return std::nullopt;
   for (size_t a = 0; a < to.axes.size(); ++a)
-    if (to.axes[a].kind == Placement::Partial && from.axes[a] != to.axes[a]) return std::nullopt;
+    if (to.axes[a].kind == Placement::Partial && from.axes[a] != to.axes[a] &&
+        from.axes[a].kind != Placement::Replicate)
+      return std::nullopt;
   int64_t global = dtypeSize(tv->dtype());
   for (const IterDomain* id : tv->dims()) {
     if (!id->extent().isStatic()) return std::nullopt;

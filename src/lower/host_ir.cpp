@@ -148,7 +148,10 @@ std::string nodeLine(const HostProgram& p, const HostNode& node) {
       [&](const hir::Communication& n) { line += communicationLine(f, n); },
       [&](const hir::Wait& n) { line += fmt::format(" h{}", n.handle); },
       [&](const hir::ShardSlice& n) {
-        line += fmt::format(" {} = {} dim {} axis {}", n.out.toString(f), n.in.toString(f), n.out_dim, n.mesh_axis);
+        if (n.out_dim == hir::ShardSlice::kPartition)
+          line += fmt::format(" {} = {} partial axis {}", n.out.toString(f), n.in.toString(f), n.mesh_axis);
+        else
+          line += fmt::format(" {} = {} dim {} axis {}", n.out.toString(f), n.in.toString(f), n.out_dim, n.mesh_axis);
       },
       [&](const hir::Copy& n) {
         line = fmt::format("{} {} -> {}", n.accumulate ? "add" : "copy", n.in.toString(f), n.out.toString(f));

@@ -148,10 +148,14 @@ struct Wait {
 };
 //   slice %6 = %5 dim 0 axis 0  Replicate -> Shard: this rank keeps its block of `in` along
 //                               `out_dim` (its index along `mesh_axis`); no communication
+//   slice %p = %r partial axis 0                a whole value made a pending sum (Replicate ->
+//                                               Partial): the axis's first device keeps it, the
+//                                               others hold zeros (exact, unlike dividing by n)
 struct ShardSlice {
+  static constexpr int64_t kPartition = -1;  // out_dim of a Replicate -> Partial partition
   BlockRef in, out;
   int64_t mesh_axis = -1;
-  int64_t out_dim = -1;
+  int64_t out_dim = kPartition;
 };
 //   copy %x -> %g[r of 4]  /  add %t -> %acc   out = in, or out += in (ring reductions)
 //   copy %q~1 -> %q[1 of 2] along dim 2         blocks along another dim than 0 (strided)

@@ -356,8 +356,12 @@ HostNode HostParser::node(const Line& line, size_t depth) {
     s.out = ref(c, depth);
     c.expect("=");
     s.in = ref(c, depth);
-    c.expect("dim");
-    s.out_dim = c.integer();
+    if (c.eat("partial")) {
+      s.out_dim = hir::ShardSlice::kPartition;
+    } else {
+      c.expect("dim");
+      s.out_dim = c.integer();
+    }
     c.expect("axis");
     s.mesh_axis = c.integer();
     n = s;

@@ -118,6 +118,8 @@ std::optional<HostNode> classifySet(const Expr* e) {
     n.in_dim = f.dim;
   } else if (f.kind == Placement::Replicate && t.kind == Placement::Shard) {
     return hir::ShardSlice{n.in, n.out, axis, t.dim};
+  } else if (f.kind == Placement::Replicate && t.kind == Placement::Partial) {
+    return hir::ShardSlice{n.in, n.out, axis, hir::ShardSlice::kPartition};
   } else if (f.kind == Placement::Shard && t.kind == Placement::Shard) {
     n.kind = CommKind::AllToAll;
     n.in_dim = f.dim;

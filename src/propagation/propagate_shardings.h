@@ -6,8 +6,9 @@
 //   it locally from operands resharded to fit (an output pinned otherwise, or pinned where a set
 //   after the op is cheaper, is that set's output: see below); no op is given an output a
 //   Partial operand cannot pass to (requiredOperandState: a pending sum is never added to a
-//   scalar or passed through an operand the op is not linear in), except a pinned Partial the op
-//   cannot give (decomposition reports it); a Shard may split a dim the mesh axis does not
+//   scalar or passed through an operand the op is not linear in): a pinned Partial the op cannot
+//   give is computed whole and made pending by a set after it (Replicate -> Partial, local); a
+//   Shard may split a dim the mesh axis does not
 //   divide (torch.chunk's uneven blocks), but only where the blocks of the operand dim it comes
 //   from line up with the output's (carriesShard: a reshape's split or merge); every fusion
 //   output is materialized: an
@@ -23,7 +24,9 @@
 // already makes is free (decomposition makes it once for every consumer); on equal cost a
 // settled output beats a Partial one (which costs a reduction later), then fewer bytes moved
 // win (per rank, from the shapes; symbolic sizes stay symbols and a comparison that depends on
-// them is a tie).
+// them is a tie). A replicated value made a pending sum (local: the first device keeps it, the
+// others hold zeros) counts one too, so that op by op a pending sum is reduced before it meets a
+// replicated value; the plan search takes the local partition where it sends less.
 //
 // A pin on an op's output says what the value must be, not how the op computes it: the op takes
 // the cheapest sharding counting the set after it that makes the pin, and on a tie the one that

@@ -89,12 +89,18 @@ Volume moveVolume(const TensorView* tv, const AxisState& from, const AxisState& 
 }
 
 // Collectives that take a value from `from` to `to` on one mesh axis: one (an allgather,
-// all-to-all, reduce-scatter or allreduce), none for a local slice (Replicate -> Shard).
+// all-to-all, reduce-scatter or allreduce), none for a local slice (Replicate -> Shard). Only a
+// whole value becomes a pending sum (Replicate -> Partial: the value on the axis's first device,
+// zeros on the others), locally, but it is ranked like a collective: op by op, keeping a sum
+// pending through an add of a replicated value only moves its reduction later (a row-parallel
+// linear's bias would be partitioned and added before the allreduce, in a kernel of its own,
+// rather than after it, fused). The plan search measures what plans send and takes the
+// partition where a later reduction is smaller or shared (s1-w2-c98).
 int64_t conversionCost(const AxisState& from, const std::optional<AxisState>& to) {
   if (!to.has_value()) return kInfinite;
   if (from == *to) return 0;
-  if (to->kind == Placement::Partial) return kInfinite;  // nothing turns into a pending sum
-  if (from.kind == Placement::Replicate) return 0;
+  if (from.kind == Placement::Replicate) return to->kind == Placement::Partial ? 1 : 0;
+  if (to->kind == Placement::Partial) return kInfinite;
   return 1;
 }
 
@@ -195,8 +201,8 @@ Cost Propagator::candidateCost(const Expr* e, const ShardingRule& rule, const De
     moved.push_back(move);
     const AxisState& from = states_.at(in).sharding.axes[a];
     int64_t c1 = conversionCost(from, req);
-    // A pending sum asked of a whole value: no collective makes one (and weighting kInfinite
-    // below would overflow).
+    // A pending sum asked of a split or pending value: nothing makes one (and weighting
+    // kInfinite below would overflow).
     if (c1 >= kInfinite) return infeasible;
     // Moving what should stay costs kWeightFactor times more: parameters, or with
     // gather_parameters (FSDP) the activations.

@@ -299,6 +299,15 @@ void HostIrEvaluator::wait(const hir::Wait& n) {
 void HostIrEvaluator::slice(const hir::ShardSlice& n) {
   Tensor in = view(n.in), out = view(n.out);
   std::vector<int64_t> off = zeros(out.shape().size());
+  Backend* backend = &backend_;
+  if (n.out_dim == hir::ShardSlice::kPartition) {
+    // A pending sum of the whole value: the first device along the axis keeps it, the others
+    // hold zeros (summed over the axis, exactly the value).
+    const DeviceMesh& mesh = *n.out.tv->mesh();
+    Tensor src = mesh.indexAlong(comm_.rank(), n.mesh_axis) == 0 ? in : backend_.upload(Tensor(out.dtype(), out.shape()));
+    submit(TaskKind::Copy, "partition", [backend, src, out]() mutable { backend->copy(out, src); });
+    return;
+  }
   // The slice adds the innermost split of its dim (resharding_steps.h): this rank's
   // torch.chunk block of what the input holds.
   const DeviceMesh& mesh = *n.out.tv->mesh();
@@ -308,7 +317,6 @@ void HostIrEvaluator::slice(const hir::ShardSlice& n) {
            program_.fusion->displayName(n.out.tv), comm_.rank(), in.shape()[n.out_dim], block.size,
            out.shape()[n.out_dim]);
   off[n.out_dim] = block.begin;
-  Backend* backend = &backend_;
   submit(TaskKind::Copy, "slice",
          [backend, in, out, off]() mutable { backend->copyBlock(in, off, out, zeros(off.size()), out.shape()); });
 }

@@ -62,3 +62,18 @@ def test_a_row_parallel_linear_then_a_scalar(build, oracle, rng):
     (out,), plan, _ = H.run(define, [x, w], [[S(1)], [S(1)]])
     H.assert_close(out, oracle(x.astype(np.float64) @ w.T))
     assert H.kinds(plan) == H.expect(["allreduce"])
+
+
+def test_a_replicated_value_added_to_a_pending_sum_stays_pending_through_a_sum(rng):
+    """(x Partial + r Replicate).sum(1): the plan search makes r a pending sum locally (rank 0 keeps
+    it, the others hold zeros, as DTensor's redistribute to Partial does), so one allreduce of the
+    [8] result serves, not one of the [8, 16] x (placement fuzzer, s1-w2-c98)."""
+    x, r = H.randn(rng, 8, 16), H.randn(rng, 8, 16)
+
+    def define(fd):
+        fd.add_output(fd.ops.sum(fd.define_tensor([8, 16]) + fd.define_tensor([8, 16]), [1]))
+
+    (out,), plan, _ = H.run(define, [x, r], [[Partial()], [R]])
+    H.assert_close(out, (x.astype(np.float64) + r).sum(1))
+    assert H.kinds(plan) == H.expect(["allreduce"])
+    assert [c.bytes for c in plan.collectives()] == H.expect([8 * 4])

@@ -89,8 +89,8 @@ TEST(CompileErrors, ASetCannotMakeAPendingSum) {
   %y = set(%x) : f32[4, 8, r2] @m {parallelize(2, DIDx)}
   output %y
 })"),
-              HasSubstr("set: %y is pinned Partial() on mesh axis 0 but its input %x is Shard(0); a set cannot make a "
-                        "pending sum"));
+              HasSubstr("set: %y is pinned Partial() on mesh axis 0 but its input %x is Shard(0); a set makes a "
+                        "pending sum (Partial) only of a whole value (Replicate)"));
 }
 
 TEST(CompileErrors, SetAttributesAreChecked) {

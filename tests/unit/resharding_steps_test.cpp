@@ -34,6 +34,18 @@ TEST(ReshardingSteps, OneAxisIsOneStep) {
   EXPECT_TRUE(steps({S(0), R}, {S(0), R}).empty());
 }
 
+// Replicate -> Partial is one local step (the first device keeps the value, the others hold
+// zeros), and sends nothing; other axes' moves nest around it as usual.
+TEST(ReshardingSteps, AWholeValueBecomesAPendingSumLocally) {
+  EXPECT_EQ(steps({R}, {P}), (std::vector<Ps>{{P}}));
+  EXPECT_EQ(steps({S(0), R}, {R, P}), (std::vector<Ps>{{R, R}, {R, P}}));
+  Fusion f;
+  const int64_t mesh = f.addMesh(DeviceMesh({0, 1}));
+  TensorView* x = f.defineTensor({4, 8}, DataType::Float, "x");
+  EXPECT_EQ(wireBytes(f, x, {mesh, {R}}, {mesh, {P}}), 0);
+  EXPECT_EQ(wireBytes(f, x, {mesh, {S(0)}}, {mesh, {P}}), std::nullopt) << "a split value does not become one";
+}
+
 TEST(ReshardingSteps, MovingADimToTheOuterAxisGathersTheInnerFirst) {
   // Slicing axis 0 while axis 1 still splits dim 1 would take a block this rank does not hold.
   EXPECT_EQ(steps({R, S(1)}, {S(1), R}), (std::vector<Ps>{{R, R}, {S(1), R}}));
