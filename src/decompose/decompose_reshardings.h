@@ -19,8 +19,9 @@
 //   Replicate value needed Partial is a local partition (Replicate -> Partial: the axis's first
 //   device keeps it, the others hold zeros); a split value needed Partial, or an op placed
 //   Partial that no operand can give (a scalar added, a non-linear op: propagation computes such
-//   a pinned op whole and partitions it after), is a user error saying why. (An output pinned in a sharding its op cannot give, or gives at a higher cost,
-//   was already split by propagate-shardings into the op and a set to the pin.)
+//   a pinned op whole and partitions it after), is a user error saying why. (An output pinned
+//   in a sharding its op cannot give, or gives at a higher cost, was already split by
+//   propagate-shardings into the op and a set to the pin.)
 //   A value needed in several shardings is converted once per sharding, each time from the copy
 //   that sends least (wireBytes): the value, or a copy a set already made of it (for another
 //   consumer, or the program's own set: a pin, an output made whole). An allreduce made for one

@@ -8,10 +8,11 @@
 //   Partial operand cannot pass to (requiredOperandState: a pending sum is never added to a
 //   scalar or passed through an operand the op is not linear in): a pinned Partial the op cannot
 //   give is computed whole and made pending by a set after it (Replicate -> Partial, local); a
-//   Shard may split a dim the mesh axis does not
-//   divide (torch.chunk's uneven blocks), but only where the blocks of the operand dim it comes
-//   from line up with the output's (carriesShard: a reshape's split or merge); every fusion
-//   output is materialized: an
+//   Shard may split a dim the mesh axis does not divide (torch.chunk's uneven blocks), but only
+//   where the blocks of the operand dim it comes from line up with the output's (carriesShard: a
+//   reshape's split or merge); where an op keeps the pending sum of one of several pending
+//   operands, a set before it makes the others whole (the IR says which passes: decomposition
+//   reads the first pending operand as the source); every fusion output is materialized: an
 //   unpinned output that would be Partial gets a `set` that reduce-scatters it along a dim that
 //   was sharded on that mesh axis in the inputs it derives from (sequence parallelism keeps `t`
 //   sharded), or all-reduces it to Replicate otherwise.
