@@ -14,7 +14,7 @@
 #include "lower/host_ir.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/reference.h"
-#include "propagation/sharding.h"
+#include "decompose/search_placements.h"
 #include "runtime/host_ir_evaluator.h"
 
 namespace meshfuse::placement_fuzz {
@@ -119,30 +119,7 @@ int64_t plannedWork(std::unique_ptr<Fusion> placed) {
   // bytes, not in work).
   runPasses(*placed, {"dead-code-elimination", "expand-for-sharding", "propagate-shardings",
                       "expand-attention-gradients", "decompose-reshardings"});
-  const Fusion& compiled = *placed;
-  // The largest of torch.chunk's blocks along each sharded dim (a pending sum holds it whole).
-  auto local = [&](const Val* v) -> int64_t {
-    if (v == nullptr || v->valKind() != ValKind::TensorView) return 0;
-    const auto* tv = static_cast<const TensorView*>(v);
-    const Sharding s = readSharding(tv);
-    const DeviceMesh& mesh = compiled.mesh(s.mesh);
-    const std::vector<IterDomain*> dims = tv->dims();
-    int64_t n = 1;
-    for (size_t d = 0; d < dims.size(); ++d) {
-      int64_t parts = 1;
-      for (size_t a = 0; a < s.axes.size(); ++a)
-        if (s.axes[a] == Placement::shard(static_cast<int64_t>(d))) parts *= mesh.size(static_cast<int64_t>(a));
-      n *= (dims[d]->extent().value() + parts - 1) / parts;
-    }
-    return n;
-  };
-  int64_t work = 0;
-  for (const Expr* e : compiled.exprs()) {
-    if (e->kind() == OpKind::Set) continue;
-    work += local(e->output());
-    for (const Val* v : e->inputs()) work += local(v);
-  }
-  return work;
+  return workPerRank(*placed);
 }
 
 PlanBounds plannedBounds(std::unique_ptr<Fusion> placed) {

@@ -80,14 +80,9 @@ int64_t localElements(const Fusion& f, const TensorView* tv) {
 PlanCost measure(const Fusion& f) {
   const std::set<const TensorView*> params = parameters(f);
   PlanCost cost;
+  cost.work = workPerRank(f);
   for (const Expr* e : f.exprs()) {
-    if (e->kind() != OpKind::Set) {
-      cost.work += localElements(f, e->output());
-      for (const Val* v : e->inputs())
-        if (v != nullptr && v->valKind() == ValKind::TensorView)
-          cost.work += localElements(f, static_cast<const TensorView*>(v));
-      continue;
-    }
+    if (e->kind() != OpKind::Set) continue;
     const auto* in = static_cast<const TensorView*>(e->input(size_t{0}));
     const std::optional<int64_t> wire = wireBytes(f, in, readSharding(in), readSharding(e->output()));
     MF_CHECK(wire.has_value(), "the plan search measures programs of static sizes on one mesh only");
@@ -205,6 +200,17 @@ std::optional<Trial> betterNeighbour(const Fusion& f, const PipelineOptions& opt
 }
 
 }  // namespace
+
+int64_t workPerRank(const Fusion& f) {
+  int64_t work = 0;
+  for (const Expr* e : f.exprs()) {
+    if (e->kind() == OpKind::Set) continue;
+    work += localElements(f, e->output());
+    for (const Val* v : e->inputs())
+      if (v != nullptr && v->valKind() == ValKind::TensorView) work += localElements(f, static_cast<const TensorView*>(v));
+  }
+  return work;
+}
 
 void searchPlacements(Fusion& f, const PipelineOptions& options) {
   if (!applies(f, options)) {

@@ -53,4 +53,9 @@ constexpr int64_t kMaxPlans = 256;  // plans decomposed and measured, the greedy
 
 void searchPlacements(Fusion& fusion, const PipelineOptions& options);
 
+// The work per rank of a decomposed fusion, the bound the search keeps: the elements each compute
+// op (not a `set`) reads and writes on one rank (the largest of torch.chunk's blocks; a pending
+// sum whole), summed over the ops. The placement fuzzer holds its oracle to it too.
+int64_t workPerRank(const Fusion& decomposed);
+
 }  // namespace meshfuse
