@@ -99,8 +99,6 @@ bool applies(const Fusion& f, const PipelineOptions& options) {
   if (!options.propagation.search || options.propagation.gather_parameters) return false;
   if (f.numMeshes() != 1 || f.mesh(0).size() < 2) return false;
   if (static_cast<int64_t>(f.exprs().size()) > search_placements::kMaxExprs) return false;
-  for (const Expr* e : f.exprs())
-    if (e->info().category == OpCategory::Attention) return false;
   for (const TensorView* tv : f.tensorViews())
     for (const IterDomain* id : tv->logical())
       if (!id->extent().isStatic()) return false;
@@ -137,23 +135,52 @@ void keepOutputs(Fusion& f, const std::vector<Sharding>& kept) {
   }
 }
 
+// The shardings of every attention op's operands and result, in program order. The search
+// keeps them as the greedy plan places them: context parallelism (Ulysses, ring or a gather, as
+// --cp and the heads decide) chooses how attention's operands move, and a search by bytes must
+// not override it; the rest of the program around it is searched as any other.
+std::vector<Sharding> attentionShardings(const Fusion& f) {
+  std::vector<Sharding> out;
+  for (const Expr* e : f.exprs()) {
+    if (e->info().category != OpCategory::Attention) continue;
+    for (const Val* v : e->inputs())
+      if (v != nullptr && v->valKind() == ValKind::TensorView) out.push_back(readSharding(static_cast<const TensorView*>(v)));
+    out.push_back(readSharding(e->output()));
+  }
+  return out;
+}
+
+// What every plan the search tries keeps from the greedy plan.
+struct Kept {
+  bool made = false;                // set by the greedy plan
+  std::vector<Sharding> outputs;    // outputShardings of the greedy plan
+  std::vector<Sharding> attention;  // attentionShardings of the greedy plan
+};
+
 struct Trial {
   PlanCost cost;
   PlanChoices choices;
 };
 
 // Propagates a copy of `placed` taking `take`, keeps the outputs as `kept` (the greedy plan's;
-// empty: this is the greedy plan), decomposes it and measures it; nullopt when decomposition
-// refuses the plan (a candidate a later pass cannot make).
+// empty: this is the greedy plan, which sets it), decomposes it and measures it; nullopt when
+// the plan places attention otherwise than the greedy one, or propagation or decomposition
+// refuses it (a candidate a later pass cannot make; operands a forced --cp cannot use).
 std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& options, std::vector<int64_t> take,
-                             std::vector<Sharding>& kept) {
+                             Kept& kept) {
   std::unique_ptr<Fusion> f = placed.clone();
   Trial t;
   t.choices.take = std::move(take);
-  propagateShardings(*f, options.propagation, options.sizes, &t.choices);
-  if (kept.empty()) kept = outputShardings(*f);
-  keepOutputs(*f, kept);
   try {
+    propagateShardings(*f, options.propagation, options.sizes, &t.choices);
+    if (!kept.made) {
+      kept.made = true;
+      kept.outputs = outputShardings(*f);
+      kept.attention = attentionShardings(*f);
+    } else if (attentionShardings(*f) != kept.attention) {
+      return std::nullopt;
+    }
+    keepOutputs(*f, kept.outputs);
     decomposeReshardings(*f);
   } catch (const UserError&) {
     return std::nullopt;
@@ -163,40 +190,44 @@ std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& option
 }
 
 // One step of the local search from `best`: the first plan that changes one decision, or else
-// two, and ranks better without more `work` than the greedy plan; nullopt when none does within
-// the budget.
+// two, and so on, and ranks better without more collectives or `work` than the greedy plan;
+// nullopt when none does within the budget. Why more than one at once: a value gathered for one
+// consumer serves a second only when that consumer, too, stops computing on its shards, and a
+// pending sum reduce-scattered for one op pays off only when a later op computes on the gathered
+// whole (each change alone costs more than the plan it leaves).
 std::optional<Trial> betterNeighbour(const Fusion& f, const PipelineOptions& options, const Trial& best,
-                                     const PlanCost& bound, std::vector<Sharding>& kept, int64_t& plans) {
+                                     const PlanCost& bound, Kept& kept, int64_t& plans) {
   const std::vector<int64_t>& counts = best.choices.candidates;
-  std::vector<int64_t> base = best.choices.take;
-  base.resize(counts.size(), 0);
-  auto attempt = [&](std::vector<int64_t> take) -> std::optional<Trial> {
-    ++plans;
-    std::optional<Trial> t = tryPlan(f, options, std::move(take), kept);
-    if (t && t->cost < best.cost && t->cost.work <= bound.work && t->cost.collectives <= bound.collectives) return t;
-    return std::nullopt;
-  };
-  const auto budget = search_placements::kMaxPlans;
-  for (size_t d = 0; d < counts.size(); ++d)
-    for (int64_t k = 0; k < counts[d] && plans < budget; ++k) {
-      if (k == base[d]) continue;
-      std::vector<int64_t> take = base;
-      take[d] = k;
-      if (std::optional<Trial> t = attempt(take)) return t;
+  std::vector<int64_t> take = best.choices.take;
+  take.resize(counts.size(), 0);
+  const std::vector<int64_t> base = take;
+  std::optional<Trial> found;
+  // Changes `left` more decisions, each after decision `from`, to a candidate other than the
+  // base's; stops at the first better plan or when the budget is spent.
+  auto changes = [&](auto&& self, size_t from, size_t left) -> bool {
+    if (left == 0) {
+      if (plans >= search_placements::kMaxPlans) return true;
+      ++plans;
+      std::optional<Trial> t = tryPlan(f, options, take, kept);
+      if (t && t->cost < best.cost && t->cost.work <= bound.work && t->cost.collectives <= bound.collectives) {
+        found = std::move(t);
+        return true;
+      }
+      return false;
     }
-  // Two decisions at once: a value gathered for one consumer serves a second only when that
-  // consumer, too, stops computing on its shards (each alone costs more than the greedy plan).
-  for (size_t d = 0; d < counts.size(); ++d)
-    for (int64_t k = 0; k < counts[d]; ++k)
-      for (size_t e = d + 1; e < counts.size(); ++e)
-        for (int64_t l = 0; l < counts[e] && plans < budget; ++l) {
-          if (k == base[d] || l == base[e]) continue;
-          std::vector<int64_t> take = base;
-          take[d] = k;
-          take[e] = l;
-          if (std::optional<Trial> t = attempt(take)) return t;
-        }
-  return std::nullopt;
+    for (size_t d = from; d < counts.size(); ++d) {
+      for (int64_t k = 0; k < counts[d]; ++k) {
+        if (k == base[d]) continue;
+        take[d] = k;
+        if (self(self, d + 1, left - 1)) return true;
+      }
+      take[d] = base[d];
+    }
+    return false;
+  };
+  for (size_t n = 1; n <= counts.size() && !found && plans < search_placements::kMaxPlans; ++n)
+    changes(changes, 0, n);
+  return found;
 }
 
 }  // namespace
@@ -217,11 +248,11 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
     propagateShardings(f, options.propagation, options.sizes);
     return;
   }
-  std::vector<Sharding> kept;
+  Kept kept;
   std::optional<Trial> best = tryPlan(f, options, {}, kept);
   int64_t plans = 1;
-  // (When the greedy plan does not decompose, the pass below makes it and decomposition then
-  // reports why, as it would without the search.)
+  // (When the greedy plan does not propagate or decompose, the pass below makes it and reports
+  // why, or decomposition then does, as it would without the search.)
   if (best)
     for (const PlanCost greedy = best->cost;;) {
       std::optional<Trial> t = betterNeighbour(f, options, *best, greedy, kept, plans);
@@ -231,7 +262,7 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
   PlanChoices chosen;
   if (best) chosen.take = best->choices.take;
   propagateShardings(f, options.propagation, options.sizes, &chosen);
-  if (!kept.empty()) keepOutputs(f, kept);
+  if (kept.made) keepOutputs(f, kept.outputs);
 }
 
 }  // namespace meshfuse

@@ -22,16 +22,22 @@
 // for one consumer while another goes Partial. The search revisits the decisions: each decision
 // ranks its candidates (the greedy's first, then every other sharding the op can give from
 // operands moved to fit: PlanChoices), and from the greedy plan the search tries changing one
-// decision, then two, the later decisions re-made greedily around them, and moves to the first
-// plan that ranks better, until none does or its budget (kMaxPlans) is spent. That is a local
-// search, not an exhaustive one: the placement fuzzer's oracle (fuzz/placements/oracle.h)
-// measures how close it comes (docs/testing.md, "Known failures").
+// decision, then two, and so on, the later decisions re-made greedily around them, and moves to
+// the first plan that ranks better, until none does or its budget (kMaxPlans) is spent. A
+// program whose decisions have fewer than kMaxPlans combinations is thus searched (nearly)
+// exhaustively; a larger one locally: the placement fuzzer's oracle (fuzz/placements/oracle.h) measures how close it
+// comes (docs/testing.md, "Known failures"). Several changes at once are needed where each
+// alone costs more than the plan it leaves: a pending sum reduce-scattered for one op pays off
+// only when the op after it computes on the gathered whole, and that one's consumers follow it.
+//
+// Attention's operands and result keep the greedy plan's placements in every plan tried:
+// context parallelism chooses how they move (Ulysses, ring or a gather, by the heads and the
+// user's --cp), and a search by bytes must not override that choice.
 //
 // Where it does not apply the greedy plan stands: a program on one device or on several meshes
 // (pipeline stages), with symbolic sizes (its bytes depend on them, and the executor compiles
-// it once for every size), with attention (context parallelism chooses how its operands move,
-// by the user's --cp too: a search by bytes would override it), under FSDP (gather_parameters moves parameters by
-// design), of more than kMaxExprs ops, or with PropagationOptions::search off (--plan=greedy).
+// it once for every size), under FSDP (gather_parameters moves parameters by design), of more
+// than kMaxExprs ops, or with PropagationOptions::search off (--plan=greedy).
 //
 //   %t0 = input f32[2, 2, 3, 3, r2] @m0 {parallelize(4, DIDx)}     (Partial() on two ranks)
 //   %t1 = add(%t0, %t0)   %t2 = mean(%t0, dims=[3])   %t3 = relu(%t2)   output %t1, %t3

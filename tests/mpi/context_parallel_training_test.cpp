@@ -197,13 +197,11 @@ TEST(ContextParallelTraining, AttentionLayerWithSequenceShardedTokensTrainsAsOnO
   Strs forward, backward;
   for (const PhaseCollective& c : trainAsOnOneDevice({}, 20))
     (c.phase == "forward" ? forward : backward).push_back(commKindName(c.info.kind));
-  // Forward: Ulysses (q, k, v to the heads' split); the output projection of the hidden-split
-  // attention output is a pending sum, reduce-scattered back to the tokens for the loss; the
-  // loss's sum is all-reduced; the saved projection (a pending sum kept for backward, as the
-  // tokens' split: attention's output keeps its query rows' sequence split as a hint, which the
-  // projection inherits) is the same reduce-scatter's result (decomposition converts a value
-  // once per sharding).
-  EXPECT_EQ(forward, expect({"all_to_all", "all_to_all", "all_to_all", "reduce_scatter", "allreduce"}));
+  // Forward: Ulysses (q, k, v to the heads' split, the attention output back to the tokens: 4
+  // all-to-alls), the projection on the tokens' rows; the loss's sum is all-reduced. (Op by op,
+  // the projection of the heads-split attention output is a pending sum reduce-scattered to the
+  // tokens, which sends more: the plan search's fewer bytes, search_placements.h.)
+  EXPECT_EQ(forward, expect({"all_to_all", "all_to_all", "all_to_all", "all_to_all", "allreduce"}));
   // Backward: attention's gradient is Ulysses (the saved q, k, v and the output's gradient to the
   // heads' split: 4 all-to-alls; dq, dk, dv stay there). The weight gradients are not the pending
   // sums over the tokens that DeepSpeed-Ulysses all-reduces: the loss gradient and x are

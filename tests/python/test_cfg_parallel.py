@@ -64,11 +64,15 @@ def test_cfg_times_ulysses_on_a_2x2_mesh():
     H.assert_close(out.full_tensor(), torch_forward(c, arrays)[1].detach().numpy())
     assert out.placements == (R, Shard(1))  # as the latents: the next step's input
     plan = fdw.plan(inputs)
-    # Ulysses over the sequence axis (q, k, v to the heads' split; the output projection of the
-    # hidden-split attention output reduce-scattered back to the tokens by the residual add),
-    # then the guidance combine's allgather over the CFG axis.
+    # Ulysses over the sequence axis: q, k, v to the heads' split and the attention output back
+    # to the tokens (the plan search's choice: op by op, the output projection of the heads-split
+    # attention output is reduce-scattered instead, which sends more), then the guidance
+    # combine's allgather over the CFG axis.
     assert [(k.kind, k.mesh_axis) for k in plan.collectives()] == [
-        ("all_to_all", 1), ("all_to_all", 1), ("all_to_all", 1), ("reduce_scatter", 1), ("allgather", 0)]
+        ("all_to_all", 1), ("all_to_all", 1), ("all_to_all", 1), ("all_to_all", 1), ("allgather", 0)]
+    greedy = FusionDefinitionWrapper(dit_cfg.define_dit(c), plan="greedy").plan(inputs)
+    assert [k.kind for k in greedy.collectives()][3] == "reduce_scatter"
+    assert sum(k.bytes for k in plan.collectives()) < sum(k.bytes for k in greedy.collectives())
 
 
 @pytest.mark.world(4)

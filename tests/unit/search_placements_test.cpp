@@ -144,6 +144,53 @@ TEST(SearchPlacements, SymbolicSizesKeepTheGreedyPlan) {
   EXPECT_THAT(collectivesOf(text, "search", {{"t", 4}}), ElementsAre("allreduce %1 32"));
 }
 
+// A pending sum whose relu feeds a layer_norm (an output pinned Shard(0)), a permute pinned
+// Shard(0) and an add summed to a whole output. Greedy: all-reduce it for relu, layer_norm on
+// rows, whose permute is columns, moved back to rows by an all-to-all. Fewer bytes: reduce-
+// scatter it, relu on rows, gather those for layer_norm on the whole, and the permute reads a
+// slice of columns (free) that is already rows; the add and sum then read the gathered whole.
+// Four decisions change together (the placement fuzzer's s1-w2-c144): any fewer cost more.
+constexpr const char* kFourDecisionsAtOnce = R"(fusion {
+  mesh @m0 = [0, 1]
+  %t0 = input f32[2, 2, r2] @m0 {parallelize(2, DIDx)}
+  %t1 = relu(%t0)
+  %t2 = layer_norm(%t1) : f32[2, 2] @m0 {split(0, 2), parallelize(0, DIDx)}
+  %t3 = permute(%t2, dims=[1, 0]) : f32[2, 2] @m0 {split(0, 2), parallelize(0, DIDx)}
+  %t4 = add(%t1, %t1)
+  %t5 = sum(%t4, dims=[0])
+  output %t3, %t5, %t2
+})";
+
+TEST(SearchPlacements, SeveralDecisionsChangeAtOnce) {
+  EXPECT_THAT(collectivesOf(kFourDecisionsAtOnce, "greedy"), ElementsAre("allreduce %t0 16", "all_to_all %2 8"));
+  EXPECT_THAT(collectivesOf(kFourDecisionsAtOnce), ElementsAre("reduce_scatter %t0 16", "allgather %t1 8"));
+  EXPECT_EQ(outputShardings(kFourDecisionsAtOnce, "search"), outputShardings(kFourDecisionsAtOnce, "greedy"));
+}
+
+// A program with attention is searched around it (the placement fuzzer's s1-w2-c64): the
+// column-parallel %t7 moves to the rows the residual add needs before the second linear (24
+// bytes) instead of that linear's pending sum being reduce-scattered (72). The attention keeps
+// its placements (context parallelism chooses them: its Ulysses and ring lists are the Python
+// CFG tests').
+TEST(SearchPlacements, AProgramWithAttentionIsSearchedAroundIt) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1]
+  %t0 = input f32[3, 2, 2, 3] @m0 {}
+  %t1 = input f32[3, 2, 2, 3] @m0 {}
+  %t2 = input f32[2, 3] @m0 {split(0, 2), parallelize(0, DIDx)}
+  %t3 = input f32[3, 2] @m0 {}
+  %t4 = input f32[3, 2, 3] @m0 {split(1, 2), parallelize(1, DIDx)}
+  %t5 = input f32[3, 2, 3] @m0 {}
+  %t6 = sdpa(%t0, %t0, %t1)
+  %t7 = linear(%t5, %t2)
+  %t8 = linear(%t7, %t3)
+  %t9 = add(%t8, %t4)
+  output %t6, %t9
+})";
+  EXPECT_THAT(collectivesOf(text, "greedy"), ElementsAre("reduce_scatter %1 72"));
+  EXPECT_THAT(collectivesOf(text), ElementsAre("all_to_all %t7 24"));
+}
+
 TEST(SearchPlacements, ThePlanOptionNamesItsValues) {
   EXPECT_THAT(testing_helpers::userErrorMessage(ErrorKind::Value, [] { plan("exhaustive"); }),
               ::testing::HasSubstr("plan 'exhaustive': expected search or greedy"));
