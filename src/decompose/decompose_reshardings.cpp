@@ -20,6 +20,33 @@ TensorView* tensorAt(const Expr* e, size_t i) {
   return v != nullptr && v->valKind() == ValKind::TensorView ? static_cast<TensorView*>(v) : nullptr;
 }
 
+// The value `tv` is a copy of through the program's own sets on its mesh (a pin after an op):
+// `tv` itself when it is not a set's result. Conversions of the copy may come from the value.
+TensorView* setSource(TensorView* tv) {
+  for (const Expr* d = tv->definition(); d != nullptr && d->kind() == OpKind::Set; d = tv->definition()) {
+    TensorView* in = tensorAt(d, 0);
+    if (in == nullptr || in->meshIndex() != tv->meshIndex()) break;
+    tv = in;
+  }
+  return tv;
+}
+
+// Whether `e` converts its operand `from` to `target` from the operand itself, never from
+// another copy of its value nor after a conversion made ahead for a later consumer: attention
+// that context parallelism places (the operand arrives split along the sequence, dim 2 of
+// [batch, heads, seq, head_dim]) or that needs an operand whole on some mesh axis. Ring attention
+// finds the allgathers of its keys and values that this pass makes, and rotates them instead;
+// a gathered copy another op slices would have to stay. Other attention (operands split along
+// head_dim, say) shares conversions as any op.
+bool ownConversion(const Expr* e, const TensorView* from, const Sharding& target) {
+  if (e->info().category != OpCategory::Attention) return false;
+  constexpr int64_t kSeq = 2;
+  const auto& to = target.axes;
+  const auto& in = readSharding(from).axes;
+  return std::any_of(to.begin(), to.end(), [](const Placement& p) { return p.kind == Placement::Replicate; }) ||
+         (from->rank() > kSeq && std::find(in.begin(), in.end(), Placement::shard(kSeq)) != in.end());
+}
+
 // The output state of `e` on mesh axis `a`, with where a Partial comes from.
 OutputChoice outputChoice(const Expr* e, const ShardingRule& rule, int64_t a) {
   const TensorView* out = e->output();
@@ -121,10 +148,9 @@ class ReshardCache {
     auto key = std::make_pair(from, toString(target) + fmt::format("@{}", target.mesh));
     auto it = done_.find(key);
     if (it != done_.end()) return it->second;
-    if (e->info().category != OpCategory::Attention) convertAhead(f, e, from, target);
-    // (Attention's operands keep their own conversions: ring attention finds the allgathers of
-    // its keys and values that this pass makes.)
-    TensorView* source = e->info().category == OpCategory::Attention ? from : cheapestCopy(f, from, target);
+    const bool own = ownConversion(e, from, target);
+    if (!own) convertAhead(f, e, from, target);
+    TensorView* source = own ? from : cheapestCopy(f, from, target);
     TensorView* made = readSharding(source) == target ? source : reshard(f, e, source, target, why);
     noteCopies(made, source);
     return done_[key] = made;
@@ -133,6 +159,7 @@ class ReshardCache {
   // Before the first conversion of `from` (for `e`, to `target`): the conversion convertFirst
   // chose to make first, when it is another.
   void convertAhead(Fusion& f, Expr* e, TensorView* from, const Sharding& target) {
+    from = setSource(from);
     auto early = first_.find(from);
     if (early == first_.end()) return;
     const Sharding ahead = early->second;
@@ -283,15 +310,21 @@ std::optional<std::pair<int64_t, int64_t>> conversionCost(const Fusion& f, const
   return cost;
 }
 
-// For each value its consumers (ops and the program's own sets, not attention) need in several
-// shardings: the one to convert it to first, when converting there first and slicing the others
-// from it sends fewer bytes in no more collectives than converting in consumer order (an operand
-// needed Shard(1) by one op and whole by a later one: one allgather and a free slice, not an
-// all-to-all and then the allgather).
+// For each value its consumers (ops and the program's own sets; not attention's ownConversion)
+// need in several shardings: the one to convert it to first, when converting there first and
+// slicing the others from it is no worse than converting in consumer order in bytes and in
+// collectives, and better in one. An operand needed Shard(1) by one op and whole by a later one:
+// one allgather and a free slice, not an all-to-all and then the allgather; a Partial() needed
+// Shard(2) and whole: one allreduce and a slice, not a reduce-scatter and an allgather (the same
+// bytes). The consumers of a set's result count as the consumers of the value it copies
+// (setSource): an output pinned Shard(2) after its op and read whole by a later op is a slice of
+// the op's gathered result, not an all-to-all gathered again (the placement fuzzer's s11-w4-c184).
 std::map<TensorView*, Sharding> convertFirst(const Fusion& f) {
   std::map<TensorView*, std::vector<Sharding>> needs;  // in consumer order, distinct
   auto note = [&](TensorView* in, const Sharding& need) {
     if (need == readSharding(in) || need.mesh != in->meshIndex()) return;
+    in = setSource(in);  // (a consumer of a pinned copy may convert from the op's own result)
+    if (need == readSharding(in)) return;
     std::vector<Sharding>& n = needs[in];
     if (std::find(n.begin(), n.end(), need) == n.end()) n.push_back(need);
   };
@@ -300,14 +333,16 @@ std::map<TensorView*, Sharding> convertFirst(const Fusion& f) {
       if (TensorView* in = tensorAt(e, 0)) note(in, readSharding(e->output()));
       continue;
     }
-    if (e->output()->mesh() == nullptr || e->info().category == OpCategory::Attention) continue;
+    if (e->output()->mesh() == nullptr) continue;
     const ShardingRule rule = shardingRuleOf(e);
     const std::vector<OutputChoice> choices = outputChoices(f, e, rule);
     // (Every operand in order, scalars too: a user error names the same operand as
     // decomposeCompute's would.)
     for (size_t i = 0; i < e->inputs().size(); ++i)
       if (e->inputs()[i] != nullptr)
-        if (std::optional<Sharding> need = operandNeed(f, e, rule, choices, i)) note(tensorAt(e, i), *need);
+        if (std::optional<Sharding> need = operandNeed(f, e, rule, choices, i);
+            need && !ownConversion(e, tensorAt(e, i), *need))
+          note(tensorAt(e, i), *need);
   }
   std::map<TensorView*, Sharding> first;
   for (auto& [tv, n] : needs) {
@@ -320,7 +355,9 @@ std::map<TensorView*, Sharding> convertFirst(const Fusion& f) {
       std::rotate(reordered.begin(), reordered.begin() + static_cast<std::ptrdiff_t>(k),
                   reordered.begin() + static_cast<std::ptrdiff_t>(k) + 1);
       const std::optional<std::pair<int64_t, int64_t>> c = conversionCost(f, tv, reordered);
-      if (c && c->first < best.first && c->second <= in_order->second) best = *c, first.insert_or_assign(tv, n[k]);
+      // (No worse in bytes or collectives, better in one: a Partial() needed Shard(2) and whole
+      // is all-reduced and sliced, not reduce-scattered and gathered, the same bytes in one.)
+      if (c && c->first <= best.first && c->second <= best.second && *c != best) best = *c, first.insert_or_assign(tv, n[k]);
     }
   }
   return first;

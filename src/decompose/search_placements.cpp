@@ -45,16 +45,21 @@ const TensorView* copiedInput(const Fusion& f, const TensorView* tv) {
   return tv;
 }
 
-// The parameters: fusion inputs an op reads (directly, or through decomposition's sets) as its
-// weight (a GEMM's, an embedding's table). A plan that moves one ranks below any that does not.
-std::set<const TensorView*> parameters(const Fusion& f) {
-  std::set<const TensorView*> out;
-  for (const Expr* e : f.exprs()) {
+// The parameters of the placed definition, as positions among its inputs: those an op reads
+// (directly, or through the user's sets) as its weight (a GEMM's, an embedding's table). A plan
+// that moves one ranks below any that does not. (Found on the placed definition, as propagation
+// sees them: on a decomposed plan a matmul's weight is read through a set, and the rule no
+// longer calls it one; the placement fuzzer's s11-w2-c134.)
+std::set<size_t> parameters(const Fusion& placed) {
+  std::set<size_t> out;
+  const std::vector<TensorView*>& inputs = placed.inputs();
+  for (const Expr* e : placed.exprs()) {
     const int64_t w = shardingRuleOf(e).weight_operand;
     if (w < 0 || static_cast<size_t>(w) >= e->inputs().size()) continue;
     const Val* v = e->inputs()[w];
     if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
-    if (const TensorView* p = copiedInput(f, static_cast<const TensorView*>(v))) out.insert(p);
+    if (const TensorView* p = copiedInput(placed, static_cast<const TensorView*>(v)))
+      out.insert(static_cast<size_t>(std::find(inputs.begin(), inputs.end(), p) - inputs.begin()));
   }
   return out;
 }
@@ -77,8 +82,9 @@ int64_t localElements(const Fusion& f, const TensorView* tv) {
 
 // What the collectives of decomposed `f` (one mesh) send: each set changes one mesh axis
 // (decompose-reshardings' guarantee), a collective or a local slice (which sends nothing).
-PlanCost measure(const Fusion& f) {
-  const std::set<const TensorView*> params = parameters(f);
+// `params`: parameters() of the definition `f` was placed from.
+PlanCost measure(const Fusion& f, const std::set<size_t>& params) {
+  const std::vector<TensorView*>& inputs = f.inputs();
   PlanCost cost;
   cost.work = workPerRank(f);
   for (const Expr* e : f.exprs()) {
@@ -90,7 +96,9 @@ PlanCost measure(const Fusion& f) {
     cost.wire += *wire;
     cost.collectives += 1;
     const TensorView* source = copiedInput(f, in);
-    cost.parameter_moves += source != nullptr && params.count(source) > 0 ? 1 : 0;
+    if (source == nullptr) continue;
+    const auto position = static_cast<size_t>(std::find(inputs.begin(), inputs.end(), source) - inputs.begin());
+    cost.parameter_moves += params.count(position);
   }
   return cost;
 }
@@ -135,10 +143,31 @@ void keepOutputs(Fusion& f, const std::vector<Sharding>& kept) {
   }
 }
 
-// The shardings of every attention op's operands and result, in program order. The search
-// keeps them as the greedy plan places them: context parallelism (Ulysses, ring or a gather, as
-// --cp and the heads decide) chooses how attention's operands move, and a search by bytes must
-// not override it; the rest of the program around it is searched as any other.
+// Whether propagated `f` has attention whose keys (operand 1 of sdpa, sdpa_lse and sdpa_grad)
+// arrive split along the sequence (dim 2 of [batch, heads, seq, head_dim]) on some mesh axis:
+// context parallelism placed it (Ulysses, ring or a gather, as --cp and the heads decide;
+// propagation asks the same of the keys), and a search by bytes must not override that.
+bool contextParallel(const Fusion& f) {
+  constexpr int64_t kKeys = 1, kSeq = 2;
+  for (const Expr* e : f.exprs()) {
+    if (e->info().category != OpCategory::Attention || e->inputs().size() <= kKeys) continue;
+    const Val* v = e->inputs()[kKeys];
+    if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
+    const auto* k = static_cast<const TensorView*>(v);
+    if (k->rank() <= kSeq) continue;
+    for (const Placement& p : readSharding(k).axes)
+      if (p == Placement::shard(kSeq)) return true;
+  }
+  return false;
+}
+
+// The shardings every attention op of decomposed `f` reads its operands in and gives its result,
+// in program order: what a plan keeps from the greedy one where context parallelism placed
+// attention. Where its operands come from, and how the rest of the program is placed, is
+// searched as any other (a softmax before a Ulysses sdpa may run on the heads' split its operand
+// is moved to anyway: the placement fuzzer's s11-w4-c170). Attention that context parallelism
+// did not place (no sequence split) is searched like any op: on the heads' split, say, where
+// its operands arrive split along head_dim (s11-w3-c276).
 std::vector<Sharding> attentionShardings(const Fusion& f) {
   std::vector<Sharding> out;
   for (const Expr* e : f.exprs()) {
@@ -152,9 +181,11 @@ std::vector<Sharding> attentionShardings(const Fusion& f) {
 
 // What every plan the search tries keeps from the greedy plan.
 struct Kept {
+  std::set<size_t> parameters;      // parameters() of the placed definition
   bool made = false;                // set by the greedy plan
   std::vector<Sharding> outputs;    // outputShardings of the greedy plan
-  std::vector<Sharding> attention;  // attentionShardings of the greedy plan
+  // attentionShardings of the greedy plan, where context parallelism placed its attention
+  std::optional<std::vector<Sharding>> attention;
 };
 
 struct Trial {
@@ -162,30 +193,33 @@ struct Trial {
   PlanChoices choices;
 };
 
-// Propagates a copy of `placed` taking `take`, keeps the outputs as `kept` (the greedy plan's;
-// empty: this is the greedy plan, which sets it), decomposes it and measures it; nullopt when
-// the plan places attention otherwise than the greedy one, or propagation or decomposition
-// refuses it (a candidate a later pass cannot make; operands a forced --cp cannot use).
+// Propagates a copy of `placed` taking `take`, keeps the outputs as `kept` (the greedy plan's:
+// the first plan tried, which sets them), decomposes it and measures it; nullopt when attention
+// that context parallelism placed in the greedy plan reads or gives another sharding, or when
+// propagation or decomposition refuses the plan (a candidate a later pass cannot make; operands
+// a forced --cp cannot use).
 std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& options, std::vector<int64_t> take,
                              Kept& kept) {
   std::unique_ptr<Fusion> f = placed.clone();
   Trial t;
   t.choices.take = std::move(take);
+  const bool greedy = !kept.made;
+  bool context_parallel = false;
   try {
     propagateShardings(*f, options.propagation, options.sizes, &t.choices);
-    if (!kept.made) {
+    if (greedy) {
       kept.made = true;
       kept.outputs = outputShardings(*f);
-      kept.attention = attentionShardings(*f);
-    } else if (attentionShardings(*f) != kept.attention) {
-      return std::nullopt;
+      context_parallel = contextParallel(*f);
     }
     keepOutputs(*f, kept.outputs);
     decomposeReshardings(*f);
   } catch (const UserError&) {
     return std::nullopt;
   }
-  t.cost = measure(*f);
+  if (context_parallel) kept.attention = attentionShardings(*f);
+  else if (kept.attention && attentionShardings(*f) != *kept.attention) return std::nullopt;
+  t.cost = measure(*f, kept.parameters);
   return t;
 }
 
@@ -249,6 +283,7 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
     return;
   }
   Kept kept;
+  kept.parameters = parameters(f);
   std::optional<Trial> best = tryPlan(f, options, {}, kept);
   int64_t plans = 1;
   // (When the greedy plan does not propagate or decompose, the pass below makes it and reports

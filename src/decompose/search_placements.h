@@ -30,9 +30,11 @@
 // alone costs more than the plan it leaves: a pending sum reduce-scattered for one op pays off
 // only when the op after it computes on the gathered whole, and that one's consumers follow it.
 //
-// Attention's operands and result keep the greedy plan's placements in every plan tried:
-// context parallelism chooses how they move (Ulysses, ring or a gather, by the heads and the
-// user's --cp), and a search by bytes must not override that choice.
+// Attention that context parallelism placed in the greedy plan (its operands arrive split along
+// the sequence) reads its operands and gives its result as in the greedy plan in every plan
+// tried: context parallelism chooses how they move (Ulysses, ring or a gather, by the heads and
+// the user's --cp), and a search by bytes must not override that choice. Where those operands
+// come from, other attention, and the rest of the program are searched as any op.
 //
 // Where it does not apply the greedy plan stands: a program on one device or on several meshes
 // (pipeline stages), with symbolic sizes (its bytes depend on them, and the executor compiles

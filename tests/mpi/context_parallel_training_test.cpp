@@ -202,13 +202,14 @@ TEST(ContextParallelTraining, AttentionLayerWithSequenceShardedTokensTrainsAsOnO
   // the projection of the heads-split attention output is a pending sum reduce-scattered to the
   // tokens, which sends more: the plan search's fewer bytes, search_placements.h.)
   EXPECT_EQ(forward, expect({"all_to_all", "all_to_all", "all_to_all", "all_to_all", "allreduce"}));
-  // Backward: attention's gradient is Ulysses (the saved q, k, v and the output's gradient to the
-  // heads' split: 4 all-to-alls; dq, dk, dv stay there). The weight gradients are not the pending
-  // sums over the tokens that DeepSpeed-Ulysses all-reduces: the loss gradient and x are
-  // all-gathered for the GEMMs against the hidden-split dq/dk/dv/attention output, and each
-  // weight's gradient rows all-gathered (docs/training.md "Known issues").
-  EXPECT_EQ(backward, expect({"allgather", "all_to_all", "all_to_all", "all_to_all", "all_to_all", "allgather",
-                              "allgather", "allgather", "allgather", "allgather"}));
+  // Backward: attention's gradient is Ulysses (the saved q, k, v to the heads' split: 3
+  // all-to-alls; the output's gradient is a slice of the copy all-gathered for the projection's
+  // GEMM, not a fourth; dq, dk, dv stay there). The weight gradients are not the pending sums
+  // over the tokens that DeepSpeed-Ulysses all-reduces: the loss gradient and x are all-gathered
+  // for the GEMMs against the hidden-split dq/dk/dv/attention output, and each weight's gradient
+  // rows all-gathered (docs/training.md "Known issues").
+  EXPECT_EQ(backward, expect({"allgather", "all_to_all", "all_to_all", "all_to_all", "allgather", "allgather",
+                              "allgather", "allgather", "allgather"}));
 }
 
 // The same layer with cp = ring: ring attention forward and backward (k and v, then the

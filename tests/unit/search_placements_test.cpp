@@ -191,6 +191,61 @@ TEST(SearchPlacements, AProgramWithAttentionIsSearchedAroundIt) {
   EXPECT_THAT(collectivesOf(text), ElementsAre("all_to_all %t7 24"));
 }
 
+// A matmul's weight gathered is a parameter move though decomposition reads it through a set
+// (the search once named parameters on each decomposed plan, where the rule no longer calls the
+// set's result a weight, and took a plan of one collective less that gathers %t1: s11-w2-c134).
+TEST(SearchPlacements, AMatmulWeightReadThroughASetIsStillAParameter) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1]
+  %t0 = input f32[4, 6] @m0 {split(0, 2), parallelize(0, DIDx)}
+  %t1 = input f32[6, 6] @m0 {split(1, 2), parallelize(1, DIDx)}
+  %t2 = input f32[3, 6] @m0 {split(1, 2), parallelize(1, DIDx)}
+  %t3 = matmul(%t0, %t1)
+  %t4 = rms_norm(%t3)
+  %t5 = linear(%t4, %t2)
+  %t6 = add(%t5, %t5)
+  output %t6
+})";
+  EXPECT_THAT(collectivesOf(text), ElementsAre("allgather %t0 48", "all_to_all %t3 48", "all_to_all %t4 48",
+                                               "reduce_scatter %3 48"));
+}
+
+// Attention that context parallelism placed keeps what it reads (here Ulysses: the heads'
+// split), not where its operands come from: the softmax before it runs on the heads' split
+// its result moves to anyway, one all-to-all instead of an allgather for softmax and an
+// all-to-all for sdpa (s11-w4-c170).
+TEST(SearchPlacements, ContextParallelAttentionKeepsWhatItReadsNotWhereItComesFrom) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1, 2, 3]
+  %t0 = input f32[3, 4, 4, 3] @m0 {split(2, 4), parallelize(2, DIDx)}
+  %t1 = input f32[3, 4, 4, 3] @m0 {}
+  %t2 = softmax(%t0, dim=2)
+  %t3 = sdpa(%t2, %t0, %t1)
+  output %t3
+})";
+  EXPECT_THAT(collectivesOf(text, "greedy"), ElementsAre("allgather %0 144", "all_to_all %t0 144"));
+  EXPECT_THAT(collectivesOf(text), ElementsAre("all_to_all %t0 144"));
+  EXPECT_EQ(outputShardings(text, "search"), outputShardings(text, "greedy"));
+}
+
+// Attention whose operands arrive split along head_dim, not the sequence, is no context
+// parallelism: the search places it like any op (on a split of the batch here), and k, needed
+// whole by mul, is gathered once for both (s11-w3-c276).
+TEST(SearchPlacements, AttentionThatContextParallelismDidNotPlaceIsSearchedLikeAnyOp) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1, 2]
+  %t0 = input f32[2, 3, 2, 3] @m0 {split(3, 3), parallelize(3, DIDx)}
+  %t1 = input f32[2, 3, 2, 3] @m0 {split(3, 3), parallelize(3, DIDx)}
+  %t2 = input f32[2, 3, 2, 3] @m0 {}
+  %t3 = sdpa(%t0, %t1, %t2)
+  %t4 = mul(%t1, %t2)
+  %t5 = rms_norm(%t4)
+  output %t3, %t5
+})";
+  EXPECT_THAT(collectivesOf(text, "greedy"), ElementsAre("allgather %0 48", "allgather %3 48", "allgather %7 48"));
+  EXPECT_THAT(collectivesOf(text), ElementsAre("all_to_all %t0 48", "allgather %1 48", "allgather %6 72"));
+}
+
 TEST(SearchPlacements, ThePlanOptionNamesItsValues) {
   EXPECT_THAT(testing_helpers::userErrorMessage(ErrorKind::Value, [] { plan("exhaustive"); }),
               ::testing::HasSubstr("plan 'exhaustive': expected search or greedy"));
