@@ -82,7 +82,7 @@ CaseSpec generateCase(uint64_t seed, int64_t index, int64_t world, int max_ops, 
 std::unique_ptr<Fusion> buildDefinition(const CaseSpec& c);
 DeviceMesh meshOf(const CaseSpec& c);
 // Whether every input placement and output pin shards only dims it divides evenly (the oracle
-// counts bytes of even blocks only: an uneven case gets checks (a) and (b), not (c)).
+// then searches even blocks only; in an uneven case, torch.chunk's blocks of any dim).
 bool evenlyPlaced(const CaseSpec& c);
 
 // One-line text form of the case (written into reproducers, read back by --replay).

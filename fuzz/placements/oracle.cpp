@@ -32,18 +32,41 @@ struct Problem {
   std::vector<int64_t> bytes;             // per tensor, global f32 bytes
   std::vector<bool> weight;               // per tensor: an input that is a GEMM's weight operand
 
-  bool shardable(int t, int d) const { return d >= 0 && d < static_cast<int>(ext[t].size()) && ext[t][d] % n == 0; }
+  bool uneven;                            // torch.chunk's blocks allowed (else a shard divides evenly)
+
+  bool shardable(int t, int d) const {
+    return d >= 0 && d < static_cast<int>(ext[t].size()) && (uneven || ext[t][d] % n == 0);
+  }
   // Wire bytes (all ranks, times n: see oracle.h) to turn placement `from` of tensor t into `to`.
+  // Summed over the ranks, what each sends depends on the whole tensor only (B = its bytes; each
+  // rank's block b_r, summing to B): an allgather sends each block to n-1 ranks, (n-1) B; a
+  // reduce-scatter or all-to-all (n-1)/n of what each holds, (n-1) B and (n-1) B / n; uneven
+  // blocks included, as meshfuse's report of each rank's block counts them.
   int64_t conversion(int t, int from, int to) const {
     if (from == to) return 0;
     if (to != kRep && to != kPar && !shardable(t, to)) return kNever;
     if (from == kRep) return 0;  // slice locally; Partial: the value on one rank, zeros elsewhere
+    const int64_t b = bytes[t];
     if (from == kPar) {
       if (to == kPar) return 0;
-      return wireBytesTimesN(to == kRep ? CommKind::Allreduce : CommKind::ReduceScatter, bytes[t], n) * n;
+      return (to == kRep ? 2 : 1) * n * (n - 1) * b;  // allreduce, reduce-scatter
     }
     if (to == kPar) return kNever;
-    return wireBytesTimesN(to == kRep ? CommKind::Allgather : CommKind::AllToAll, bytes[t] / n, n) * n;
+    return to == kRep ? n * (n - 1) * b : (n - 1) * b;  // allgather, all-to-all
+  }
+  // The elements one rank holds of tensor t placed `q`: the largest of torch.chunk's blocks (a
+  // pending sum holds the whole value).
+  int64_t local(int t, int q) const {
+    int64_t e = 1;
+    for (int d = 0; d < static_cast<int>(ext[t].size()); ++d) e *= d == q ? (ext[t][d] + n - 1) / n : ext[t][d];
+    return e;
+  }
+  // torch.chunk's block sizes of an extent over the n ranks.
+  std::vector<int64_t> blocks(int64_t extent) const {
+    const int64_t size = (extent + n - 1) / n;
+    std::vector<int64_t> out;
+    for (int64_t r = 0, left = extent; r < n; ++r, left -= std::min(left, size)) out.push_back(std::min(left, size));
+    return out;
   }
   // The cheapest way to give tensor t every placement in `need`, starting from `own`: each one
   // converted from the best placement available so far (all orders tried; `need` is tiny).
@@ -100,16 +123,28 @@ std::vector<Rule> allDimsBut(int rank, int except) {
 }
 
 // For reshape: rank r of the input holds, within each block of the dims before d, a contiguous
-// 1/n of the rest. The output dim e is sharded the same way iff the dims before it hold the same
-// number of elements and e itself divides by n.
+// run of the rest: its block of d times what the dims after d hold. The output dim e is sharded
+// the same way iff the dims before it hold the same number of elements and every rank's run is
+// the same on both sides (even blocks: e divides by n; uneven: block by block).
 std::vector<Rule> reshapeRules(const Problem& p, int in, int out) {
   std::vector<Rule> rules = {{{kPar}, kPar}};
-  for (int d = 0; d < static_cast<int>(p.ext[in].size()); ++d) {
-    int64_t before_in = 1;
-    for (int i = 0; i < d; ++i) before_in *= p.ext[in][i];
-    int64_t before_out = 1;
-    for (int e = 0; e < static_cast<int>(p.ext[out].size()); before_out *= p.ext[out][e], ++e)
-      if (before_out == before_in && p.ext[out][e] > 1 && p.shardable(out, e)) rules.push_back({{d}, e});
+  auto product = [](const std::vector<int64_t>& x, size_t from, size_t to) {
+    int64_t v = 1;
+    for (size_t i = from; i < to; ++i) v *= x[i];
+    return v;
+  };
+  const std::vector<int64_t>& xi = p.ext[in];
+  const std::vector<int64_t>& xo = p.ext[out];
+  for (int d = 0; d < static_cast<int>(xi.size()); ++d) {
+    const int64_t before_in = product(xi, 0, d), inner_in = product(xi, d + 1, xi.size());
+    for (int e = 0; e < static_cast<int>(xo.size()); ++e) {
+      if (product(xo, 0, e) != before_in || xo[e] <= 1 || !p.shardable(out, e)) continue;
+      const int64_t inner_out = product(xo, e + 1, xo.size());
+      const std::vector<int64_t> bi = p.blocks(xi[d]), bo = p.blocks(xo[e]);
+      bool lined_up = true;
+      for (size_t r = 0; r < bi.size(); ++r) lined_up = lined_up && bi[r] * inner_in == bo[r] * inner_out;
+      if (lined_up) rules.push_back({{d}, e});
+    }
   }
   return rules;
 }
@@ -183,8 +218,7 @@ struct Search {
   std::vector<size_t> choice, best_choice, free_choice;
   Cost best, free;  // the best plan within the bounds, and the best of all
 
-  // The elements one rank holds of tensor t placed `q` (a pending sum holds the whole value).
-  int64_t local(int t, int q) const { return p.bytes[t] / 4 / (q >= 0 ? p.n : 1); }
+  int64_t local(int t, int q) const { return p.local(t, q); }
 
   // The measures of one choice of rules; `how` (optional) gets the plan's description.
   Cost cost(const std::vector<size_t>& pick, std::vector<std::string>* how) const {
@@ -260,7 +294,7 @@ OraclePlan minimumBytes(const CaseSpec& c, const PlanBounds& bounds, int64_t max
     plan.why_not = "the oracle models 1-D meshes only";
     return plan;
   }
-  Problem p{c, c.mesh_shape[0], {}, {}, {}};
+  Problem p{c, c.mesh_shape[0], {}, {}, {}, !evenlyPlaced(c)};
   for (const Shape& s : shapesOf(c)) {
     p.ext.push_back(extents(c, s));
     int64_t numel = 1;

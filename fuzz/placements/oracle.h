@@ -2,8 +2,9 @@
 // any plan can move, found by exhaustive search, independently of src/propagation.
 //
 // Model (DTensor's, written down here from first principles, not taken from meshfuse):
-//   - every tensor has one placement: Replicate, Partial (pending sum) or Shard(d) with d's
-//     extent divisible by the mesh size n;
+//   - every tensor has one placement: Replicate, Partial (pending sum) or Shard(d): d's extent
+//     divisible by the mesh size n, or, in a case the fuzzer drew uneven (an input placed or an
+//     output pinned in blocks of different sizes), any extent in torch.chunk's blocks;
 //   - each op computes locally under a small table of rules "operand placements -> result
 //     placement" (e.g. sum over a sharded dim: Shard(a) -> Partial; linear: Shard(k), Shard(k)
 //     -> Partial; exp: Shard(d) -> Shard(d), but not Partial -> Partial);
@@ -23,6 +24,9 @@
 // (B = the tensor's global bytes): Shard -> Replicate allgather (n-1)B; Partial -> Shard
 // reduce-scatter (n-1)B; Partial -> Replicate allreduce 2(n-1)B; Shard(a) -> Shard(b)
 // all-to-all (n-1)B/n; Replicate -> Shard or Partial: 0 (local); Shard -> Partial: not allowed.
+// The same sums for uneven blocks, each rank counted by its own block (an all-to-all of uneven
+// blocks really sends B(1 - sum_r a_r b_r / B^2) for blocks a_r and b_r of the two dims: the
+// model keeps (n-1)B/n on both sides, meshfuse's report and the oracle's).
 // meshfuse's plan is measured the same way from its collectives report (each collective's
 // bytes in on each rank, its kind and team: wireBytesTimesN). The report's bytes themselves are
 // not a measure of traffic: a reduce-scatter's input is n times an allgather's of the same
@@ -65,7 +69,7 @@ struct OraclePlan {
 };
 
 // The minimum over all plans within `bounds` (applicable: 1-D mesh, at most `max_plans` rule
-// combinations, some plan within the bounds).
+// combinations, some plan within the bounds; even or uneven blocks).
 OraclePlan minimumBytes(const CaseSpec& c, const PlanBounds& bounds = {}, int64_t max_plans = 2'000'000);
 
 // What one rank's collective of `kind` with `in_bytes` in, on a team of n ranks, sends, times n.

@@ -160,6 +160,35 @@ TEST(PlacementOracle, FlagsARealPlanMadeWorseByAPin) {
   EXPECT_EQ(compareWithOracle(minimumBytes(c, bounds), wire), "meshfuse's plan sends 512.0 bytes; the oracle's sends 0.0");
 }
 
+// Uneven blocks (8 rows on 3 ranks: 3, 3, 2): an allgather sends each rank's block to the two
+// others, 2 * 512 B over all ranks whatever the block sizes, and meshfuse's report (each rank's
+// own block) sums to the same.
+TEST(PlacementOracle, UnevenBlocksAreCountedAsMeshfuseReportsThem) {
+  CaseSpec c = chain({S(0)}, {op(FuzzOp::Exp)}, {R});
+  c.mesh_shape = {3};
+  OraclePlan o = minimumBytes(c);
+  ASSERT_TRUE(o.applicable) << o.why_not;
+  EXPECT_EQ(o.min_wire_times_n, 3 * 2 * 512);
+  EXPECT_EQ(o.work, 3 * 16 + 3 * 16);  // exp reads and writes the largest block, 3 rows
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 3), o.min_wire_times_n);
+}
+
+// A reshape carries a shard only where every rank's run of elements is the same on both sides:
+// [8, 16] -> [128] on 2 ranks is 64 + 64 either way (free), on 3 ranks 48 + 48 + 32 rows'
+// elements against torch.chunk's 43 + 43 + 42 (the input is gathered, 2 * 512 B).
+TEST(PlacementOracle, AReshapeCarriesAShardOnlyWhereTheBlocksLineUp) {
+  OpSpec flatten = op(FuzzOp::Reshape);
+  flatten.new_shape = {{0, 1}};
+  CaseSpec even = chain({S(0)}, {flatten}, {S(0)});
+  EXPECT_EQ(minimumBytes(even).min_wire_times_n, 0);
+  CaseSpec uneven = even;
+  uneven.mesh_shape = {3};
+  OraclePlan o = minimumBytes(uneven);
+  ASSERT_TRUE(o.applicable) << o.why_not;
+  EXPECT_EQ(o.min_wire_times_n, 3 * 2 * 512);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(uneven), 3), o.min_wire_times_n);
+}
+
 TEST(PlacementOracle, TwoDimensionalMeshesAreOutsideTheOracle) {
   CaseSpec c = chain({S(0), R}, {op(FuzzOp::Exp)});
   c.mesh_shape = {2, 2};

@@ -132,7 +132,6 @@ PlanBounds plannedBounds(std::unique_ptr<Fusion> placed) {
 
 CaseResult runCase(const CaseSpec& c, Communicator& world) {
   CaseResult res;
-  const bool even = evenlyPlaced(c);
   std::unique_ptr<Fusion> def;
   try {
     def = buildDefinition(c);
@@ -185,11 +184,7 @@ CaseResult runCase(const CaseSpec& c, Communicator& world) {
   CaseSpec judged = c;
   for (size_t i = 0; i < c.outputs.size(); ++i)
     if (judged.output_pins[i].empty()) judged.output_pins[i] = outs[i].placements;
-  if (even) {
-    res.oracle = minimumBytes(judged, res.plan_bounds);
-  } else {
-    res.oracle.why_not = "uneven blocks (the oracle counts bytes of even blocks only)";
-  }
+  res.oracle = minimumBytes(judged, res.plan_bounds);
   for (const ShardedTensor& o : outs) res.output_placements.push_back(o.placements);
   const std::string waste = compareWithOracle(res.oracle, res.plan_wire_times_n);
   if (!numerics.empty()) res.detail += "(a) " + numerics;

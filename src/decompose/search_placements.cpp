@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "decompose/decompose_reshardings.h"
+#include "decompose/decompose_ring_attention.h"
 #include "decompose/resharding_steps.h"
 #include "meshfuse/error.h"
 #include "meshfuse/ir/fusion.h"
@@ -80,6 +81,18 @@ int64_t localElements(const Fusion& f, const TensorView* tv) {
   return n;
 }
 
+// The collectives a set of decomposed `f` makes: one, or, where ring attention rotates its
+// blocks instead of gathering them, a send/recv per step (n - 1 on the axis of n devices it
+// changes), as the executed program counts them.
+int64_t ringSteps(const Fusion& f, const Expr* set) {
+  if (ringAttentionOf(set) == nullptr) return 1;
+  const Sharding from = readSharding(static_cast<const TensorView*>(set->input(size_t{0})));
+  const Sharding to = readSharding(set->output());
+  for (size_t a = 0; a < to.axes.size(); ++a)
+    if (from.axes[a] != to.axes[a]) return f.mesh(to.mesh).size(static_cast<int64_t>(a)) - 1;
+  return 1;
+}
+
 // What the collectives of decomposed `f` (one mesh) send: each set changes one mesh axis
 // (decompose-reshardings' guarantee), a collective or a local slice (which sends nothing).
 // `params`: parameters() of the definition `f` was placed from.
@@ -94,7 +107,7 @@ PlanCost measure(const Fusion& f, const std::set<size_t>& params) {
     MF_CHECK(wire.has_value(), "the plan search measures programs of static sizes on one mesh only");
     if (*wire == 0) continue;
     cost.wire += *wire;
-    cost.collectives += 1;
+    cost.collectives += ringSteps(f, e);
     const TensorView* source = copiedInput(f, in);
     if (source == nullptr) continue;
     const auto position = static_cast<size_t>(std::find(inputs.begin(), inputs.end(), source) - inputs.begin());
@@ -143,22 +156,51 @@ void keepOutputs(Fusion& f, const std::vector<Sharding>& kept) {
   }
 }
 
-// Whether propagated `f` has attention whose keys (operand 1 of sdpa, sdpa_lse and sdpa_grad)
-// arrive split along the sequence (dim 2 of [batch, heads, seq, head_dim]) on some mesh axis:
-// context parallelism placed it (Ulysses, ring or a gather, as --cp and the heads decide;
-// propagation asks the same of the keys), and a search by bytes must not override that.
-bool contextParallel(const Fusion& f) {
-  constexpr int64_t kKeys = 1, kSeq = 2;
+// The mesh axes on which propagated `f` has attention whose keys or values (operands 1 and 2 of
+// sdpa and sdpa_grad, 1 of sdpa_lse) arrive split along the sequence (dim 2 of [batch, heads,
+// seq, head_dim]): there context parallelism placed it (Ulysses, ring or a gather, as --cp and
+// the heads decide; propagation asks the same). Empty when there is none.
+std::vector<int64_t> contextParallelAxes(const Fusion& f) {
+  constexpr int64_t kSeq = 2;
+  std::set<int64_t> axes;
   for (const Expr* e : f.exprs()) {
-    if (e->info().category != OpCategory::Attention || e->inputs().size() <= kKeys) continue;
-    const Val* v = e->inputs()[kKeys];
-    if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
-    const auto* k = static_cast<const TensorView*>(v);
-    if (k->rank() <= kSeq) continue;
-    for (const Placement& p : readSharding(k).axes)
-      if (p == Placement::shard(kSeq)) return true;
+    if (e->info().category != OpCategory::Attention) continue;
+    for (size_t i : {size_t{1}, size_t{2}}) {
+      const Val* v = i < e->inputs().size() ? e->inputs()[i] : nullptr;
+      if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
+      const auto* kv = static_cast<const TensorView*>(v);
+      if (kv->rank() <= kSeq) continue;
+      const Sharding s = readSharding(kv);
+      for (size_t a = 0; a < s.axes.size(); ++a)
+        if (s.axes[a] == Placement::shard(kSeq)) axes.insert(static_cast<int64_t>(a));
+    }
   }
-  return false;
+  return {axes.begin(), axes.end()};
+}
+
+// Whether every attention op of decomposed `f` reads each operand split evenly on each of `axes`
+// (no operand whole there, and no rank with less of it than another): each rank holds as little
+// as ring attention leaves it, and attends as much (an uneven split of the batch would leave
+// ranks idle while others attend whole sequences).
+bool attentionSplitOn(const Fusion& f, const std::vector<int64_t>& axes) {
+  for (const Expr* e : f.exprs()) {
+    if (e->info().category != OpCategory::Attention) continue;
+    for (const Val* v : e->inputs()) {
+      if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
+      const auto* tv = static_cast<const TensorView*>(v);
+      const Sharding s = readSharding(tv);
+      const DeviceMesh& mesh = f.mesh(s.mesh);
+      for (int64_t a : axes) {
+        const Placement& p = s.axes[static_cast<size_t>(a)];
+        if (p.kind != Placement::Shard) return false;
+        int64_t parts = 1;
+        for (size_t b = 0; b < s.axes.size(); ++b)
+          if (s.axes[b] == p) parts *= mesh.size(static_cast<int64_t>(b));
+        if (tv->dims()[static_cast<size_t>(p.dim)]->extent().value() % parts != 0) return false;
+      }
+    }
+  }
+  return true;
 }
 
 // The shardings every attention op of decomposed `f` reads its operands in and gives its result,
@@ -184,8 +226,10 @@ struct Kept {
   std::set<size_t> parameters;      // parameters() of the placed definition
   bool made = false;                // set by the greedy plan
   std::vector<Sharding> outputs;    // outputShardings of the greedy plan
-  // attentionShardings of the greedy plan, where context parallelism placed its attention
+  // attentionShardings of the greedy plan, where context parallelism placed its attention on
+  // `context_parallel` (the mesh axes)
   std::optional<std::vector<Sharding>> attention;
+  std::vector<int64_t> context_parallel;
 };
 
 struct Trial {
@@ -195,8 +239,9 @@ struct Trial {
 
 // Propagates a copy of `placed` taking `take`, keeps the outputs as `kept` (the greedy plan's:
 // the first plan tried, which sets them), decomposes it and measures it; nullopt when attention
-// that context parallelism placed in the greedy plan reads or gives another sharding, or when
-// propagation or decomposition refuses the plan (a candidate a later pass cannot make; operands
+// that context parallelism placed in the greedy plan reads or gives another sharding (but, under
+// --cp=auto, for one that reads no operand whole where it was split: below), or when propagation or
+// decomposition refuses the plan (a candidate a later pass cannot make; operands
 // a forced --cp cannot use).
 std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& options, std::vector<int64_t> take,
                              Kept& kept) {
@@ -204,21 +249,31 @@ std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& option
   Trial t;
   t.choices.take = std::move(take);
   const bool greedy = !kept.made;
-  bool context_parallel = false;
   try {
     propagateShardings(*f, options.propagation, options.sizes, &t.choices);
     if (greedy) {
       kept.made = true;
       kept.outputs = outputShardings(*f);
-      context_parallel = contextParallel(*f);
+      kept.context_parallel = contextParallelAxes(*f);
     }
     keepOutputs(*f, kept.outputs);
     decomposeReshardings(*f);
+    decomposeRingAttention(*f, options.propagation.context_parallel);
   } catch (const UserError&) {
     return std::nullopt;
   }
-  if (context_parallel) kept.attention = attentionShardings(*f);
-  else if (kept.attention && attentionShardings(*f) != *kept.attention) return std::nullopt;
+  if (greedy && !kept.context_parallel.empty()) kept.attention = attentionShardings(*f);
+  if (!greedy && kept.attention && attentionShardings(*f) != *kept.attention) {
+    // A forced --cp stands. Under auto, a plan may place attention otherwise when it reads no
+    // operand whole on the axes context parallelism split it on, so that each rank holds as
+    // little as ring attention's: on a split of the batch, its operands moved there upstream,
+    // before the ops that make them (attention data-parallel over the batch: s2-w2-u40-c144 and
+    // s1-w3-c333, which send half and three quarters of the ring's bytes). Ring attention stays
+    // where the batch does not split (one sequence, or fewer than the devices).
+    const bool otherwise = options.propagation.context_parallel == ContextParallel::Auto &&
+                           attentionSplitOn(*f, kept.context_parallel);
+    if (!otherwise) return std::nullopt;
+  }
   t.cost = measure(*f, kept.parameters);
   return t;
 }

@@ -30,11 +30,15 @@
 // alone costs more than the plan it leaves: a pending sum reduce-scattered for one op pays off
 // only when the op after it computes on the gathered whole, and that one's consumers follow it.
 //
-// Attention that context parallelism placed in the greedy plan (its operands arrive split along
-// the sequence) reads its operands and gives its result as in the greedy plan in every plan
-// tried: context parallelism chooses how they move (Ulysses, ring or a gather, by the heads and
-// the user's --cp), and a search by bytes must not override that choice. Where those operands
-// come from, other attention, and the rest of the program are searched as any op.
+// Attention that context parallelism placed in the greedy plan (its keys or values arrive split
+// along the sequence) reads its operands and gives its result as in the greedy plan in every plan
+// tried under a forced --cp: context parallelism chooses how they move (Ulysses, ring or a gather),
+// and a search by bytes must not override the user's choice. Under --cp=auto a plan may place it
+// otherwise only where it reads every operand split evenly on the axes the sequence was split on
+// (each rank holding and attending no more than ring attention leaves it): on a split of the
+// batch, typically. Where attention's operands come from, other attention, and the rest of the
+// program are searched as any op. Ring attention's rotations count as their n - 1 send/recv steps
+// each, as the executed program has them.
 //
 // Where it does not apply the greedy plan stands: a program on one device or on several meshes
 // (pipeline stages), with symbolic sizes (its bytes depend on them, and the executor compiles

@@ -85,11 +85,14 @@ std::optional<OutputChoice> Propagator::carried(const Expr* e, const ShardingRul
 // For a search over the decisions (choices_): every other sharding the op can give its output
 // on axis `a` from operands moved to fit, each operand dim carried through its rule (a Shard,
 // or a pending sum over a contracted dim) whatever the operand's own state. Ranked after
-// candidates(): the greedy decision is the same with or without them.
+// candidates(): the greedy decision is the same with or without them. Attention that context
+// parallelism places gets them only under --cp=auto (a forced choice stands; the search keeps
+// what it may take of them: search_placements.h).
 std::vector<OutputChoice> Propagator::searchCandidates(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
                                                        int64_t a, const std::vector<OutputChoice>& taken) const {
   std::vector<OutputChoice> out;
-  if (choices_ == nullptr || contextParallel(e, rule, mesh, a)) return out;
+  if (choices_ == nullptr) return out;
+  if (options_.context_parallel != ContextParallel::Auto && contextParallel(e, rule, mesh, a)) return out;
   for (size_t i = 0; i < e->inputs().size(); ++i) {
     if (tensorAt(e, i) == nullptr) continue;
     for (int64_t d = 0; d < static_cast<int64_t>(rule.operand_maps[i].size()); ++d) {

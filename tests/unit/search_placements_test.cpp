@@ -246,6 +246,31 @@ TEST(SearchPlacements, AttentionThatContextParallelismDidNotPlaceIsSearchedLikeA
   EXPECT_THAT(collectivesOf(text), ElementsAre("all_to_all %t0 48", "allgather %1 48", "allgather %6 72"));
 }
 
+// Keys and values sequence-split, 5 heads on 2 ranks: context parallelism takes ring attention
+// (k and v rotate: 2 send/recvs of 200 bytes). Under --cp=auto the search moves %t0 to the batch's
+// even split instead, before the mul and add that make q, k and v, and the output back: one
+// all-to-all each way, half the bytes, each rank attending whole sequences for one of the two
+// batch rows (the placement fuzzer's s2-w2-u40-c144). A forced --cp=ring stands.
+TEST(SearchPlacements, AutoContextParallelismGivesWayToAnEvenBatchSplit) {
+  const char* text = R"(fusion {
+  mesh @m0 = [0, 1]
+  %t0 = input f32[2, 5, 2, 5] @m0 {split(2, 2), parallelize(2, DIDx)}
+  %t1 = input f32[2, 5, 2, 5] @m0 {}
+  %t2 = mul(%t0, %t0)
+  %t3 = add(%t2, %t1)
+  %t4 = sdpa(%t3, %t2, %t3)
+  output %t4
+})";
+  EXPECT_THAT(collectivesOf(text, "greedy"), ElementsAre("send_recv %t2 200", "send_recv %t3 200"));
+  EXPECT_THAT(collectivesOf(text), ElementsAre("all_to_all %t0 200", "all_to_all %2 200"));
+  PipelineOptions ring = plan("search");
+  findCompileOption("cp").set(ring, "ring");
+  CompiledProgram p = compile(parseFusion(text, "t.mf"), ring);
+  Strings kinds;
+  for (const CollectiveInfo& c : collectives(programForRank(p, 0), {})) kinds.push_back(commKindName(c.kind));
+  EXPECT_THAT(kinds, ElementsAre("send_recv", "send_recv"));
+}
+
 TEST(SearchPlacements, ThePlanOptionNamesItsValues) {
   EXPECT_THAT(testing_helpers::userErrorMessage(ErrorKind::Value, [] { plan("exhaustive"); }),
               ::testing::HasSubstr("plan 'exhaustive': expected search or greedy"));
