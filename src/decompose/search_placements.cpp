@@ -46,6 +46,12 @@ const TensorView* copiedInput(const Fusion& f, const TensorView* tv) {
   return tv;
 }
 
+// The position of fusion input `tv` among `f`'s inputs (clones keep the order).
+size_t inputPosition(const Fusion& f, const TensorView* tv) {
+  const std::vector<TensorView*>& inputs = f.inputs();
+  return static_cast<size_t>(std::find(inputs.begin(), inputs.end(), tv) - inputs.begin());
+}
+
 // The parameters of the placed definition, as positions among its inputs: those an op reads
 // (directly, or through the user's sets) as its weight (a GEMM's, an embedding's table). A plan
 // that moves one ranks below any that does not. (Found on the placed definition, as propagation
@@ -53,14 +59,12 @@ const TensorView* copiedInput(const Fusion& f, const TensorView* tv) {
 // longer calls it one; the placement fuzzer's s11-w2-c134.)
 std::set<size_t> parameters(const Fusion& placed) {
   std::set<size_t> out;
-  const std::vector<TensorView*>& inputs = placed.inputs();
   for (const Expr* e : placed.exprs()) {
     const int64_t w = shardingRuleOf(e).weight_operand;
     if (w < 0 || static_cast<size_t>(w) >= e->inputs().size()) continue;
     const Val* v = e->inputs()[w];
     if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
-    if (const TensorView* p = copiedInput(placed, static_cast<const TensorView*>(v)))
-      out.insert(static_cast<size_t>(std::find(inputs.begin(), inputs.end(), p) - inputs.begin()));
+    if (const TensorView* p = copiedInput(placed, static_cast<const TensorView*>(v))) out.insert(inputPosition(placed, p));
   }
   return out;
 }
@@ -97,7 +101,6 @@ int64_t ringSteps(const Fusion& f, const Expr* set) {
 // (decompose-reshardings' guarantee), a collective or a local slice (which sends nothing).
 // `params`: parameters() of the definition `f` was placed from.
 PlanCost measure(const Fusion& f, const std::set<size_t>& params) {
-  const std::vector<TensorView*>& inputs = f.inputs();
   PlanCost cost;
   cost.work = workPerRank(f);
   for (const Expr* e : f.exprs()) {
@@ -108,10 +111,7 @@ PlanCost measure(const Fusion& f, const std::set<size_t>& params) {
     if (*wire == 0) continue;
     cost.wire += *wire;
     cost.collectives += ringSteps(f, e);
-    const TensorView* source = copiedInput(f, in);
-    if (source == nullptr) continue;
-    const auto position = static_cast<size_t>(std::find(inputs.begin(), inputs.end(), source) - inputs.begin());
-    cost.parameter_moves += params.count(position);
+    if (const TensorView* source = copiedInput(f, in)) cost.parameter_moves += params.count(inputPosition(f, source));
   }
   return cost;
 }
@@ -238,11 +238,11 @@ struct Trial {
 };
 
 // Propagates a copy of `placed` taking `take`, keeps the outputs as `kept` (the greedy plan's:
-// the first plan tried, which sets them), decomposes it and measures it; nullopt when attention
+// the first plan tried, which sets them), decomposes it and measures it. nullopt when attention
 // that context parallelism placed in the greedy plan reads or gives another sharding (but, under
-// --cp=auto, for one that reads no operand whole where it was split: below), or when propagation or
-// decomposition refuses the plan (a candidate a later pass cannot make; operands
-// a forced --cp cannot use).
+// --cp=auto, for one that reads no operand whole where it was split: below), or when propagation
+// or decomposition refuses the plan (a candidate a later pass cannot make; operands a forced --cp
+// cannot use).
 std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& options, std::vector<int64_t> take,
                              Kept& kept) {
   std::unique_ptr<Fusion> f = placed.clone();
