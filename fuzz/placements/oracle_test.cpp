@@ -136,7 +136,7 @@ TEST(PlacementOracle, FlagsAPlanWithAnInjectedCollective) {
   EXPECT_EQ(compareWithOracle(minimumBytes(c, mine), planned), "");
   // One more allreduce of the [16] result (64 bytes in on each of two ranks): one collective more,
   // so the bounds the plan sets are looser, and the oracle still finds the one reduce-scatter.
-  const int64_t extra_allreduce = 2 * wireBytesTimesN(CommKind::Allreduce, 64, 2);
+  const int64_t extra_allreduce = 2 * wireBytesTimesN(CommKind::Allreduce, 64, 2, 2);
   PlanBounds worse = mine;
   worse.collectives += 1;
   EXPECT_EQ(compareWithOracle(minimumBytes(c, worse), planned + extra_allreduce),
@@ -189,12 +189,71 @@ TEST(PlacementOracle, AReshapeCarriesAShardOnlyWhereTheBlocksLineUp) {
   EXPECT_EQ(plannedWireTimesN(placedDefinition(uneven), 3), o.min_wire_times_n);
 }
 
-TEST(PlacementOracle, TwoDimensionalMeshesAreOutsideTheOracle) {
-  CaseSpec c = chain({S(0), R}, {op(FuzzOp::Exp)});
+// On a 2x2 mesh a step on one axis moves what that axis's teams hold. x [8, 16] (512 B)
+// [Partial, Shard(0)] to Replicate everywhere: all-reducing axis 0 first reduces each team's
+// 256 B half (2 teams x 2 x 256 B), then axis 1 gathers 512 B (2 teams x 256 B): 2048 B. The
+// other order gathers pending sums whole first: 1024 + 2048 B.
+TEST(PlacementOracle, OnA2x2MeshEachAxisStepMovesWhatItsTeamsHold) {
+  CaseSpec c = chain({P, S(0)}, {op(FuzzOp::Exp)}, {R, R});
+  c.mesh_shape = {2, 2};
+  OraclePlan o = minimumBytes(c);
+  ASSERT_TRUE(o.applicable) << o.why_not;
+  EXPECT_EQ(o.n, 4);
+  EXPECT_EQ(o.min_wire_times_n, 4 * 2048);
+  EXPECT_EQ(o.collectives, 2);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 4), o.min_wire_times_n);
+}
+
+// Two axes that split one dim nest (axis 0 outermost): gathering [Shard(0), Shard(0)] takes the
+// inner split away first (2 teams x 2 x 128 B), then the outer (2 teams x 2 x 256 B): 1536 B, what
+// one allgather over the four ranks would send.
+TEST(PlacementOracle, NestedSplitsAreGatheredInnerAxisFirst) {
+  CaseSpec c = chain({S(0), S(0)}, {op(FuzzOp::Exp)}, {R, R});
+  c.mesh_shape = {2, 2};
+  OraclePlan o = minimumBytes(c);
+  ASSERT_TRUE(o.applicable) << o.why_not;
+  EXPECT_EQ(o.min_wire_times_n, 4 * 1536);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 4), o.min_wire_times_n);
+  // The outer axis alone cannot be gathered under the inner split. To [Replicate, Shard(0)]:
+  // gather both (1536 B, two collectives, meshfuse's plan), or in three all-to-all, allgather,
+  // all-to-all through [Shard(0), Shard(1)] and [Replicate, Shard(1)] (256 + 512 + 512 B), which
+  // meshfuse's bounds leave out.
+  CaseSpec outer = chain({S(0), S(0)}, {op(FuzzOp::Exp)}, {R, S(0)});
+  outer.mesh_shape = {2, 2};
+  const PlanBounds mine = plannedBounds(placedDefinition(outer));
+  EXPECT_EQ(mine.collectives, 2);
+  OraclePlan p = minimumBytes(outer, mine);
+  ASSERT_TRUE(p.applicable) << p.why_not;
+  EXPECT_EQ(p.collectives, 2);
+  EXPECT_EQ(p.min_wire_times_n, 4 * 1536);
+  EXPECT_EQ(p.bytes_only_min_times_n, 4 * 1280);
+  EXPECT_EQ(p.bytes_only_collectives, 3);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(outer), 4), p.min_wire_times_n);
+}
+
+// sum over a dim split on both axes gives a pending sum on both: two allreduces of the [16]
+// result (64 B), 256 B each over the four ranks. A reduce-scatter on axis 1, an allreduce of the
+// halves on axis 0 and an allgather send 384 B, in three collectives: outside meshfuse's bounds.
+TEST(PlacementOracle, OnA2x2MeshFewerBytesInMoreCollectivesIsOutsideTheBounds) {
+  CaseSpec c = chain({S(0), S(0)}, {op(FuzzOp::Sum, 0)}, {R, R});
+  c.mesh_shape = {2, 2};
+  const PlanBounds mine = plannedBounds(placedDefinition(c));
+  EXPECT_EQ(mine.collectives, 2);
+  OraclePlan o = minimumBytes(c, mine);
+  ASSERT_TRUE(o.applicable) << o.why_not;
+  EXPECT_EQ(o.min_wire_times_n, 4 * 512);
+  EXPECT_EQ(o.bytes_only_min_times_n, 4 * 384);
+  EXPECT_EQ(o.bytes_only_collectives, 3);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 4), o.min_wire_times_n);
+}
+
+TEST(PlacementOracle, UnevenBlocksOnA2x2MeshAreOutsideTheOracle) {
+  CaseSpec c = chain({S(0), S(1)}, {op(FuzzOp::Exp)});
+  c.slots = {3, 16};  // 3 rows on axis 0's two ranks: blocks of 2 and 1
   c.mesh_shape = {2, 2};
   OraclePlan o = minimumBytes(c);
   EXPECT_FALSE(o.applicable);
-  EXPECT_EQ(o.why_not, "the oracle models 1-D meshes only");
+  EXPECT_EQ(o.why_not, "the oracle models uneven blocks on 1-D meshes only");
 }
 
 TEST(PlacementFuzzCase, GeneratedCasesBuildAndRoundTripThroughText) {

@@ -109,7 +109,7 @@ int64_t plannedWireTimesN(std::unique_ptr<Fusion> placed, int64_t ranks) {
   int64_t total = 0;
   for (int64_t r = 0; r < ranks; ++r)
     for (const CollectiveInfo& ci : collectives(programForRank(program, r), {}))
-      total += wireBytesTimesN(ci.kind, ci.bytes, static_cast<int64_t>(ci.team.size()));
+      total += wireBytesTimesN(ci.kind, ci.bytes, static_cast<int64_t>(ci.team.size()), ranks);
   return total;
 }
 
@@ -168,7 +168,7 @@ CaseResult runCase(const CaseSpec& c, Communicator& world) {
   const bool report_differs = anyRank(!mine.empty());
   int64_t wire = 0;
   for (const CollectiveInfo& ci : ran) {
-    wire += wireBytesTimesN(ci.kind, ci.bytes, static_cast<int64_t>(ci.team.size()));
+    wire += wireBytesTimesN(ci.kind, ci.bytes, static_cast<int64_t>(ci.team.size()), c.meshSize());
     res.plan += "    " + describeCollective(ci) + "\n";
   }
   res.plan_wire_times_n = sumOverRanks(wire);

@@ -1,14 +1,21 @@
 // The resharding planner (see resharding_steps.h).
 #include "decompose/resharding_steps.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
+#include <queue>
+#include <set>
+#include <tuple>
 
 #include "meshfuse/ir/fusion.h"
 
 namespace meshfuse {
+namespace {
 
-std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to) {
+// The order of steps the rules above give (take away inner axes first, add outer axes first),
+// whatever the mesh's sizes.
+std::vector<Sharding> nestingOrder(const Sharding& from, const Sharding& to) {
   const size_t n = from.axes.size();
   auto sharded = [](const Placement& p, int64_t d) { return p.kind == Placement::Shard && p.dim == d; };
   // For each dim, the outermost axis whose split of it changes (n: none).
@@ -76,6 +83,131 @@ std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to) 
   return steps;
 }
 
+// A way's measures: its collectives first (the documented priority), then the bytes it sends,
+// summed over the ranks, for a value of N^2 bytes on a mesh of N devices (so that every step's
+// share is an integer; the ranking does not depend on the value's size).
+struct WayCost {
+  int64_t collectives = 0;
+  int64_t bytes = 0;
+  bool operator<(const WayCost& o) const { return std::tie(collectives, bytes) < std::tie(o.collectives, o.bytes); }
+};
+
+// The step on axis a from `cur` to `next` (which differ there only), as ring algorithms send on
+// a team of m devices each holding B/s of the value (s: what the other axes shard it over): an
+// allgather or a reduce-scatter (m-1) B/s per team, an allreduce twice that, an all-to-all
+// (m-1) B/(s m); a slice or a local Partial nothing.
+WayCost stepCost(const Sharding& cur, const Sharding& next, size_t a, const std::vector<int64_t>& sizes) {
+  const Placement &f = cur.axes[a], &g = next.axes[a];
+  const int64_t m = sizes[a];
+  if (f == g || f.kind == Placement::Replicate || m == 1) return {};
+  int64_t mesh = 1, s = 1;
+  for (size_t b = 0; b < sizes.size(); ++b) {
+    mesh *= sizes[b];
+    if (b != a && cur.axes[b].kind == Placement::Shard) s *= sizes[b];
+  }
+  const int64_t team = (m - 1) * mesh * mesh / s;  // (m-1) B/s, B = N^2
+  const int64_t per_team = f.kind == Placement::Partial && g.kind == Placement::Replicate ? 2 * team
+                           : f.kind == Placement::Shard && g.kind == Placement::Shard   ? team / m
+                                                                                          : team;
+  return {1, per_team * (mesh / m)};
+}
+
+// Whether the step on axis a is one collective or slice: a split it takes away or adds is the
+// innermost split of its dim (blocks would interleave otherwise: resharding_steps.h), and a
+// pending sum is neither made from a split nor made where the target has none.
+bool oneStep(const Sharding& cur, const Sharding& next, size_t a, const Sharding& to) {
+  const Placement &f = cur.axes[a], &g = next.axes[a];
+  auto splitInside = [&](const Placement& p) {
+    if (p.kind != Placement::Shard) return false;
+    for (size_t b = a + 1; b < cur.axes.size(); ++b)
+      if (cur.axes[b] == p) return true;
+    return false;
+  };
+  if (splitInside(f) || splitInside(g)) return false;
+  if (g.kind == Placement::Partial) return f.kind == Placement::Replicate && to.axes[a] == g;
+  return true;
+}
+
+// The fewest collectives, then the fewest bytes, over every order of one-axis steps through
+// placements of the dims `from` and `to` shard (Dijkstra over a few dozen shardings); nullopt
+// when no such order exists.
+std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapestWay(const Sharding& from, const Sharding& to,
+                                                                       const std::vector<int64_t>& sizes) {
+  const size_t n = from.axes.size();
+  std::vector<Placement> values = {Placement::replicate()};
+  for (const Sharding* s : {&from, &to})
+    for (const Placement& p : s->axes)
+      if (p.kind == Placement::Shard && std::find(values.begin(), values.end(), p) == values.end()) values.push_back(p);
+  auto key = [](const Sharding& s) {
+    std::vector<std::pair<int, int64_t>> k;
+    for (const Placement& p : s.axes) k.emplace_back(static_cast<int>(p.kind), p.dim);
+    return k;
+  };
+  using Key = std::vector<std::pair<int, int64_t>>;
+  std::map<Key, std::pair<WayCost, std::vector<Sharding>>> best;
+  using Item = std::pair<WayCost, Key>;
+  auto later = [](const Item& x, const Item& y) { return y.first < x.first; };
+  std::priority_queue<Item, std::vector<Item>, decltype(later)> open(later);
+  best[key(from)] = {WayCost{}, {}};
+  open.push({WayCost{}, key(from)});
+  std::set<Key> done;
+  while (!open.empty()) {
+    const Key k = open.top().second;
+    open.pop();
+    if (!done.insert(k).second) continue;
+    const auto [cost, way] = best.at(k);
+    const Sharding cur = way.empty() ? from : way.back();
+    if (cur.axes == to.axes) return best.at(k);
+    for (size_t a = 0; a < n; ++a) {
+      std::vector<Placement> options = values;
+      for (const Sharding* s : {&from, &to})
+        if (s->axes[a].kind == Placement::Partial) options.push_back(s->axes[a]);
+      for (const Placement& p : options) {
+        if (p == cur.axes[a] || (cur.axes[a].kind == Placement::Partial && p.kind == Placement::Partial)) continue;
+        if (cur.axes[a].kind == Placement::Shard && p.kind == Placement::Partial) continue;
+        Sharding next = cur;
+        next.axes[a] = p;
+        if (!oneStep(cur, next, a, to)) continue;
+        const WayCost step = stepCost(cur, next, a, sizes);
+        const WayCost total{cost.collectives + step.collectives, cost.bytes + step.bytes};
+        const Key nk = key(next);
+        auto it = best.find(nk);
+        if (it != best.end() && !(total < it->second.first)) continue;
+        std::vector<Sharding> longer = way;
+        longer.push_back(next);
+        best[nk] = {total, std::move(longer)};
+        open.push({total, nk});
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, const std::vector<int64_t>& sizes) {
+  std::vector<Sharding> steps = nestingOrder(from, to);
+  if (sizes.size() != from.axes.size() || from.axes.size() < 2) return steps;
+  // The nesting order is always possible but may send more than another order: gathering a
+  // split and slicing it elsewhere where one all-to-all after the inner axes are gathered would
+  // do, or an allreduce of a pending sum on values the other axes have not split yet. The
+  // cheaper way is taken, the nesting order where they tie.
+  WayCost nesting;
+  Sharding at = from;
+  for (const Sharding& next : steps) {
+    size_t a = 0;
+    while (next.axes[a] == at.axes[a]) ++a;
+    const WayCost step = stepCost(at, next, a, sizes);
+    nesting.collectives += step.collectives, nesting.bytes += step.bytes;
+    at = next;
+  }
+  std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapest = cheapestWay(from, to, sizes);
+  if (cheapest && cheapest->first < nesting) {
+    return cheapest->second;
+  }
+  return steps;
+}
+
 namespace {
 
 Sharding replicated(int64_t mesh, int64_t axes) { return {mesh, std::vector<AxisState>(axes, Placement::replicate())}; }
@@ -102,7 +234,7 @@ class Planner {
   void onMesh(const Sharding& target) {
     Sharding t = target;
     t.mesh = cur_.mesh;
-    for (const Sharding& next : reshardingSteps(cur_, t)) {
+    for (const Sharding& next : reshardingSteps(cur_, t, f_.mesh(cur_.mesh).shape())) {
       size_t a = 0;
       while (next.axes[a] == cur_.axes[a]) ++a;
       add(next, fmt::format("{} -> {} on mesh axis {}", cur_.axes[a].toString(), next.axes[a].toString(), a));
@@ -202,7 +334,7 @@ std::optional<int64_t> wireBytes(const Fusion& f, const TensorView* tv, const Sh
   const int64_t ranks = mesh.size();
   int64_t total = 0;
   Sharding at = from;
-  for (const Sharding& next : reshardingSteps(from, to)) {
+  for (const Sharding& next : reshardingSteps(from, to, mesh.shape())) {
     for (size_t a = 0; a < at.axes.size(); ++a) {
       const Placement &x = at.axes[a], &y = next.axes[a];
       const int64_t n = mesh.size(static_cast<int64_t>(a));

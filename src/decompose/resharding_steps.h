@@ -48,8 +48,15 @@ namespace meshfuse {
 class Fusion;
 
 // The shardings after each step (the last is `to`, except for its mesh: this plans on one
-// mesh). Empty when `from` and `to` agree on every axis.
-std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to);
+// mesh). Empty when `from` and `to` agree on every axis. Given the mesh's axis sizes, another
+// order of one-axis steps is taken where it needs fewer collectives, or as many and fewer bytes
+// (wireBytes' measure), e.g. on a 2x2 mesh:
+//   [Shard(1), Shard(0)] -> [Shard(0), Replicate]: allgather on axis 1, then one all-to-all on
+//     axis 0 (the nesting order gathers both axes and slices: more bytes);
+//   [Partial, Shard(0)] -> [Replicate, Replicate]: the allreduce on axis 0 first, of each rank's
+//     half, then the allgather (the other order all-reduces whole values).
+// Intermediate placements shard only the dims `from` or `to` shard.
+std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, const std::vector<int64_t>& sizes = {});
 
 struct ReshardingStep {
   Sharding to;       // the sharding after the step (mesh included)

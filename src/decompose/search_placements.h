@@ -22,10 +22,16 @@
 // for one consumer while another goes Partial. The search revisits the decisions: each decision
 // ranks its candidates (the greedy's first, then every other sharding the op can give from
 // operands moved to fit: PlanChoices), and from the greedy plan the search tries changing one
-// decision, then two, and so on, the later decisions re-made greedily around them, and moves to
-// the first plan that ranks better, until none does or its budget (kMaxPlans) is spent. A
-// program whose decisions have fewer than kMaxPlans combinations is thus searched (nearly)
-// exhaustively; a larger one locally: the placement fuzzer's oracle (fuzz/placements/oracle.h) measures how close it
+// decision, then one value's decisions on every mesh axis at once (a move from [Replicate,
+// Shard(0)] to [Shard(0), Replicate] on a 2-D mesh), then two decisions, and so on, the later
+// decisions re-made greedily around them, and moves to the first plan that ranks better, until
+// none does or its budget (kMaxPlans) is spent. Then it climbs again, budgeted apart, from the
+// plan whose decisions keep values as they arrive where candidates tie
+// (PlanChoices::fewest_moves_on_ties), and takes the better of the two ends: the greedy order
+// takes a free split of an upstream hint at each op of a chain, which a pinned end pays a gather
+// for, and undoing that one decision at a time needs a change at every op. A program whose
+// decisions have fewer than kMaxPlans combinations is thus searched (nearly) exhaustively; a
+// larger one locally: the placement fuzzer's oracle (fuzz/placements/oracle.h) measures how close it
 // comes (docs/testing.md, "Known failures"). Several changes at once are needed where each
 // alone costs more than the plan it leaves: a pending sum reduce-scattered for one op pays off
 // only when the op after it computes on the gathered whole, and that one's consumers follow it.

@@ -89,7 +89,14 @@ bool Propagator::routePinned(Expr* e) {
   std::vector<int64_t> moved;  // the mesh axes computed otherwise than pinned
   for (int64_t a = 0; a < mesh.rank(); ++a) {
     const AxisState& pin_state = pinned.sharding.axes[a];
-    std::vector<OutputChoice> cands = alignedWithOtherAxes(out, s, mesh, a, candidates(e, rule, mesh, a));
+    // Candidates nest with the axes decided so far; the later ones are still open (as in
+    // decide()), not their pins: a reshape's output pinned [Shard(0), Shard(0)] may compute
+    // [Shard(0), Replicate] and slice axis 1 after it (the placement fuzzer's s9-w4-u40-c186,
+    // whose Shard(0) on axis 0 was dropped as if axis 1 kept its pin).
+    TvState so_far = s;
+    for (int64_t b = a + 1; b < mesh.rank(); ++b) so_far.sharding.axes[b] = Placement::replicate();
+    auto aligned = [&](std::vector<OutputChoice> c) { return alignedWithOtherAxes(out, so_far, mesh, a, std::move(c)); };
+    std::vector<OutputChoice> cands = aligned(candidates(e, rule, mesh, a));
     OutputChoice as_pinned = outputChoice(e, a);
     bool listed = false;
     for (const OutputChoice& c : cands)
@@ -102,10 +109,9 @@ bool Propagator::routePinned(Expr* e) {
     // fuzzer, s9-w4-u40-c186: the ranks read blocks that were not theirs.)
     if (!listed && (pin_state.kind != Placement::Shard || rule.fromOperands(as_pinned.out_logical)) &&
         !contextParallel(e, rule, mesh, a))
-      for (OutputChoice& c : alignedWithOtherAxes(out, s, mesh, a, {as_pinned})) cands.push_back(std::move(c));
+      for (OutputChoice& c : aligned({as_pinned})) cands.push_back(std::move(c));
     std::optional<OutputChoice> best =
-        choose(e, rule, mesh, a, cands, &pin_state,
-               alignedWithOtherAxes(out, s, mesh, a, searchCandidates(e, rule, mesh, a, cands)));
+        choose(e, rule, mesh, a, cands, &pin_state, aligned(searchCandidates(e, rule, mesh, a, cands)));
     if (!best.has_value()) continue;  // a pinned pending sum the op cannot give: decomposition says why
     take(e, rule, mesh, a, *best, s);
     if (best->state != pin_state) moved.push_back(a);
@@ -353,6 +359,15 @@ void Propagator::settlePendingSources() {
         if (!need || need->kind == Placement::Partial) continue;
         Sharding target = readSharding(in);
         target.axes[a] = *need;
+        // What the op needs of it on the other axes goes into the same set, so that one
+        // resharding orders every axis's step: slicing axis 1 before all-reducing axis 0 halves
+        // what the allreduce sends (the placement fuzzer's s11-w4-c477, on a 2x2 mesh).
+        for (size_t b = 0; b < target.axes.size(); ++b) {
+          if (b == a || target.axes[b] == Placement::partial()) continue;
+          const std::optional<AxisState> other =
+              requiredOperandState(e, rule, outputChoice(e, static_cast<int64_t>(b)), static_cast<size_t>(i));
+          if (other && other->kind != Placement::Partial) target.axes[b] = *other;
+        }
         f_.setInsertionPoint(e);
         TensorView* made = ops::set(in);
         f_.setInsertionPoint(nullptr);

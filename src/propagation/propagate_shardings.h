@@ -80,8 +80,16 @@ struct PlanChoices {
   // In: per decision, in the order the pass makes them, the rank of the candidate to take
   // (decisions past the end take 0; a rank past a decision's last candidate takes its last).
   std::vector<int64_t> take;
-  // Out: per decision, how many feasible candidates it had.
+  // Out: per decision, how many feasible candidates it had, and which op's output it places:
+  // the decisions one op makes in a row (one per mesh axis) share the number.
   std::vector<int64_t> candidates;
+  std::vector<int64_t> op;
+  // In: rank candidates that tie in everything the cost above compares by how many operands
+  // they move (a free slice included), fewest first, before the pin and the candidate order. The
+  // greedy order takes a split it gets for free (an upstream hint: less work per rank); this
+  // order keeps values as they arrive, which a search needs where the split costs a gather at a
+  // pinned output several ops later (search_placements.h).
+  bool fewest_moves_on_ties = false;
 };
 
 // `sizes`: symbolic sizes known at compile time; a reshape that splits or merges an unbound

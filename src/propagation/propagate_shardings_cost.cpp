@@ -68,9 +68,11 @@ class Volume {
 struct Cost {
   int64_t collectives = 0;
   Volume volume;
+  int64_t moves = 0;  // operands moved, a free slice included (ranked only on request: PlanChoices)
   Cost& operator+=(const Cost& o) {
     collectives = std::min(kInfinite, collectives + o.collectives);
     volume += o.volume;
+    moves += o.moves;
     return *this;
   }
 };
@@ -105,13 +107,14 @@ int64_t conversionCost(const AxisState& from, const std::optional<AxisState>& to
 }
 
 template <typename Scored>
-bool cheaper(const Scored& x, const Scored& y, const AxisState* pin) {
+bool cheaper(const Scored& x, const Scored& y, const AxisState* pin, bool fewest_moves) {
   if (x.total.collectives != y.total.collectives) return x.total.collectives < y.total.collectives;
   const AxisState &xs = x.choice->state, &ys = y.choice->state;
   const bool pending = xs.kind == Placement::Partial, y_pending = ys.kind == Placement::Partial;
   if (pin == nullptr && pending != y_pending) return y_pending;
   for (auto [a, b] : {std::pair{&x.total.volume, &y.total.volume}, std::pair{&x.before, &y.before}})
     if (std::optional<int> order = compare(*a, *b); order && *order != 0) return *order < 0;
+  if (fewest_moves && x.total.moves != y.total.moves) return x.total.moves < y.total.moves;
   return pin != nullptr && xs == *pin && ys != *pin;
 }
 
@@ -123,8 +126,9 @@ bool cheaper(const Scored& x, const Scored& y, const AxisState* pin) {
 // reduction later (mul(%q, %r) reads the %q another consumer already reduced rather than
 // staying Partial: not a concern under a pin, which the set settles), then to less data, then
 // to moving less before the op (it computes on its operands as they are and the set moves its
-// result: nvFuser's reduce-scatter of a sum over one row per device), then to the pin itself
-// (no set), then to the first candidate. A search (choices_) may ask for the k-th cheapest
+// result: nvFuser's reduce-scatter of a sum over one row per device), then (when a search asks:
+// PlanChoices::fewest_moves_on_ties) to moving fewer operands, then to the pin itself (no set),
+// then to the first candidate. A search (choices_) may ask for the k-th cheapest
 // instead: the feasible candidates are ranked by repeatedly taking the cheapest of the rest.
 std::optional<OutputChoice> Propagator::choose(const Expr* e, const ShardingRule& rule, const DeviceMesh& mesh,
                                                int64_t a, const std::vector<OutputChoice>& cands, const AxisState* pin,
@@ -141,7 +145,8 @@ std::optional<OutputChoice> Propagator::choose(const Expr* e, const ShardingRule
       Scored s{&c, candidateCost(e, rule, mesh, c, a), {}};
       s.before = s.total.volume;
       if (pin != nullptr)
-        s.total += {conversionCost(c.state, *pin), moveVolume(e->output(), c.state, *pin, mesh.size(a))};
+        s.total += {conversionCost(c.state, *pin), moveVolume(e->output(), c.state, *pin, mesh.size(a)),
+                    c.state == *pin ? 0 : 1};
       if (s.total.collectives < kInfinite) groups[g].push_back(s);
     }
   }
@@ -151,6 +156,9 @@ std::optional<OutputChoice> Propagator::choose(const Expr* e, const ShardingRule
   if (choices_ != nullptr) {
     choices_->candidates.resize(decisions_, 0);
     choices_->candidates[decision] = static_cast<int64_t>(feasible);
+    if (e != last_decided_) last_decided_ = e, ++ops_decided_;
+    choices_->op.resize(decisions_);
+    choices_->op[decision] = ops_decided_;
     if (decision < choices_->take.size() && feasible > 0)
       rank = std::min(static_cast<size_t>(choices_->take[decision]), feasible - 1);
   }
@@ -163,7 +171,7 @@ std::optional<OutputChoice> Propagator::choose(const Expr* e, const ShardingRule
     for (size_t taken = 0;; ++taken) {
       auto best = group.begin();
       for (auto it = group.begin() + 1; it != group.end(); ++it)
-        if (cheaper(*it, *best, pin)) best = it;
+        if (cheaper(*it, *best, pin, choices_ != nullptr && choices_->fewest_moves_on_ties)) best = it;
       if (taken == rank) return *best->choice;
       group.erase(best);
     }
@@ -208,7 +216,7 @@ Cost Propagator::candidateCost(const Expr* e, const ShardingRule& rule, const De
     // gather_parameters (FSDP) the activations.
     bool parameter = static_cast<int64_t>(i) == rule.weight_operand && f_.isInput(in);
     if (c1 > 0 && parameter != options_.gather_parameters) c1 *= kWeightFactor;
-    cost += {c1, moveVolume(in, from, *req, mesh.size(a))};
+    cost += {c1, moveVolume(in, from, *req, mesh.size(a)), from == *req ? 0 : 1};
   }
   return cost;
 }

@@ -133,6 +133,9 @@ class Propagator {
   // The search's requests and the candidate count of each decision so far (choose()).
   PlanChoices* choices_;
   mutable size_t decisions_ = 0;
+  // The op the last decision was for, and its number in PlanChoices::op.
+  mutable const Expr* last_decided_ = nullptr;
+  mutable int64_t ops_decided_ = 0;
 };
 
 }  // namespace meshfuse::sharding_propagation

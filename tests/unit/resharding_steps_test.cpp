@@ -80,6 +80,32 @@ std::vector<std::string> plan(Fusion& f, const DeviceMesh& a, const Ps& from, co
 
 using Strs = std::vector<std::string>;
 
+std::vector<Ps> sizedSteps(const Ps& from, const Ps& to, const std::vector<int64_t>& sizes) {
+  std::vector<Ps> out;
+  for (const Sharding& s : reshardingSteps({0, from}, {0, to}, sizes)) out.push_back(s.axes);
+  return out;
+}
+
+// Given the mesh's sizes, the order of fewest collectives, then fewest bytes, where it beats the
+// nesting order (the placement fuzzer's 2x2 oracle found both: s1-w4-c343, s1-w4-c79).
+TEST(ReshardingSteps, WithTheMeshSizesACheaperOrderIsTaken) {
+  // Slice first, then all-reduce half the value on each team of axis 0.
+  EXPECT_EQ(steps({P, R}, {R, S(1)}), (std::vector<Ps>{{R, R}, {R, S(1)}}));
+  EXPECT_EQ(sizedSteps({P, R}, {R, S(1)}, {2, 2}), (std::vector<Ps>{{P, S(1)}, {R, S(1)}}));
+  // A pending sum is reduced before the other axis gathers (not whole values after it).
+  EXPECT_EQ(steps({P, S(0)}, {R, R}), (std::vector<Ps>{{P, R}, {R, R}}));
+  EXPECT_EQ(sizedSteps({P, S(0)}, {R, R}, {2, 2}), (std::vector<Ps>{{R, S(0)}, {R, R}}));
+  // Ties keep the nesting order; a 1-D mesh has one order.
+  EXPECT_EQ(sizedSteps({S(1), S(1)}, {R, S(1)}, {2, 2}), steps({S(1), S(1)}, {R, S(1)}));
+  EXPECT_EQ(sizedSteps({S(0)}, {S(1)}, {4}), (std::vector<Ps>{{S(1)}}));
+  // wireBytes measures the order taken: x [4, 8] f32 (128 bytes), the allreduce of 64-byte
+  // halves on two teams of two (64 bytes sent per rank), times the 4 devices.
+  Fusion f;
+  const int64_t mesh = f.addMesh(DeviceMesh({0, 1, 2, 3}, {2, 2}));
+  TensorView* x = f.defineTensor({4, 8}, DataType::Float, "x");
+  EXPECT_EQ(wireBytes(f, x, {mesh, {P, R}}, {mesh, {R, S(1)}}), 4 * 256);
+}
+
 TEST(PlanResharding, FromOneDeviceBroadcastsOrScatters) {
   Fusion f;
   const DeviceMesh one({0}), four({0, 1, 2, 3}), grid({0, 1, 2, 3}, {2, 2});
