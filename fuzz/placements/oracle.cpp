@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <map>
 #include <tuple>
 
 namespace meshfuse::placement_fuzz {
@@ -46,7 +47,7 @@ struct Problem {
   std::vector<std::vector<int64_t>> ext;  // per tensor
   std::vector<int64_t> bytes;             // per tensor, global f32 bytes
   std::vector<bool> weight;               // per tensor: an input that is a GEMM's weight operand
-  bool uneven = false;                    // torch.chunk's blocks allowed (1-D meshes only)
+  bool uneven = false;                    // torch.chunk's blocks allowed
   // Per tensor, between every two of its placements: the best way (its wire bytes over all ranks,
   // times N, see oracle.h; how many collectives it takes; the step it starts with, for the
   // plan's description), the best being the fewest bytes or, in the second table, the fewest
@@ -60,6 +61,11 @@ struct Problem {
   };
   enum Mode { kFewestBytes = 0, kFewestCollectives = 1 };
   std::vector<std::array<Moves, 2>> moves;
+  // conversions()'s answers (bytes, collectives) by (tensor, own placement, needs as a sorted
+  // set, mode): the search asks the same ones at many nodes, and a tensor with many consumers
+  // has many orders to try.
+  using ConversionKey = std::tuple<int, Pl, std::vector<Pl>, int>;
+  mutable std::map<ConversionKey, std::pair<int64_t, int64_t>> conversions_seen;
 
   int axes() const { return static_cast<int>(mesh.size()); }
   std::string name(const Pl& p) const {
@@ -191,6 +197,14 @@ struct Problem {
     need.erase(std::remove(need.begin(), need.end(), own), need.end());
     std::sort(need.begin(), need.end());
     need.erase(std::unique(need.begin(), need.end()), need.end());
+    ConversionKey key{t, own, need, mode};
+    if (!how) {
+      const auto seen = conversions_seen.find(key);
+      if (seen != conversions_seen.end()) {
+        if (collectives) *collectives += seen->second.second;
+        return seen->second.first;
+      }
+    }
     int64_t best = kNever;
     int64_t best_count = 0;
     std::vector<Pl> best_order;
@@ -210,6 +224,7 @@ struct Problem {
       }
       if (better(mode, cost, count, best, best_count)) best = cost, best_order = need, best_count = count;
     } while (std::next_permutation(need.begin(), need.end()));
+    conversions_seen.emplace(std::move(key), std::pair(best, best_count));
     if (collectives) *collectives += best_count;
     if (how && best < kNever) {
       std::vector<Pl> have = {own};
@@ -528,11 +543,7 @@ OraclePlan minimumBytes(const CaseSpec& c, const PlanBounds& bounds, int64_t max
     plan.why_not = fmt::format("the oracle models meshes of 1 or {} axes", kMaxAxes);
     return plan;
   }
-  Problem p{c, c.mesh_shape, c.meshSize(), {}, {}, {}, !evenlyPlaced(c), {}};
-  if (p.uneven && p.axes() > 1) {
-    plan.why_not = "the oracle models uneven blocks on 1-D meshes only";
-    return plan;
-  }
+  Problem p{c, c.mesh_shape, c.meshSize(), {}, {}, {}, !evenlyPlaced(c), {}, {}};
   for (const Shape& s : shapesOf(c)) {
     p.ext.push_back(extents(c, s));
     int64_t numel = 1;

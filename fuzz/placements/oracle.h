@@ -4,9 +4,9 @@
 // Model (DTensor's, written down here from first principles, not taken from meshfuse):
 //   - every tensor has one placement per mesh axis: Replicate, Partial (pending sum) or
 //     Shard(d). Axes that shard one dim nest, axis 0 outermost. A shard divides its dim evenly
-//     (by the product of the axes that split it) or, in a case on a 1-D mesh that the fuzzer drew
-//     uneven (an input placed or an output pinned in blocks of different sizes), any extent in
-//     torch.chunk's blocks;
+//     (by the product of the axes that split it) or, in a case that the fuzzer drew uneven (an
+//     input placed or an output pinned in blocks of different sizes), any extent in torch.chunk's
+//     blocks, nested as DTensor nests them: axis 0 chunks the dim, axis 1 chunks each block;
 //   - each op computes locally under a small table of rules "operand placements -> result
 //     placement" per mesh axis (e.g. sum over a sharded dim: Shard(a) -> Partial; linear:
 //     Shard(k), Shard(k) -> Partial; exp: Shard(d) -> Shard(d), but not Partial -> Partial),
@@ -32,9 +32,12 @@
 // (m-1)B/s; Partial -> Shard reduce-scatter (m-1)B/s; Partial -> Replicate allreduce 2(m-1)B/s;
 // Shard(a) -> Shard(b) all-to-all (m-1)B/(sm); Replicate -> Shard or Partial: 0 (local); Shard
 // -> Partial: not allowed. On a 1-D mesh m is the mesh size n and s is 1. The same sums for
-// uneven blocks, each rank counted by its own block (an all-to-all of uneven blocks really sends
-// B(1 - sum_r a_r b_r / B^2) for blocks a_r and b_r of the two dims: the model keeps (n-1)B/n on
-// both sides, meshfuse's report and the oracle's).
+// uneven blocks, each rank counted by its own block: a team's allgather, reduce-scatter or
+// allreduce sends (m-1) or 2(m-1) times what the team holds, whatever its blocks, and the teams
+// hold B/s each on average (on a 2x2 mesh teams hold different amounts when the other axis
+// splits unevenly; their sum is the same). An all-to-all of uneven blocks really sends
+// B(1 - sum_r a_r b_r / B^2) for blocks a_r and b_r of the two dims: the model keeps the even
+// formula on both sides, meshfuse's report and the oracle's.
 // meshfuse's plan is measured the same way from its collectives report (each collective's
 // bytes in on each rank, its kind and team: wireBytesTimesN). The report's bytes themselves are
 // not a measure of traffic: a reduce-scatter's input is m times an allgather's of the same
@@ -78,9 +81,8 @@ struct OraclePlan {
   int64_t bytes_only_work = 0;
 };
 
-// The minimum over all plans within `bounds` (applicable: a 1-D mesh, even or uneven blocks, or a
-// 2-D mesh with even blocks; at most `max_plans` partial plans visited; some plan within the
-// bounds).
+// The minimum over all plans within `bounds` (applicable: a 1-D or 2-D mesh, even or uneven
+// blocks; at most `max_plans` partial plans visited; some plan within the bounds).
 OraclePlan minimumBytes(const CaseSpec& c, const PlanBounds& bounds = {}, int64_t max_plans = 2'000'000);
 
 // What one rank's collective of `kind` with `in_bytes` in, on a team of `team` ranks, sends, times

@@ -247,13 +247,28 @@ TEST(PlacementOracle, OnA2x2MeshFewerBytesInMoreCollectivesIsOutsideTheBounds) {
   EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 4), o.min_wire_times_n);
 }
 
-TEST(PlacementOracle, UnevenBlocksOnA2x2MeshAreOutsideTheOracle) {
-  CaseSpec c = chain({S(0), S(1)}, {op(FuzzOp::Exp)});
-  c.slots = {3, 16};  // 3 rows on axis 0's two ranks: blocks of 2 and 1
+// Uneven nested blocks on a 2x2 mesh: 5 rows [Shard(0), Shard(0)] are chunked 3 + 2 by axis 0,
+// then 2 + 1 and 1 + 1 by axis 1. To [Shard(0), Replicate] each axis-1 team gathers its own block:
+// 192 B and 128 B (64 B a row), 320 B in all, what an even split of the same bytes would send.
+// The work is exp's read and write of the largest block, ceil(ceil(5 / 2) / 2) = 2 rows.
+TEST(PlacementOracle, UnevenNestedBlocksOnA2x2MeshAreCountedTeamByTeam) {
+  CaseSpec c = chain({S(0), S(0)}, {op(FuzzOp::Exp)}, {S(0), R});
+  c.slots = {5, 16};
   c.mesh_shape = {2, 2};
   OraclePlan o = minimumBytes(c);
-  EXPECT_FALSE(o.applicable);
-  EXPECT_EQ(o.why_not, "the oracle models uneven blocks on 1-D meshes only");
+  ASSERT_TRUE(o.applicable) << o.why_not;
+  EXPECT_EQ(o.min_wire_times_n, 4 * 320);
+  EXPECT_EQ(o.collectives, 1);
+  EXPECT_EQ(o.work, 2 * 16 + 2 * 16);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(c), 4), o.min_wire_times_n);
+  // To Replicate on both: the inner split first (320 B), then each axis-0 team (one per axis-1
+  // coordinate, both holding blocks of 3 and 2 rows) sends its other block: 2 x 320 B.
+  CaseSpec whole = c;
+  whole.output_pins = {{R, R}};
+  OraclePlan w = minimumBytes(whole);
+  ASSERT_TRUE(w.applicable) << w.why_not;
+  EXPECT_EQ(w.min_wire_times_n, 4 * 960);
+  EXPECT_EQ(plannedWireTimesN(placedDefinition(whole), 4), w.min_wire_times_n);
 }
 
 TEST(PlacementFuzzCase, GeneratedCasesBuildAndRoundTripThroughText) {
