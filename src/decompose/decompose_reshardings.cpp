@@ -33,18 +33,25 @@ TensorView* setSource(TensorView* tv) {
 
 // Whether `e` converts its operand `from` to `target` from the operand itself, never from
 // another copy of its value nor after a conversion made ahead for a later consumer: attention
-// that context parallelism places (the operand arrives split along the sequence, dim 2 of
-// [batch, heads, seq, head_dim]) or that needs an operand whole on some mesh axis. Ring attention
-// finds the allgathers of its keys and values that this pass makes, and rotates them instead;
-// a gathered copy another op slices would have to stay. Other attention (operands split along
-// head_dim, say) shares conversions as any op.
+// that needs an operand whole on some mesh axis, or that context parallelism places with the
+// operand split along the sequence (dim 2 of [batch, heads, seq, head_dim]) and kept so on an
+// axis. Ring attention finds the allgathers of its keys and values that this pass makes, and
+// rotates them instead; a gathered copy another op slices would have to stay. An operand moved
+// off its sequence split to a split of another dim on every such axis (the heads: Ulysses; the
+// batch) is an all-to-all ring attention has nothing to do with, and shares conversions as any
+// op: a copy gathered for another consumer is sliced instead (the placement fuzzer's
+// s12-w4-u40-c31: 7 heads on 4 ranks, the sequence gathered for a sum). So does other attention
+// (operands split along head_dim, say).
 bool ownConversion(const Expr* e, const TensorView* from, const Sharding& target) {
   if (e->info().category != OpCategory::Attention) return false;
   constexpr int64_t kSeq = 2;
   const auto& to = target.axes;
   const auto& in = readSharding(from).axes;
-  return std::any_of(to.begin(), to.end(), [](const Placement& p) { return p.kind == Placement::Replicate; }) ||
-         (from->rank() > kSeq && std::find(in.begin(), in.end(), Placement::shard(kSeq)) != in.end());
+  if (std::any_of(to.begin(), to.end(), [](const Placement& p) { return p.kind == Placement::Replicate; })) return true;
+  if (from->rank() <= kSeq) return false;
+  for (size_t a = 0; a < in.size() && a < to.size(); ++a)
+    if (in[a] == Placement::shard(kSeq) && !(to[a].kind == Placement::Shard && to[a].dim != kSeq)) return true;
+  return false;
 }
 
 // The output state of `e` on mesh axis `a`, with where a Partial comes from.

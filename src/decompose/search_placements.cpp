@@ -203,6 +203,26 @@ bool attentionSplitOn(const Fusion& f, const std::vector<int64_t>& axes) {
   return true;
 }
 
+// Whether every attention op of decomposed `f` reads its keys and values whole (not split, not
+// pending) on each of `axes`, gathered, not rotated by ring attention.
+bool keysGathered(const Fusion& f, const std::vector<int64_t>& axes) {
+  for (const Expr* e : f.exprs()) {
+    if (e->info().category != OpCategory::Attention) continue;
+    for (size_t i : {size_t{1}, size_t{2}}) {
+      const Val* v = i < e->inputs().size() ? e->inputs()[i] : nullptr;
+      if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
+      const auto* kv = static_cast<const TensorView*>(v);
+      if (kv->definition() != nullptr && kv->definition()->kind() == OpKind::Set &&
+          ringAttentionOf(kv->definition()) != nullptr)
+        return false;
+      const Sharding s = readSharding(kv);
+      for (int64_t a : axes)
+        if (s.axes[static_cast<size_t>(a)].kind != Placement::Replicate) return false;
+    }
+  }
+  return true;
+}
+
 // The shardings every attention op of decomposed `f` reads its operands in and gives its result,
 // in program order: what a plan keeps from the greedy one where context parallelism placed
 // attention. Where its operands come from, and how the rest of the program is placed, is
@@ -230,6 +250,9 @@ struct Kept {
   // `context_parallel` (the mesh axes)
   std::optional<std::vector<Sharding>> attention;
   std::vector<int64_t> context_parallel;
+  // Whether the greedy plan's attention reads its keys and values whole on those axes (context
+  // parallelism gathered them: neither ring attention nor Ulysses applied).
+  bool gathered = false;
 };
 
 struct Trial {
@@ -263,16 +286,23 @@ std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& option
   } catch (const UserError&) {
     return std::nullopt;
   }
-  if (greedy && !kept.context_parallel.empty()) kept.attention = attentionShardings(*f);
+  if (greedy && !kept.context_parallel.empty()) {
+    kept.attention = attentionShardings(*f);
+    kept.gathered = keysGathered(*f, kept.context_parallel);
+  }
   if (!greedy && kept.attention && attentionShardings(*f) != *kept.attention) {
     // A forced --cp stands. Under auto, a plan may place attention otherwise when it reads no
     // operand whole on the axes context parallelism split it on, so that each rank holds as
     // little as ring attention's: on a split of the batch, its operands moved there upstream,
     // before the ops that make them (attention data-parallel over the batch: s2-w2-u40-c144 and
     // s1-w3-c333, which send half and three quarters of the ring's bytes). Ring attention stays
-    // where the batch does not split (one sequence, or fewer than the devices).
+    // where the batch does not split (one sequence, or fewer than the devices). Where context
+    // parallelism gathered the keys and values (the sequence does not divide for ring attention,
+    // nor the heads for Ulysses), every rank holds and attends everything: any placement within
+    // the search's bounds holds and attends no more (7 heads split 2, 2, 2, 1 on 4 ranks, the
+    // pending values reduce-scattered to them: the placement fuzzer's s12-w4-u40-c31).
     const bool otherwise = options.propagation.context_parallel == ContextParallel::Auto &&
-                           attentionSplitOn(*f, kept.context_parallel);
+                           (kept.gathered || attentionSplitOn(*f, kept.context_parallel));
     if (!otherwise) return std::nullopt;
   }
   t.cost = measure(*f, kept.parameters);

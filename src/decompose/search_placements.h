@@ -42,7 +42,9 @@
 // and a search by bytes must not override the user's choice. Under --cp=auto a plan may place it
 // otherwise only where it reads every operand split evenly on the axes the sequence was split on
 // (each rank holding and attending no more than ring attention leaves it): on a split of the
-// batch, typically. Where attention's operands come from, other attention, and the rest of the
+// batch, typically; or anywhere, where context parallelism gathered the keys and values (neither
+// ring attention nor Ulysses applied, so every rank holds and attends the whole sequence, and no
+// plan within the bounds does worse). Where attention's operands come from, other attention, and the rest of the
 // program are searched as any op. Ring attention's rotations count as their n - 1 send/recv steps
 // each, as the executed program has them.
 //
