@@ -156,6 +156,19 @@ void keepOutputs(Fusion& f, const std::vector<Sharding>& kept) {
   }
 }
 
+// The keys and values (operands 1 and 2) of every attention op of `f`, in program order.
+std::vector<const TensorView*> keysAndValues(const Fusion& f) {
+  std::vector<const TensorView*> out;
+  for (const Expr* e : f.exprs()) {
+    if (e->info().category != OpCategory::Attention) continue;
+    for (size_t i : {size_t{1}, size_t{2}}) {
+      const Val* v = i < e->inputs().size() ? e->inputs()[i] : nullptr;
+      if (v != nullptr && v->valKind() == ValKind::TensorView) out.push_back(static_cast<const TensorView*>(v));
+    }
+  }
+  return out;
+}
+
 // The mesh axes on which propagated `f` has attention whose keys or values (operands 1 and 2 of
 // sdpa and sdpa_grad, 1 of sdpa_lse) arrive split along the sequence (dim 2 of [batch, heads,
 // seq, head_dim]): there context parallelism placed it (Ulysses, ring or a gather, as --cp and
@@ -163,17 +176,11 @@ void keepOutputs(Fusion& f, const std::vector<Sharding>& kept) {
 std::vector<int64_t> contextParallelAxes(const Fusion& f) {
   constexpr int64_t kSeq = 2;
   std::set<int64_t> axes;
-  for (const Expr* e : f.exprs()) {
-    if (e->info().category != OpCategory::Attention) continue;
-    for (size_t i : {size_t{1}, size_t{2}}) {
-      const Val* v = i < e->inputs().size() ? e->inputs()[i] : nullptr;
-      if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
-      const auto* kv = static_cast<const TensorView*>(v);
-      if (kv->rank() <= kSeq) continue;
-      const Sharding s = readSharding(kv);
-      for (size_t a = 0; a < s.axes.size(); ++a)
-        if (s.axes[a] == Placement::shard(kSeq)) axes.insert(static_cast<int64_t>(a));
-    }
+  for (const TensorView* kv : keysAndValues(f)) {
+    if (kv->rank() <= kSeq) continue;
+    const Sharding s = readSharding(kv);
+    for (size_t a = 0; a < s.axes.size(); ++a)
+      if (s.axes[a] == Placement::shard(kSeq)) axes.insert(static_cast<int64_t>(a));
   }
   return {axes.begin(), axes.end()};
 }
@@ -206,19 +213,13 @@ bool attentionSplitOn(const Fusion& f, const std::vector<int64_t>& axes) {
 // Whether every attention op of decomposed `f` reads its keys and values whole (not split, not
 // pending) on each of `axes`, gathered, not rotated by ring attention.
 bool keysGathered(const Fusion& f, const std::vector<int64_t>& axes) {
-  for (const Expr* e : f.exprs()) {
-    if (e->info().category != OpCategory::Attention) continue;
-    for (size_t i : {size_t{1}, size_t{2}}) {
-      const Val* v = i < e->inputs().size() ? e->inputs()[i] : nullptr;
-      if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
-      const auto* kv = static_cast<const TensorView*>(v);
-      if (kv->definition() != nullptr && kv->definition()->kind() == OpKind::Set &&
-          ringAttentionOf(kv->definition()) != nullptr)
-        return false;
-      const Sharding s = readSharding(kv);
-      for (int64_t a : axes)
-        if (s.axes[static_cast<size_t>(a)].kind != Placement::Replicate) return false;
-    }
+  for (const TensorView* kv : keysAndValues(f)) {
+    if (kv->definition() != nullptr && kv->definition()->kind() == OpKind::Set &&
+        ringAttentionOf(kv->definition()) != nullptr)
+      return false;
+    const Sharding s = readSharding(kv);
+    for (int64_t a : axes)
+      if (s.axes[static_cast<size_t>(a)].kind != Placement::Replicate) return false;
   }
   return true;
 }

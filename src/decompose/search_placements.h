@@ -44,9 +44,9 @@
 // (each rank holding and attending no more than ring attention leaves it): on a split of the
 // batch, typically; or anywhere, where context parallelism gathered the keys and values (neither
 // ring attention nor Ulysses applied, so every rank holds and attends the whole sequence, and no
-// plan within the bounds does worse). Where attention's operands come from, other attention, and the rest of the
-// program are searched as any op. Ring attention's rotations count as their n - 1 send/recv steps
-// each, as the executed program has them.
+// plan within the bounds does worse). Where attention's operands come from, other attention, and
+// the rest of the program are searched as any op. Ring attention's rotations count as their
+// n - 1 send/recv steps each, as the executed program has them.
 //
 // Where it does not apply the greedy plan stands: a program on one device or on several meshes
 // (pipeline stages), with symbolic sizes (its bytes depend on them, and the executor compiles
