@@ -136,7 +136,7 @@ TensorView* reshard(Fusion& f, Expr* e, TensorView* from, const Sharding& target
                   ErrorKind::Unsupported, "{}: {} needs {} but a {} value cannot become a pending sum", e->name(),
                   f.displayName(from), target.axes[a].toString(), stateOn(f, s, target, a));
   std::string name = fmt::format("{} (for {})", f.displayName(from), f.displayName(e->output()));
-  return insertSteps(f, e, from, planResharding(f, s, target, name), why);
+  return insertSteps(f, e, from, planResharding(f, from, s, target, name), why);
 }
 
 // Resharded copies made so far, so that several consumers needing the same sharding of a value
@@ -233,7 +233,7 @@ void decomposeSet(Fusion& f, Expr* e) {
                   "only of a whole value (Replicate)",
                   f.displayName(e->output()), to.axes[a].toString(), a, f.displayName(in), stateOn(f, from, to, a));
   std::vector<ReshardingStep> steps =
-      planResharding(f, from, to, fmt::format("{} (for {})", f.displayName(in), f.displayName(e->output())));
+      planResharding(f, in, from, to, fmt::format("{} (for {})", f.displayName(in), f.displayName(e->output())));
   if (steps.size() > 1) {
     steps.pop_back();
     TensorView* staged = insertSteps(f, e, in, steps, fmt::format("staged for {} of {{}}", e->name()));

@@ -89,17 +89,67 @@ std::vector<Sharding> nestingOrder(const Sharding& from, const Sharding& to) {
 struct WayCost {
   int64_t collectives = 0;
   int64_t bytes = 0;
-  bool operator<(const WayCost& o) const { return std::tie(collectives, bytes) < std::tie(o.collectives, o.bytes); }
 };
 
-// The step on axis a from `cur` to `next` (which differ there only), as ring algorithms send on
-// a team of m devices each holding B/s of the value (s: what the other axes shard it over): an
-// allgather or a reduce-scatter (m-1) B/s per team, an allreduce twice that, an all-to-all
-// (m-1) B/(s m); a slice or a local Partial nothing.
-WayCost stepCost(const Sharding& cur, const Sharding& next, size_t a, const std::vector<int64_t>& sizes) {
+// How ways rank: by collectives, then bytes (the default), or by bytes, then collectives.
+struct WayOrder {
+  bool by_bytes = false;
+  bool operator()(const WayCost& x, const WayCost& y) const {
+    return by_bytes ? std::tie(x.bytes, x.collectives) < std::tie(y.bytes, y.collectives)
+                    : std::tie(x.collectives, x.bytes) < std::tie(y.collectives, y.bytes);
+  }
+};
+
+// The elements of a value of `extents` sharded `s` on a mesh of `sizes` that the ranks hold,
+// summed over them (torch.chunk's nested blocks: resharding_steps.h; a pending sum whole).
+int64_t heldOverRanks(const Sharding& s, const std::vector<int64_t>& sizes, const std::vector<int64_t>& extents) {
+  int64_t ranks = 1;
+  for (int64_t n : sizes) ranks *= n;
+  int64_t total = 0;
+  for (int64_t r = 0; r < ranks; ++r) {
+    std::vector<int64_t> coords(sizes.size());
+    for (size_t a = sizes.size(), rest = static_cast<size_t>(r); a-- > 0; rest /= static_cast<size_t>(sizes[a]))
+      coords[a] = static_cast<int64_t>(rest % static_cast<size_t>(sizes[a]));
+    int64_t held = 1;
+    for (size_t d = 0; d < extents.size(); ++d) {
+      int64_t e = extents[d];
+      for (size_t a = 0; a < s.axes.size(); ++a)
+        if (s.axes[a] == Placement::shard(static_cast<int64_t>(d))) e = chunkSpan(e, sizes[a], coords[a]).size;
+      held *= e;
+    }
+    total += held;
+  }
+  return total;
+}
+
+// What the step on axis a from `cur` to `next` (which differ there only) sends per element a
+// rank holds, times the device count N: as ring algorithms send on a team of n devices, an
+// allgather (n-1) N (to each other member), an allreduce 2 (n-1) N/n, a reduce-scatter or an
+// all-to-all (n-1) N/n; a slice or a local Partial nothing. The placement fuzzer's oracle counts
+// the same (wireBytesTimesN).
+int64_t perHeldElement(const Placement& from, const Placement& to, int64_t n, int64_t ranks) {
+  if (from == to || from.kind == Placement::Replicate || n == 1) return 0;
+  if (from.kind == Placement::Shard && to.kind == Placement::Replicate) return (n - 1) * ranks;
+  if (from.kind == Placement::Partial && to.kind == Placement::Replicate) return 2 * (n - 1) * (ranks / n);
+  return (n - 1) * (ranks / n);
+}
+
+// The step on axis a from `cur` to `next` (which differ there only). With the value's
+// `extents`, its bytes are perHeldElement times what the ranks hold (uneven blocks exactly, as
+// wireBytes counts); without, as ring algorithms send on a team of m devices each holding B/s of
+// the value (s: what the other axes shard it over): an allgather or a reduce-scatter (m-1) B/s
+// per team, an allreduce twice that, an all-to-all (m-1) B/(s m); a slice or a local Partial
+// nothing.
+WayCost stepCost(const Sharding& cur, const Sharding& next, size_t a, const std::vector<int64_t>& sizes,
+                 const std::vector<int64_t>& extents) {
   const Placement &f = cur.axes[a], &g = next.axes[a];
   const int64_t m = sizes[a];
   if (f == g || f.kind == Placement::Replicate || m == 1) return {};
+  if (!extents.empty()) {
+    int64_t ranks = 1;
+    for (int64_t n : sizes) ranks *= n;
+    return {1, perHeldElement(f, g, m, ranks) * heldOverRanks(cur, sizes, extents)};
+  }
   int64_t mesh = 1, s = 1;
   for (size_t b = 0; b < sizes.size(); ++b) {
     mesh *= sizes[b];
@@ -107,7 +157,7 @@ WayCost stepCost(const Sharding& cur, const Sharding& next, size_t a, const std:
   }
   const int64_t team = (m - 1) * mesh * mesh / s;  // (m-1) B/s, B = N^2
   const int64_t per_team = f.kind == Placement::Partial && g.kind == Placement::Replicate ? 2 * team
-                           : f.kind == Placement::Shard && g.kind == Placement::Shard   ? team / m
+                           : f.kind == Placement::Shard && g.kind == Placement::Shard     ? team / m
                                                                                           : team;
   return {1, per_team * (mesh / m)};
 }
@@ -128,16 +178,21 @@ bool oneStep(const Sharding& cur, const Sharding& next, size_t a, const Sharding
   return true;
 }
 
-// The fewest collectives, then the fewest bytes, over every order of one-axis steps through
-// placements of the dims `from` and `to` shard (Dijkstra over a few dozen shardings); nullopt
-// when no such order exists.
+// The cheapest way in `order` over every order of one-axis steps through placements of the
+// dims `from` and `to` shard, and `also` (Dijkstra over a few dozen shardings); nullopt when no
+// such order exists.
 std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapestWay(const Sharding& from, const Sharding& to,
-                                                                       const std::vector<int64_t>& sizes) {
+                                                                     const std::vector<int64_t>& sizes,
+                                                                     const std::vector<int64_t>& extents,
+                                                                     WayOrder order,
+                                                                     const std::vector<Placement>& also) {
   const size_t n = from.axes.size();
   std::vector<Placement> values = {Placement::replicate()};
   for (const Sharding* s : {&from, &to})
     for (const Placement& p : s->axes)
       if (p.kind == Placement::Shard && std::find(values.begin(), values.end(), p) == values.end()) values.push_back(p);
+  for (const Placement& p : also)
+    if (std::find(values.begin(), values.end(), p) == values.end()) values.push_back(p);
   auto key = [](const Sharding& s) {
     std::vector<std::pair<int, int64_t>> k;
     for (const Placement& p : s.axes) k.emplace_back(static_cast<int>(p.kind), p.dim);
@@ -146,7 +201,7 @@ std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapestWay(const Shard
   using Key = std::vector<std::pair<int, int64_t>>;
   std::map<Key, std::pair<WayCost, std::vector<Sharding>>> best;
   using Item = std::pair<WayCost, Key>;
-  auto later = [](const Item& x, const Item& y) { return y.first < x.first; };
+  auto later = [order](const Item& x, const Item& y) { return order(y.first, x.first); };
   std::priority_queue<Item, std::vector<Item>, decltype(later)> open(later);
   best[key(from)] = {WayCost{}, {}};
   open.push({WayCost{}, key(from)});
@@ -168,11 +223,11 @@ std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapestWay(const Shard
         Sharding next = cur;
         next.axes[a] = p;
         if (!oneStep(cur, next, a, to)) continue;
-        const WayCost step = stepCost(cur, next, a, sizes);
+        const WayCost step = stepCost(cur, next, a, sizes, extents);
         const WayCost total{cost.collectives + step.collectives, cost.bytes + step.bytes};
         const Key nk = key(next);
         auto it = best.find(nk);
-        if (it != best.end() && !(total < it->second.first)) continue;
+        if (it != best.end() && !order(total, it->second.first)) continue;
         std::vector<Sharding> longer = way;
         longer.push_back(next);
         best[nk] = {total, std::move(longer)};
@@ -185,7 +240,8 @@ std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapestWay(const Shard
 
 }  // namespace
 
-std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, const std::vector<int64_t>& sizes) {
+std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, const std::vector<int64_t>& sizes,
+                                      bool by_bytes, const std::vector<int64_t>& extents) {
   std::vector<Sharding> steps = nestingOrder(from, to);
   if (sizes.size() != from.axes.size() || from.axes.size() < 2) return steps;
   // The nesting order is always possible but may send more than another order: gathering a
@@ -197,12 +253,22 @@ std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, 
   for (const Sharding& next : steps) {
     size_t a = 0;
     while (next.axes[a] == at.axes[a]) ++a;
-    const WayCost step = stepCost(at, next, a, sizes);
+    const WayCost step = stepCost(at, next, a, sizes, extents);
     nesting.collectives += step.collectives, nesting.bytes += step.bytes;
     at = next;
   }
-  std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapest = cheapestWay(from, to, sizes);
-  if (cheapest && cheapest->first < nesting) {
+  const WayOrder order{by_bytes};
+  // By bytes, a pending sum may be reduce-scattered along a dim neither side splits, so that it
+  // travels reduced (a dim with a block for every device of any axis).
+  std::vector<Placement> also;
+  if (by_bytes) {
+    const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
+    for (size_t d = 0; d < extents.size(); ++d)
+      if (extents[d] >= widest) also.push_back(Placement::shard(static_cast<int64_t>(d)));
+  }
+  std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapest =
+      cheapestWay(from, to, sizes, extents, order, also);
+  if (cheapest && order(cheapest->first, nesting)) {
     return cheapest->second;
   }
   return steps;
@@ -228,13 +294,14 @@ std::optional<size_t> scatterAxis(const DeviceMesh& mesh, const Sharding& to) {
 
 class Planner {
  public:
-  Planner(Fusion& f, const Sharding& from) : f_(f), cur_(from) {}
+  Planner(Fusion& f, const TensorView* value, const Sharding& from)
+      : f_(f), extents_(value != nullptr ? staticExtents(value) : std::vector<int64_t>{}), cur_(from) {}
 
   // The per-axis steps to `target` on the current mesh.
   void onMesh(const Sharding& target) {
     Sharding t = target;
     t.mesh = cur_.mesh;
-    for (const Sharding& next : reshardingSteps(cur_, t, f_.mesh(cur_.mesh).shape())) {
+    for (const Sharding& next : reshardingSteps(cur_, t, f_.mesh(cur_.mesh).shape(), f_.reshardByBytes(), extents_)) {
       size_t a = 0;
       while (next.axes[a] == cur_.axes[a]) ++a;
       add(next, fmt::format("{} -> {} on mesh axis {}", cur_.axes[a].toString(), next.axes[a].toString(), a));
@@ -259,15 +326,25 @@ class Planner {
   std::string stage(int64_t mesh) const { return f_.mesh(mesh).toString(); }
 
   Fusion& f_;
+  std::vector<int64_t> extents_;  // the value's (reshardingSteps' intermediate splits by bytes)
   Sharding cur_;
   std::vector<ReshardingStep> steps_;
 };
 
 }  // namespace
 
-std::vector<ReshardingStep> planResharding(Fusion& f, const Sharding& from, const Sharding& to,
+std::vector<int64_t> staticExtents(const TensorView* tv) {
+  std::vector<int64_t> out;
+  for (const IterDomain* id : tv->dims()) {
+    if (!id->extent().isStatic()) return {};
+    out.push_back(id->extent().value());
+  }
+  return out;
+}
+
+std::vector<ReshardingStep> planResharding(Fusion& f, const TensorView* value, const Sharding& from, const Sharding& to,
                                            const std::string& name) {
-  Planner p(f, from);
+  Planner p(f, value, from);
   const DeviceMesh& a = f.mesh(from.mesh);
   const DeviceMesh& b = f.mesh(to.mesh);
   if (from.mesh == to.mesh || a.shape() == b.shape()) {
@@ -325,30 +402,16 @@ std::optional<int64_t> wireBytes(const Fusion& f, const TensorView* tv, const Sh
     if (to.axes[a].kind == Placement::Partial && from.axes[a] != to.axes[a] &&
         from.axes[a].kind != Placement::Replicate)
       return std::nullopt;
-  int64_t global = dtypeSize(tv->dtype());
-  for (const IterDomain* id : tv->dims()) {
-    if (!id->extent().isStatic()) return std::nullopt;
-    global *= id->extent().value();
-  }
-  const DeviceMesh& mesh = f.mesh(from.mesh);
-  const int64_t ranks = mesh.size();
+  const std::vector<int64_t> extents = staticExtents(tv);
+  if (extents.empty() && tv->rank() > 0) return std::nullopt;
+  const std::vector<int64_t>& sizes = f.mesh(from.mesh).shape();
+  const int64_t ranks = f.mesh(from.mesh).size();
   int64_t total = 0;
   Sharding at = from;
-  for (const Sharding& next : reshardingSteps(from, to, mesh.shape())) {
-    for (size_t a = 0; a < at.axes.size(); ++a) {
-      const Placement &x = at.axes[a], &y = next.axes[a];
-      const int64_t n = mesh.size(static_cast<int64_t>(a));
-      if (x == y || x.kind == Placement::Replicate || n == 1) continue;  // (a slice, or nothing)
-      int64_t held = global;  // what each rank holds: the value split by every axis sharding it
-      for (size_t b = 0; b < at.axes.size(); ++b)
-        if (at.axes[b].kind == Placement::Shard) held /= mesh.size(static_cast<int64_t>(b));
-      // Per rank, times `ranks` (which n divides).
-      const int64_t factor = x.kind == Placement::Shard && y.kind == Placement::Replicate ? (n - 1) * ranks
-                             : x.kind == Placement::Partial && y.kind == Placement::Replicate
-                                 ? 2 * (n - 1) * (ranks / n)
-                                 : (n - 1) * (ranks / n);
-      total += ranks * factor * held;
-    }
+  for (const Sharding& next : reshardingSteps(from, to, sizes, f.reshardByBytes(), extents)) {
+    for (size_t a = 0; a < at.axes.size(); ++a)
+      if (const int64_t k = perHeldElement(at.axes[a], next.axes[a], sizes[a], ranks); k > 0)
+        total += k * heldOverRanks(at, sizes, extents) * dtypeSize(tv->dtype());
     at = next;
   }
   return total;

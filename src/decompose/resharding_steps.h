@@ -46,6 +46,7 @@
 namespace meshfuse {
 
 class Fusion;
+class TensorView;
 
 // The shardings after each step (the last is `to`, except for its mesh: this plans on one
 // mesh). Empty when `from` and `to` agree on every axis. Given the mesh's axis sizes, another
@@ -56,17 +57,30 @@ class Fusion;
 //   [Partial, Shard(0)] -> [Replicate, Replicate]: the allreduce on axis 0 first, of each rank's
 //     half, then the allgather (the other order all-reduces whole values).
 // Intermediate placements shard only the dims `from` or `to` shard.
-std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, const std::vector<int64_t>& sizes = {});
+// `by_bytes` (Fusion::reshardByBytes, which the plan search sets): the order of fewest bytes,
+// then fewest collectives, instead, whose intermediate placements may also split any dim of the
+// value's `extents` that has as many elements as the mesh's largest axis has devices. A plan may
+// spend a collective on one conversion where it saves one elsewhere, e.g. on a 2x2 mesh
+//   [Partial, Shard(0)] -> [Shard(0), Replicate] of a [2, 5] value: by collectives, an allgather
+//     of the pending sums on axis 1, then a reduce-scatter on axis 0 (2 collectives); by bytes, a
+//     reduce-scatter to [Shard(1), Shard(0)], an allgather on axis 1 and an all-to-all on axis 0
+//     (3, which send a quarter less: the pending sums are reduced before they travel whole).
+std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, const std::vector<int64_t>& sizes = {},
+                                      bool by_bytes = false, const std::vector<int64_t>& extents = {});
+
+// The extents of `tv` where they are all static; empty otherwise (reshardingSteps' `extents`).
+std::vector<int64_t> staticExtents(const TensorView* tv);
 
 struct ReshardingStep {
   Sharding to;       // the sharding after the step (mesh included)
   std::string what;  // for provenance: "Shard(0) -> Replicate() on mesh axis 0", "gathered to stage [2]"
 };
 
-// Every step from `from` to `to`, on one mesh or between two (see above). May add single-device
-// meshes to `f`. `name` names the value in the error for a move it cannot make. Neither side
-// may ask for a pending sum the other does not have (callers check that first, with context).
-std::vector<ReshardingStep> planResharding(Fusion& f, const Sharding& from, const Sharding& to,
+// Every step from `from` to `to` of `value`, on one mesh or between two (see above), by bytes
+// where f.reshardByBytes(). May add single-device meshes to `f`. `name` names the value in the
+// error for a move it cannot make. Neither side may ask for a pending sum the other does not
+// have (callers check that first, with context).
+std::vector<ReshardingStep> planResharding(Fusion& f, const TensorView* value, const Sharding& from, const Sharding& to,
                                            const std::string& name);
 
 // What taking `tv`'s value from `from` to `to` on one mesh puts on the wire, summed over the
@@ -74,7 +88,8 @@ std::vector<ReshardingStep> planResharding(Fusion& f, const Sharding& from, cons
 // what each rank holds, b: an allgather (n-1) b per rank, a reduce-scatter or an all-to-all
 // (n-1)/n b, an allreduce 2 (n-1)/n b; a slice nothing), times the mesh's device count so that
 // it is an integer. (Uneven blocks count as the global size over the shard count.) nullopt when
-// it cannot be told: a symbolic size, two meshes, or a pending sum `from` does not have. The plan
+// it cannot be told: a symbolic size, two meshes, or a pending sum `from` does not have. Its
+// steps are planResharding's (by bytes where f.reshardByBytes()). The plan
 // search ranks plans by it; decomposition converts from the copy of a value it makes cheapest.
 std::optional<int64_t> wireBytes(const Fusion& f, const TensorView* tv, const Sharding& from, const Sharding& to);
 

@@ -64,7 +64,8 @@ std::set<size_t> parameters(const Fusion& placed) {
     if (w < 0 || static_cast<size_t>(w) >= e->inputs().size()) continue;
     const Val* v = e->inputs()[w];
     if (v == nullptr || v->valKind() != ValKind::TensorView) continue;
-    if (const TensorView* p = copiedInput(placed, static_cast<const TensorView*>(v))) out.insert(inputPosition(placed, p));
+    if (const TensorView* p = copiedInput(placed, static_cast<const TensorView*>(v)))
+      out.insert(inputPosition(placed, p));
   }
   return out;
 }
@@ -114,6 +115,13 @@ PlanCost measure(const Fusion& f, const std::set<size_t>& params) {
     if (const TensorView* source = copiedInput(f, in)) cost.parameter_moves += params.count(inputPosition(f, source));
   }
   return cost;
+}
+
+// Whether routing by bytes can differ from routing by collectives on `f`'s mesh: it has two
+// axes of more than one device (one axis has one route).
+bool routesDiffer(const Fusion& f) {
+  const std::vector<int64_t>& shape = f.mesh(0).shape();
+  return std::count_if(shape.begin(), shape.end(), [](int64_t n) { return n > 1; }) >= 2;
 }
 
 bool applies(const Fusion& f, const PipelineOptions& options) {
@@ -236,7 +244,8 @@ std::vector<Sharding> attentionShardings(const Fusion& f) {
   for (const Expr* e : f.exprs()) {
     if (e->info().category != OpCategory::Attention) continue;
     for (const Val* v : e->inputs())
-      if (v != nullptr && v->valKind() == ValKind::TensorView) out.push_back(readSharding(static_cast<const TensorView*>(v)));
+      if (v != nullptr && v->valKind() == ValKind::TensorView)
+        out.push_back(readSharding(static_cast<const TensorView*>(v)));
     out.push_back(readSharding(e->output()));
   }
   return out;
@@ -244,9 +253,9 @@ std::vector<Sharding> attentionShardings(const Fusion& f) {
 
 // What every plan the search tries keeps from the greedy plan.
 struct Kept {
-  std::set<size_t> parameters;      // parameters() of the placed definition
-  bool made = false;                // set by the greedy plan
-  std::vector<Sharding> outputs;    // outputShardings of the greedy plan
+  std::set<size_t> parameters;    // parameters() of the placed definition
+  bool made = false;              // set by the greedy plan
+  std::vector<Sharding> outputs;  // outputShardings of the greedy plan
   // attentionShardings of the greedy plan, where context parallelism placed its attention on
   // `context_parallel` (the mesh axes)
   std::optional<std::vector<Sharding>> attention;
@@ -259,20 +268,35 @@ struct Kept {
 struct Trial {
   PlanCost cost;
   PlanChoices choices;
+  bool by_bytes = false;  // Fusion::reshardByBytes: conversions routed by fewest bytes
+  std::string steps;      // each set's shardings, in program order (routeSteps)
 };
 
+// The shardings each set of decomposed `f` goes from and to, in program order: where two plans'
+// differ, their conversions took other routes.
+std::string routeSteps(const Fusion& f) {
+  std::string out;
+  for (const Expr* e : f.exprs())
+    if (e->kind() == OpKind::Set)
+      out += fmt::format("{}->{};", toString(readSharding(static_cast<const TensorView*>(e->input(size_t{0})))),
+                         toString(readSharding(e->output())));
+  return out;
+}
+
 // Propagates a copy of `placed` taking `take`, keeps the outputs as `kept` (the greedy plan's:
-// the first plan tried, which sets them), decomposes it and measures it. nullopt when attention
-// that context parallelism placed in the greedy plan reads or gives another sharding (but, under
-// --cp=auto, for one that reads no operand whole where it was split: below), or when propagation
-// or decomposition refuses the plan (a candidate a later pass cannot make; operands a forced --cp
-// cannot use).
+// the first plan tried, which sets them), decomposes it (routing conversions by bytes where
+// `by_bytes`) and measures it. nullopt when attention that context parallelism placed in the
+// greedy plan reads or gives another sharding (but, under --cp=auto, for one that reads no
+// operand whole where it was split: below), or when propagation or decomposition refuses the
+// plan (a candidate a later pass cannot make; operands a forced --cp cannot use).
 std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& options, std::vector<int64_t> take,
-                             bool fewest_moves_on_ties, Kept& kept) {
+                             bool fewest_moves_on_ties, bool by_bytes, Kept& kept) {
   std::unique_ptr<Fusion> f = placed.clone();
+  f->setReshardByBytes(by_bytes);
   Trial t;
   t.choices.take = std::move(take);
   t.choices.fewest_moves_on_ties = fewest_moves_on_ties;
+  t.by_bytes = by_bytes;
   const bool greedy = !kept.made;
   try {
     propagateShardings(*f, options.propagation, options.sizes, &t.choices);
@@ -307,6 +331,7 @@ std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& option
     if (!otherwise) return std::nullopt;
   }
   t.cost = measure(*f, kept.parameters);
+  t.steps = routeSteps(*f);
   return t;
 }
 
@@ -329,7 +354,7 @@ std::optional<Trial> betterNeighbour(const Fusion& f, const PipelineOptions& opt
     if (left == 0) {
       if (plans >= search_placements::kMaxPlans) return true;
       ++plans;
-      std::optional<Trial> t = tryPlan(f, options, take, best.choices.fewest_moves_on_ties, kept);
+      std::optional<Trial> t = tryPlan(f, options, take, best.choices.fewest_moves_on_ties, best.by_bytes, kept);
       if (t && t->cost < best.cost && t->cost.work <= bound.work && t->cost.collectives <= bound.collectives) {
         found = std::move(t);
         return true;
@@ -385,7 +410,8 @@ int64_t workPerRank(const Fusion& f) {
     if (e->kind() == OpKind::Set) continue;
     work += localElements(f, e->output());
     for (const Val* v : e->inputs())
-      if (v != nullptr && v->valKind() == ValKind::TensorView) work += localElements(f, static_cast<const TensorView*>(v));
+      if (v != nullptr && v->valKind() == ValKind::TensorView)
+        work += localElements(f, static_cast<const TensorView*>(v));
   }
   return work;
 }
@@ -397,7 +423,9 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
   }
   Kept kept;
   kept.parameters = parameters(f);
-  std::optional<Trial> best = tryPlan(f, options, {}, false, kept);
+  // (A definition that asks for routes by bytes itself, `reshard by bytes`, keeps them.)
+  const bool asked = f.reshardByBytes();
+  std::optional<Trial> best = tryPlan(f, options, {}, false, asked, kept);
   // (When the greedy plan does not propagate or decompose, the pass below makes it and reports
   // why, or decomposition then does, as it would without the search.)
   if (best) {
@@ -418,16 +446,36 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
     // 2x2 mesh). Budgeted apart; the better of the two plans is taken.
     // (Its first plan may do more work than the greedy one: the climb still starts there, and
     // where it ends is taken only within the greedy plan's bounds.)
-    if (std::optional<Trial> start = tryPlan(f, options, {}, true, kept)) {
+    auto within = [&](const Trial& t) {
+      return t.cost < best->cost && t.cost.work <= greedy.work && t.cost.collectives <= greedy.collectives;
+    };
+    if (std::optional<Trial> start = tryPlan(f, options, {}, true, asked, kept)) {
       Trial other = climb(*start, 1);
-      if (other.cost < best->cost && other.cost.work <= greedy.work && other.cost.collectives <= greedy.collectives)
-        best = std::move(other);
+      if (within(other)) best = std::move(other);
+    }
+    // Again, from the best plan so far, with every conversion routed by fewest bytes
+    // (Fusion::reshardByBytes) where a mesh has two axes to route over and that plan's
+    // conversions route otherwise so: a conversion may then take a collective more than its
+    // route of fewest collectives, and a plan pays for it where it saves one elsewhere (a pending
+    // sum reduce-scattered along another dim before it travels, so that its consumers read it
+    // reduced: the placement fuzzer's s2-w4-u40-c332). Budgeted apart; taken only within the
+    // greedy plan's bounds. (Where the best plan's routes are the same by bytes, its neighbours
+    // are not climbed again: the climb's budget is mostly spent proving a plan has no better
+    // neighbour, and the fuzzer's CI budgets would take a third longer.)
+    if (!asked && routesDiffer(f)) {
+      std::optional<Trial> start =
+          tryPlan(f, options, best->choices.take, best->choices.fewest_moves_on_ties, true, kept);
+      if (start && start->steps != best->steps) {
+        Trial other = climb(*start, 2);
+        if (within(other)) best = std::move(other);
+      }
     }
   }
   PlanChoices chosen;
   if (best) chosen.take = best->choices.take, chosen.fewest_moves_on_ties = best->choices.fewest_moves_on_ties;
   propagateShardings(f, options.propagation, options.sizes, &chosen);
   if (kept.made) keepOutputs(f, kept.outputs);
+  if (best) f.setReshardByBytes(best->by_bytes);
 }
 
 }  // namespace meshfuse

@@ -29,7 +29,11 @@
 // plan whose decisions keep values as they arrive where candidates tie
 // (PlanChoices::fewest_moves_on_ties), and takes the better of the two ends: the greedy order
 // takes a free split of an upstream hint at each op of a chain, which a pinned end pays a gather
-// for, and undoing that one decision at a time needs a change at every op. A program whose
+// for, and undoing that one decision at a time needs a change at every op. On a mesh of two axes
+// it climbs a third time, from the best plan so far where its conversions would route otherwise
+// by fewest bytes, with every conversion so routed (Fusion::reshardByBytes, resharding_steps.h: a
+// collective more on one conversion that the plan saves elsewhere); the program says `reshard by
+// bytes` when that plan is taken. A program whose
 // decisions have fewer than kMaxPlans combinations is thus searched (nearly) exhaustively; a
 // larger one locally: the placement fuzzer's oracle (fuzz/placements/oracle.h) measures how close it
 // comes (docs/testing.md, "Known failures"). Several changes at once are needed where each

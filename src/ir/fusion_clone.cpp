@@ -101,6 +101,7 @@ std::unique_ptr<Fusion> Fusion::clone() const {
     f->extent_constraints_.push_back(std::move(c));
   }
   f->output_aliases_ = output_aliases_;
+  f->reshard_by_bytes_ = reshard_by_bytes_;
   return f;
 }
 

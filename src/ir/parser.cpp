@@ -130,11 +130,21 @@ class Parser {
     at(out, [&] { fusion_->aliasOutputToInput(o, i); });
   }
 
+  // `reshard by bytes`: decompose-reshardings routes conversions by fewest bytes
+  // (Fusion::reshardByBytes).
+  void reshardDecl() {
+    next();
+    expectIdent("by");
+    expectIdent("bytes");
+    fusion_->setReshardByBytes(true);
+  }
+
   void statement() {
     if (isIdent("mesh")) return meshDecl();
     if (isIdent("output")) return outputDecl();
     if (isIdent("alias")) return aliasDecl();
-    const Token& name = expectKind(Token::Value, "'mesh', 'output', 'alias' or a value name like %3");
+    if (isIdent("reshard")) return reshardDecl();
+    const Token& name = expectKind(Token::Value, "'mesh', 'output', 'alias', 'reshard' or a value name like %3");
     MF_USER_CHECK(!names_.count(name.text), ErrorKind::Name, "{}: duplicate name %{}", where(name), name.text);
     expectPunct("=");
     names_[name.text] = isIdent("input") ? inputDef(name) : opDef(name);

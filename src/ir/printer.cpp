@@ -62,6 +62,7 @@ std::string printFusion(const Fusion& f) {
   std::string out = "fusion {\n";
   for (int64_t m = 0; m < f.numMeshes(); ++m)
     out += fmt::format("  mesh @{} = {}\n", f.meshName(m), f.mesh(m).toString());
+  if (f.reshardByBytes()) out += "  reshard by bytes\n";
   auto annotation = [&](const TensorView* tv) {
     std::string s = printTensorType(tv);
     if (tv->meshIndex() >= 0 && !tv->pinned()) s += " from " + quoteString(tv->provenance());

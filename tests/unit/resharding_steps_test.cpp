@@ -73,7 +73,7 @@ TEST(ReshardingSteps, IndependentDimsAndPendingSums) {
 // planResharding between meshes: each step as "<mesh> <placements>: <what>".
 std::vector<std::string> plan(Fusion& f, const DeviceMesh& a, const Ps& from, const DeviceMesh& b, const Ps& to) {
   std::vector<std::string> out;
-  for (const ReshardingStep& s : planResharding(f, {f.addMesh(a), from}, {f.addMesh(b), to}, "%x"))
+  for (const ReshardingStep& s : planResharding(f, nullptr, {f.addMesh(a), from}, {f.addMesh(b), to}, "%x"))
     out.push_back(fmt::format("{} {}: {}", f.mesh(s.to.mesh).toString(), toString(s.to), s.what));
   return out;
 }
@@ -104,6 +104,41 @@ TEST(ReshardingSteps, WithTheMeshSizesACheaperOrderIsTaken) {
   const int64_t mesh = f.addMesh(DeviceMesh({0, 1, 2, 3}, {2, 2}));
   TensorView* x = f.defineTensor({4, 8}, DataType::Float, "x");
   EXPECT_EQ(wireBytes(f, x, {mesh, {P, R}}, {mesh, {R, S(1)}}), 4 * 256);
+}
+
+// By bytes (Fusion::reshardByBytes), an order of more collectives that sends less is taken, and
+// its intermediate placements may split a dim neither side splits: a pending sum is
+// reduce-scattered along one so that it travels reduced (the placement fuzzer's s2-w4-u40-c332).
+TEST(ReshardingSteps, ByBytesAPendingSumIsReducedBeforeItTravels) {
+  Fusion f;
+  const int64_t mesh = f.addMesh(DeviceMesh({0, 1, 2, 3}, {2, 2}));
+  TensorView* x = f.defineTensor({4, 8}, DataType::Float, "x");
+  const Sharding from{mesh, {P, S(0)}}, to{mesh, {S(0), R}};
+  // By collectives: the pending sums gathered, then reduce-scattered (2 collectives, each rank
+  // sending 64 bytes in each: 512 bytes over the ranks, times the 4 devices).
+  EXPECT_EQ(sizedSteps({P, S(0)}, {S(0), R}, {2, 2}), (std::vector<Ps>{{P, R}, {S(0), R}}));
+  EXPECT_EQ(wireBytes(f, x, from, to), 4 * 512);
+  // By bytes: three collectives through a split of dim 1, which neither side splits, 384 bytes.
+  std::vector<Ps> by_bytes;
+  for (const Sharding& s : reshardingSteps(from, to, {2, 2}, true, {4, 8})) by_bytes.push_back(s.axes);
+  EXPECT_EQ(by_bytes.size(), 3u);
+  EXPECT_EQ(by_bytes.back(), (Ps{S(0), R}));
+  EXPECT_TRUE(std::any_of(by_bytes.begin(), by_bytes.end(), [](const Ps& p) { return p[0] == S(1) || p[1] == S(1); }));
+  f.setReshardByBytes(true);
+  EXPECT_EQ(wireBytes(f, x, from, to), 4 * 384);
+  // Without the value's extents no other dim is known, and a 1-D mesh has one order.
+  EXPECT_EQ(reshardingSteps(from, to, {2, 2}, true).size(), 2u);
+  EXPECT_EQ(reshardingSteps({0, {P}}, {0, {S(0)}}, {4}, true, {4, 8}).size(), 1u);
+}
+
+// wireBytes counts torch.chunk's uneven blocks exactly: 5 floats on 3 ranks are blocks of 2, 2
+// and 1, each rank sending its block to the other two (times the 3 devices).
+TEST(ReshardingSteps, WireBytesCountsUnevenBlocksExactly) {
+  Fusion f;
+  const int64_t mesh = f.addMesh(DeviceMesh({0, 1, 2}));
+  TensorView* x = f.defineTensor({5}, DataType::Float, "x");
+  EXPECT_EQ(wireBytes(f, x, {mesh, {S(0)}}, {mesh, {R}}), 3 * (2 * (8 + 8 + 4)));
+  EXPECT_EQ(wireBytes(f, x, {mesh, {P}}, {mesh, {S(0)}}), 2 * (20 + 20 + 20)) << "each rank's whole pending sum";
 }
 
 TEST(PlanResharding, FromOneDeviceBroadcastsOrScatters) {

@@ -294,6 +294,34 @@ TEST(SearchPlacements, AttentionWhoseKeysContextParallelismGatheredIsSearchedLik
   EXPECT_EQ(outputShardings(text, "search"), outputShardings(text, "greedy"));
 }
 
+// On a 2x2 mesh a plan may route a conversion by fewest bytes, a collective more than its route
+// of fewest collectives, where the plan saves collectives elsewhere (the placement fuzzer's
+// s2-w4-u40-c332, shrunk): %t0's pending sums are reduce-scattered along dim 1, which neither
+// side splits, before they travel (an all-to-all, a reduce-scatter and an allgather), and both
+// sums and the reshape read the result. The program says so (`reshard by bytes`), and
+// decomposition follows it. Rank 0 sends 60 bytes in 4 collectives, against 80 in 6.
+TEST(SearchPlacements, AConversionMayTakeACollectiveMoreThatThePlanSavesElsewhere) {
+  const char* text = R"(fusion {
+  mesh @m0 = [[0, 1], [2, 3]]
+  %t0 = input f32[2, 5, r2] @m0 {parallelize(2, DIDy), split(0, 2), parallelize(0, DIDx)}
+  %t1 = sum(%t0, dims=[1]) : f32[2, r5]
+  %t2 = layer_norm(%t1) : f32[2]
+  %t3 = reshape(%t0, shape=[10]) : f32[10] @m0 {split(0, 2), parallelize(0, DIDy)}
+  %t4 = sum(%t0, dims=[1]) : f32[2, r5]
+  %t5 = neg(%t4) : f32[2] @m0 {split(0, 2), parallelize(0, DIDy), split(1, 2), parallelize(1, DIDx)}
+  output %t2, %t3, %t5
+})";
+  EXPECT_THAT(collectivesOf(text, "greedy"),
+              ElementsAre("allreduce %t1 4", "allgather %0 4", "allgather %2 20", "reduce_scatter %3 40",
+                          "allgather %4 4", "reduce_scatter %5 8"));
+  EXPECT_THAT(collectivesOf(text),
+              ElementsAre("all_to_all %t0 20", "reduce_scatter %0 24", "allgather %2 12", "allgather %t1 4"));
+  CompiledProgram searched = compile(parseFusion(text, "t.mf"), plan("search"));
+  EXPECT_TRUE(searched.fusion->reshardByBytes());
+  EXPECT_FALSE(compile(parseFusion(text, "t.mf"), plan("greedy")).fusion->reshardByBytes());
+  EXPECT_EQ(outputShardings(text, "search"), outputShardings(text, "greedy"));
+}
+
 TEST(SearchPlacements, ThePlanOptionNamesItsValues) {
   EXPECT_THAT(testing_helpers::userErrorMessage(ErrorKind::Value, [] { plan("exhaustive"); }),
               ::testing::HasSubstr("plan 'exhaustive': expected search or greedy"));

@@ -165,6 +165,23 @@ TEST(TextRoundTrip, MeshesPlacementsSchedulesAndProvenance) {
 )");
 }
 
+// The plan search's choice of routes (Fusion::reshardByBytes) is part of the program: a dump
+// after propagation decomposes as the search measured it.
+TEST(TextRoundTrip, ReshardByBytes) {
+  const char* text = R"(fusion {
+  mesh @grid = [[0, 1], [2, 3]]
+  reshard by bytes
+  %x = input f32[2, 5, r2] @grid {parallelize(2, DIDy), split(0, 2), parallelize(0, DIDx)}
+  %0 = neg(%x) : f32[2, 5] @grid {split(0, 2), parallelize(0, DIDy)}
+  output %0
+}
+)";
+  expectTextRoundTrip(text);
+  EXPECT_TRUE(parseFusion(text)->reshardByBytes());
+  EXPECT_TRUE(parseFusion(text)->clone()->reshardByBytes());
+  EXPECT_FALSE(parseFusion("fusion {\n  %x = input f32[2]\n  output %x\n}\n")->reshardByBytes());
+}
+
 TEST(TextRoundTrip, ParsedShardingMatchesTheText) {
   std::unique_ptr<Fusion> f = parseFusion(R"(fusion {
   mesh @grid = [[0, 1], [2, 3]]

@@ -106,6 +106,13 @@ class Fusion {
   // Looks a TensorView up by display name; nullptr when absent.
   TensorView* findTensor(std::string_view display_name) const;
 
+  // Whether decompose-reshardings takes each value to a sharding it needs by the order of
+  // one-axis steps that sends the fewest bytes, rather than the one of fewest collectives (the
+  // default: resharding_steps.h). The plan search sets it where such a plan sends fewer bytes in
+  // no more collectives overall. The text form prints it as `reshard by bytes`.
+  bool reshardByBytes() const { return reshard_by_bytes_; }
+  void setReshardByBytes(bool by_bytes) { reshard_by_bytes_ = by_bytes; }
+
  private:
   // tests/unit/verifier_test.cpp: builds IR that no API can (a value defined twice, an input with
   // a definition) to test that the verifier catches it.
@@ -125,6 +132,7 @@ class Fusion {
   Expr* insertion_point_ = nullptr;
   std::vector<ExtentConstraint> extent_constraints_;
   std::map<int64_t, int64_t> output_aliases_;
+  bool reshard_by_bytes_ = false;
 };
 
 }  // namespace meshfuse
