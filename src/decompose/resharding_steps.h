@@ -87,10 +87,11 @@ std::vector<ReshardingStep> planResharding(Fusion& f, const TensorView* value, c
 // ranks (reshardingSteps' steps, each as ring algorithms send on a mesh axis of n devices from
 // what each rank holds, b: an allgather (n-1) b per rank, a reduce-scatter or an all-to-all
 // (n-1)/n b, an allreduce 2 (n-1)/n b; a slice nothing), times the mesh's device count so that
-// it is an integer. (Uneven blocks count as the global size over the shard count.) nullopt when
-// it cannot be told: a symbolic size, two meshes, or a pending sum `from` does not have. Its
-// steps are planResharding's (by bytes where f.reshardByBytes()). The plan
-// search ranks plans by it; decomposition converts from the copy of a value it makes cheapest.
+// it is an integer. b is each rank's own block: torch.chunk's uneven blocks count exactly, as the
+// placement fuzzer measures the executed collectives. nullopt when it cannot be told: a symbolic
+// size, two meshes, or a pending sum `from` does not have. Its steps are planResharding's (by
+// bytes where f.reshardByBytes()). The plan search ranks plans by it; decomposition converts
+// from the copy of a value it makes cheapest.
 std::optional<int64_t> wireBytes(const Fusion& f, const TensorView* tv, const Sharding& from, const Sharding& to);
 
 }  // namespace meshfuse
