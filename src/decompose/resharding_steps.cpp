@@ -83,9 +83,8 @@ std::vector<Sharding> nestingOrder(const Sharding& from, const Sharding& to) {
   return steps;
 }
 
-// A way's measures: its collectives first (the documented priority), then the bytes it sends,
-// summed over the ranks, for a value of N^2 bytes on a mesh of N devices (so that every step's
-// share is an integer; the ranking does not depend on the value's size).
+// A way's measures: its collectives first (the documented priority), then what it sends summed
+// over the ranks (stepCost's units: wireBytes' for a value of one byte).
 struct WayCost {
   int64_t collectives = 0;
   int64_t bytes = 0;
@@ -100,26 +99,14 @@ struct WayOrder {
   }
 };
 
-// The elements of a value of `extents` sharded `s` on a mesh of `sizes` that the ranks hold,
-// summed over them (torch.chunk's nested blocks: resharding_steps.h; a pending sum whole).
-int64_t heldOverRanks(const Sharding& s, const std::vector<int64_t>& sizes, const std::vector<int64_t>& extents) {
-  int64_t ranks = 1;
-  for (int64_t n : sizes) ranks *= n;
-  int64_t total = 0;
-  for (int64_t r = 0; r < ranks; ++r) {
-    std::vector<int64_t> coords(sizes.size());
-    for (size_t a = sizes.size(), rest = static_cast<size_t>(r); a-- > 0; rest /= static_cast<size_t>(sizes[a]))
-      coords[a] = static_cast<int64_t>(rest % static_cast<size_t>(sizes[a]));
-    int64_t held = 1;
-    for (size_t d = 0; d < extents.size(); ++d) {
-      int64_t e = extents[d];
-      for (size_t a = 0; a < s.axes.size(); ++a)
-        if (s.axes[a] == Placement::shard(static_cast<int64_t>(d))) e = chunkSpan(e, sizes[a], coords[a]).size;
-      held *= e;
-    }
-    total += held;
-  }
-  return total;
+// What the ranks hold of a value sharded `s` on a mesh of `sizes`, summed over them, in values:
+// torch.chunk's blocks of a dim partition it however uneven, so that is the whole value once per
+// replica (each axis that does not split it: a pending sum is held whole on each rank).
+int64_t replicas(const Sharding& s, const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (size_t a = 0; a < sizes.size(); ++a)
+    if (s.axes[a].kind != Placement::Shard) n *= sizes[a];
+  return n;
 }
 
 // What the step on axis a from `cur` to `next` (which differ there only) sends per element a
@@ -134,32 +121,16 @@ int64_t perHeldElement(const Placement& from, const Placement& to, int64_t n, in
   return (n - 1) * (ranks / n);
 }
 
-// The step on axis a from `cur` to `next` (which differ there only). With the value's
-// `extents`, its bytes are perHeldElement times what the ranks hold (uneven blocks exactly, as
-// wireBytes counts); without, as ring algorithms send on a team of m devices each holding B/s of
-// the value (s: what the other axes shard it over): an allgather or a reduce-scatter (m-1) B/s
-// per team, an allreduce twice that, an all-to-all (m-1) B/(s m); a slice or a local Partial
-// nothing.
-WayCost stepCost(const Sharding& cur, const Sharding& next, size_t a, const std::vector<int64_t>& sizes,
-                 const std::vector<int64_t>& extents) {
-  const Placement &f = cur.axes[a], &g = next.axes[a];
-  const int64_t m = sizes[a];
-  if (f == g || f.kind == Placement::Replicate || m == 1) return {};
-  if (!extents.empty()) {
-    int64_t ranks = 1;
-    for (int64_t n : sizes) ranks *= n;
-    return {1, perHeldElement(f, g, m, ranks) * heldOverRanks(cur, sizes, extents)};
-  }
-  int64_t mesh = 1, s = 1;
-  for (size_t b = 0; b < sizes.size(); ++b) {
-    mesh *= sizes[b];
-    if (b != a && cur.axes[b].kind == Placement::Shard) s *= sizes[b];
-  }
-  const int64_t team = (m - 1) * mesh * mesh / s;  // (m-1) B/s, B = N^2
-  const int64_t per_team = f.kind == Placement::Partial && g.kind == Placement::Replicate ? 2 * team
-                           : f.kind == Placement::Shard && g.kind == Placement::Shard     ? team / m
-                                                                                          : team;
-  return {1, per_team * (mesh / m)};
+// The step on axis a from `cur` to `next` (which differ there only): one collective, whose
+// bytes are perHeldElement times what the ranks hold, in values (the value's size is the same
+// for every step of a conversion, so it does not change which way is cheapest); a slice or a
+// local Partial nothing.
+WayCost stepCost(const Sharding& cur, const Sharding& next, size_t a, const std::vector<int64_t>& sizes) {
+  int64_t ranks = 1;
+  for (int64_t n : sizes) ranks *= n;
+  const int64_t k = perHeldElement(cur.axes[a], next.axes[a], sizes[a], ranks);
+  if (k == 0) return {};
+  return {1, k * replicas(cur, sizes)};
 }
 
 // Whether the step on axis a is one collective or slice: a split it takes away or adds is the
@@ -183,7 +154,6 @@ bool oneStep(const Sharding& cur, const Sharding& next, size_t a, const Sharding
 // such order exists.
 std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapestWay(const Sharding& from, const Sharding& to,
                                                                      const std::vector<int64_t>& sizes,
-                                                                     const std::vector<int64_t>& extents,
                                                                      WayOrder order,
                                                                      const std::vector<Placement>& also) {
   const size_t n = from.axes.size();
@@ -223,7 +193,7 @@ std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapestWay(const Shard
         Sharding next = cur;
         next.axes[a] = p;
         if (!oneStep(cur, next, a, to)) continue;
-        const WayCost step = stepCost(cur, next, a, sizes, extents);
+        const WayCost step = stepCost(cur, next, a, sizes);
         const WayCost total{cost.collectives + step.collectives, cost.bytes + step.bytes};
         const Key nk = key(next);
         auto it = best.find(nk);
@@ -253,7 +223,7 @@ std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, 
   for (const Sharding& next : steps) {
     size_t a = 0;
     while (next.axes[a] == at.axes[a]) ++a;
-    const WayCost step = stepCost(at, next, a, sizes, extents);
+    const WayCost step = stepCost(at, next, a, sizes);
     nesting.collectives += step.collectives, nesting.bytes += step.bytes;
     at = next;
   }
@@ -267,7 +237,7 @@ std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, 
       if (extents[d] >= widest) also.push_back(Placement::shard(static_cast<int64_t>(d)));
   }
   std::optional<std::pair<WayCost, std::vector<Sharding>>> cheapest =
-      cheapestWay(from, to, sizes, extents, order, also);
+      cheapestWay(from, to, sizes, order, also);
   if (cheapest && order(cheapest->first, nesting)) {
     return cheapest->second;
   }
@@ -290,6 +260,16 @@ std::optional<size_t> scatterAxis(const DeviceMesh& mesh, const Sharding& to) {
   for (size_t a = 0; a < to.axes.size(); ++a)
     if (axis.has_value() && a != *axis && mesh.size(static_cast<int64_t>(a)) > 1) return std::nullopt;
   return axis;
+}
+
+// The extents of `tv` where they are all static; empty otherwise (reshardingSteps' `extents`).
+std::vector<int64_t> staticExtents(const TensorView* tv) {
+  std::vector<int64_t> out;
+  for (const IterDomain* id : tv->dims()) {
+    if (!id->extent().isStatic()) return {};
+    out.push_back(id->extent().value());
+  }
+  return out;
 }
 
 class Planner {
@@ -332,15 +312,6 @@ class Planner {
 };
 
 }  // namespace
-
-std::vector<int64_t> staticExtents(const TensorView* tv) {
-  std::vector<int64_t> out;
-  for (const IterDomain* id : tv->dims()) {
-    if (!id->extent().isStatic()) return {};
-    out.push_back(id->extent().value());
-  }
-  return out;
-}
 
 std::vector<ReshardingStep> planResharding(Fusion& f, const TensorView* value, const Sharding& from, const Sharding& to,
                                            const std::string& name) {
@@ -404,6 +375,8 @@ std::optional<int64_t> wireBytes(const Fusion& f, const TensorView* tv, const Sh
       return std::nullopt;
   const std::vector<int64_t> extents = staticExtents(tv);
   if (extents.empty() && tv->rank() > 0) return std::nullopt;
+  int64_t numel = 1;
+  for (int64_t e : extents) numel *= e;
   const std::vector<int64_t>& sizes = f.mesh(from.mesh).shape();
   const int64_t ranks = f.mesh(from.mesh).size();
   int64_t total = 0;
@@ -411,7 +384,7 @@ std::optional<int64_t> wireBytes(const Fusion& f, const TensorView* tv, const Sh
   for (const Sharding& next : reshardingSteps(from, to, sizes, f.reshardByBytes(), extents)) {
     for (size_t a = 0; a < at.axes.size(); ++a)
       if (const int64_t k = perHeldElement(at.axes[a], next.axes[a], sizes[a], ranks); k > 0)
-        total += k * heldOverRanks(at, sizes, extents) * dtypeSize(tv->dtype());
+        total += k * replicas(at, sizes) * numel * dtypeSize(tv->dtype());
     at = next;
   }
   return total;

@@ -68,9 +68,6 @@ class TensorView;
 std::vector<Sharding> reshardingSteps(const Sharding& from, const Sharding& to, const std::vector<int64_t>& sizes = {},
                                       bool by_bytes = false, const std::vector<int64_t>& extents = {});
 
-// The extents of `tv` where they are all static; empty otherwise (reshardingSteps' `extents`).
-std::vector<int64_t> staticExtents(const TensorView* tv);
-
 struct ReshardingStep {
   Sharding to;       // the sharding after the step (mesh included)
   std::string what;  // for provenance: "Shard(0) -> Replicate() on mesh axis 0", "gathered to stage [2]"
@@ -87,7 +84,8 @@ std::vector<ReshardingStep> planResharding(Fusion& f, const TensorView* value, c
 // ranks (reshardingSteps' steps, each as ring algorithms send on a mesh axis of n devices from
 // what each rank holds, b: an allgather (n-1) b per rank, a reduce-scatter or an all-to-all
 // (n-1)/n b, an allreduce 2 (n-1)/n b; a slice nothing), times the mesh's device count so that
-// it is an integer. b is each rank's own block: torch.chunk's uneven blocks count exactly, as the
+// it is an integer. b is each rank's own block: summed over the ranks, torch.chunk's blocks
+// (however uneven) make the whole value once per replica, so uneven blocks count exactly, as the
 // placement fuzzer measures the executed collectives. nullopt when it cannot be told: a symbolic
 // size, two meshes, or a pending sum `from` does not have. Its steps are planResharding's (by
 // bytes where f.reshardByBytes()). The plan search ranks plans by it; decomposition converts
