@@ -9,6 +9,10 @@
 //   mlp         the GPT-style MLP block forward (bf16, h = 4096, t = 8192) through the executor,
 //               for cuda_mlp_torch.py to compare with PyTorch eager and torch.compile
 //   decoder     the pre-norm decoder layer (bf16, batch 2, seq 2048, h = 4096, 32 heads), likewise
+//   attention   sdpa forward (bf16, batch 2, 32 heads, head size 128, causal and not) through the
+//               executor: the tensor-core kernel vs the scalar one (MESHFUSE_CUDA_ATTENTION=scalar)
+//               in TFLOP/s, for cuda_mlp_torch.py to compare with torch's scaled_dot_product_attention;
+//               and the gradient kernels (dq; dk + dv) on one launch of whole sequences
 //   overhead    host time per launched segment: a chain of tiny GEMMs through the executor,
 //               minus their GPU time measured directly
 //   overlap     one GPU as one rank of an n-way sequence-parallel MLP (bf16): its allgather and
@@ -23,6 +27,8 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -32,7 +38,9 @@
 #include "meshfuse/executor.h"
 #include "meshfuse/ir/parser.h"
 #include "meshfuse/ops.h"
+#include "lower/segment.h"
 #include "models.h"
+#include "runtime/backend.h"
 #include "runtime/cuda.h"
 
 using namespace meshfuse;
@@ -238,6 +246,84 @@ json decoder(int64_t batch, int64_t seq, int64_t h, int64_t heads) {
   return r;
 }
 
+// ---- attention ------------------------------------------------------------------------------
+
+// Multiply-adds of q k^T and p v, times 2 (halved for causal), as FlashAttention counts them.
+double attentionFlops(int64_t batch, int64_t heads, int64_t s, int64_t d, bool causal) {
+  return 4.0 * batch * heads * s * s * d / (causal ? 2 : 1);
+}
+
+// sdpa(q, k, v) forward, bf16, through the executor: ms and TFLOP/s.
+json attentionForward(int64_t batch, int64_t heads, int64_t s, int64_t d, bool causal) {
+  Fusion f;
+  std::vector<TensorView*> in;
+  for (const char* n : {"q", "k", "v"}) in.push_back(f.defineTensor({batch, heads, s, d}, DataType::BFloat16, n));
+  f.addOutput(ops::sdpa(in[0], in[1], in[2], causal));
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < 3; ++i) inputs.push_back(Tensor::random(DataType::BFloat16, {batch, heads, s, d}, 20 + i));
+  OnGpu g(f, inputs);
+  const double secs = timeIt([&] { g.run(); }, deviceSync);
+  return {{"ms", secs * 1e3}, {"TFLOPs", attentionFlops(batch, heads, s, d, causal) / secs / 1e12}};
+}
+
+// The gradient kernels (cuda_attention_grad.cpp) on one launch over whole sequences, as ring
+// attention's backward launches them per step: dq, then dk and dv from one kernel.
+json attentionGradient(int64_t batch, int64_t heads, int64_t s, int64_t d, bool causal) {
+  Fusion f;
+  std::vector<TensorView*> in;
+  for (const char* n : {"q", "k", "v", "g"}) in.push_back(f.defineTensor({batch, heads, s, d}, DataType::BFloat16, n));
+  TensorView* lse = f.defineTensor({batch, heads, s}, DataType::Float, "lse");
+  TensorView* delta = f.defineTensor({batch, heads, s}, DataType::Float, "delta");
+  TensorView* dq = ops::sdpaGrad(in[0], in[1], in[2], in[3], "query", causal, std::nullopt, lse, delta);
+  TensorView* dk = ops::sdpaGrad(in[0], in[1], in[2], in[3], "key", causal, std::nullopt, lse, delta);
+  TensorView* dv = ops::sdpaGrad(in[0], in[1], in[2], in[3], "value", causal, std::nullopt, lse, delta);
+  std::unique_ptr<Backend> b = makeCudaBackend();
+  std::vector<Tensor> values;
+  for (int i = 0; i < 4; ++i) values.push_back(b->upload(Tensor::random(DataType::BFloat16, {batch, heads, s, d}, 30 + i)));
+  // A log-sum-exp of log(s) and delta 0 keep P and dS finite (the values do not change the work).
+  Tensor lse_host = Tensor::empty(DataType::Float, {batch, heads, s});
+  Tensor delta_host = Tensor::empty(DataType::Float, {batch, heads, s});
+  for (int64_t i = 0; i < lse_host.numel(); ++i) lse_host.set(i, std::log(static_cast<double>(s))), delta_host.set(i, 0);
+  values.push_back(b->upload(lse_host));
+  values.push_back(b->upload(delta_host));
+  std::vector<const Tensor*> ins;
+  for (const Tensor& t : values) ins.push_back(&t);
+  const AttentionLaunch whole{{{0, s}}, {{0, s}}, false};
+  auto shape = [](const TensorView* tv) { return tv->evaluateShape({}); };
+  json r;
+  for (auto [name, outs] : {std::pair<const char*, std::vector<TensorView*>>{"dq", {dq}}, {"dk_dv", {dk, dv}}}) {
+    Segment seg{Segment::Kind::Gemm, {}, {in[0], in[1], in[2], in[3], lse, delta}, {}};
+    std::vector<Tensor> out;
+    std::vector<Tensor*> out_ptrs;
+    for (TensorView* o : outs) {
+      seg.exprs.push_back(o->definition());
+      seg.outputs.push_back(o);
+      out.push_back(b->allocate(DataType::BFloat16, {batch, heads, s, d}));
+    }
+    for (Tensor& t : out) out_ptrs.push_back(&t);
+    const double secs = timeIt([&] { b->runAttentionStep(seg, ins, out_ptrs, shape, whole); },
+                               [&] { b->streams().synchronize(); });
+    // dq: q k^T, g v^T, dS k (3 products); dk + dv: those two plus dS^T q and P^T g (4).
+    const double flops = attentionFlops(batch, heads, s, d, causal) / 2 * (outs.size() == 1 ? 3 : 4);
+    r[name] = {{"ms", secs * 1e3}, {"TFLOPs", flops / secs / 1e12}};
+  }
+  return r;
+}
+
+json attention(int64_t batch, int64_t heads, int64_t s, int64_t d) {
+  json r = {{"batch", batch}, {"heads", heads}, {"seq", s}, {"head_size", d}, {"dtype", "bf16"}};
+  for (bool causal : {true, false}) {
+    json& c = r[causal ? "causal" : "full"];
+    c["tensor_cores"] = attentionForward(batch, heads, s, d, causal);
+    ::setenv("MESHFUSE_CUDA_ATTENTION", "scalar", 1);  // read when the backend emits the kernel
+    c["scalar"] = attentionForward(batch, heads, s, d, causal);
+    ::unsetenv("MESHFUSE_CUDA_ATTENTION");
+    c["tensor_cores_vs_scalar"] = c["scalar"]["ms"].get<double>() / c["tensor_cores"]["ms"].get<double>();
+    c["gradient"] = attentionGradient(batch, heads, s, d, causal);
+  }
+  return r;
+}
+
 json overhead() {
   json r;
   constexpr int kSegments = 64;
@@ -389,7 +475,7 @@ int main(int argc, char** argv) {
     if (a == "--only" && i + 1 < argc) only = argv[++i];
     if (a == "--quick") quick = true;
   }
-  const std::vector<std::string> names = {"bandwidth", "gemm", "mlp", "decoder", "overhead", "overlap"};
+  const std::vector<std::string> names = {"bandwidth", "gemm", "mlp", "decoder", "attention", "overhead", "overlap"};
   if (!only.empty() && std::find(names.begin(), names.end(), only) == names.end()) {
     std::cerr << fmt::format("--only {}: expected one of {}\n", only, fmt::join(names, ", "));
     return 2;
@@ -406,6 +492,7 @@ int main(int argc, char** argv) {
     if (wanted("gemm")) out["gemm"] = quick ? gemm(1024, 512) : gemm(8192, 4096);
     if (wanted("mlp")) out["mlp"] = quick ? mlp(1024, 512) : mlp(8192, 4096);
     if (wanted("decoder")) out["decoder"] = quick ? decoder(1, 256, 512, 8) : decoder(2, 2048, 4096, 32);
+    if (wanted("attention")) out["attention"] = quick ? attention(1, 4, 256, 64) : attention(2, 32, 2048, 128);
     if (wanted("overhead")) out["overhead"] = overhead();
     // GEMM-sized chunks: 8 ranks' worth of tokens, 4 chunks of 2048 rows.
     if (wanted("overlap"))

@@ -279,6 +279,9 @@ void lowerAttentionSegment(const Segment& seg, const LocalShapeFn& shape_of, Pro
     if (a.o >= 0) g.fillRows(a.o, a.batch * a.s, a.dv, -1);
     if (a.lse >= 0) g.fillRows(a.lse, a.batch, a.s, -1, -INFINITY);
   } else {
+    const DataType qt = tv(0)->dtype();
+    if ((qt == DataType::BFloat16 || qt == DataType::Half) && tv(1)->dtype() == qt && (a.o < 0 || tv(2)->dtype() == qt))
+      a.operands = qt;
     a.q = g.f32(bufferOf(tv(0))), a.k = g.f32(bufferOf(tv(1)));
     if (a.o >= 0) a.v = g.f32(bufferOf(tv(2)));
     if (a.o < 0) a.dv = 0;

@@ -261,9 +261,10 @@ std::string printProgram(const Program& p) {
             buf(a.k), buf(a.v), buf(a.g), buf(a.lse_in), buf(a.delta));
         continue;
       }
-      out += fmt::format("  attention batch={} s={} skv={} d={} dv={} scale={}{}: o {}, lse {} = q {}, k {}, v {}\n",
-                         a.batch, a.s, a.skv, a.d, a.dv, formatFloat(a.scale), a.causal ? " causal" : "", buf(a.o),
-                         buf(a.lse), buf(a.q), buf(a.k), buf(a.v));
+      out += fmt::format("  attention batch={} s={} skv={} d={} dv={} scale={}{}{}: o {}, lse {} = q {}, k {}, v {}\n",
+                         a.batch, a.s, a.skv, a.d, a.dv, formatFloat(a.scale), a.causal ? " causal" : "",
+                         a.operands == DataType::Float ? "" : fmt::format(" operands={}", dtypeName(a.operands)),
+                         buf(a.o), buf(a.lse), buf(a.q), buf(a.k), buf(a.v));
       continue;
     }
     out += fmt::format("  loops {} {{\n", s.loops.name);

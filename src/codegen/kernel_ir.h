@@ -169,6 +169,10 @@ struct Attention {
   int64_t batch = 0, s = 0, skv = 0, d = 0, dv = 0;
   double scale = 1;
   bool causal = false;
+  // The dtype q, k and v had before lowering widened them to f32: BFloat16 or Half when all three
+  // share it (their f32 copies are then exact in that dtype, so a backend may multiply them on
+  // 16-bit tensor cores without rounding them: cuda_attention_mma.cpp), else Float.
+  DataType operands = DataType::Float;
   // An attention gradient (an sdpa_grad with its lse and delta operands) instead, when wrt >= 0:
   // the gradient with respect to operand `wrt` (0 query, 1 key, 2 value) into o (o_rounded as
   // above), from the output gradient g [batch, s, dv] and the forward's f32 log-sum-exp lse_in and

@@ -10,6 +10,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <iostream>
+#include <memory>
+
 #include "codegen/cuda/cuda_attention.h"
 #include "codegen/kernel_lower.h"
 #include "cuda_emulation.h"
@@ -57,7 +60,8 @@ struct Problem {
   TensorView *q, *k, *v, *g, *o, *lse, *delta, *dq, *dk, *dv;
   std::vector<Tensor> values;  // q, k, v, g, then lse and delta (reference)
 
-  explicit Problem(const Case& c) {
+  // `values`: draw the operands and evaluate the reference (tests that only compile skip it).
+  explicit Problem(const Case& c, bool with_values = true) {
     q = f.defineTensor({1, c.heads, c.s, c.d}, c.dtype, "q");
     k = f.defineTensor({1, c.heads, c.s, c.d}, c.dtype, "k");
     v = f.defineTensor({1, c.heads, c.s, c.dv}, c.dtype, "v");
@@ -69,6 +73,7 @@ struct Problem {
     dk = ops::sdpaGrad(q, k, v, g, "key", c.causal, std::nullopt, lse, delta);
     dv = ops::sdpaGrad(q, k, v, g, "value", c.causal, std::nullopt, lse, delta);
     for (TensorView* t : {lse, delta}) f.addOutput(t);
+    if (!with_values) return;
     for (TensorView* t : {q, k, v, g}) values.push_back(Tensor::random(c.dtype, t->evaluateShape({}), 17 + values.size()));
     for (Tensor& t : evaluateReference(f, values)) values.push_back(std::move(t));
   }
@@ -299,6 +304,101 @@ TEST(CudaAttentionSteps, GradientKernelsCompileWithoutSpills) {
           << k << ": " << r.registers << " registers, stack " << r.stack_frame_bytes << ", spills "
           << r.spill_store_bytes << "/" << r.spill_load_bytes;
     }
+  }
+}
+
+// The tensor-core kernel's output `got` against the scalar kernel's `want`: a 16-bit output within
+// eps(dtype) (|want| + max |want|), the f32 log-sum-exp within 1e-5 (1 + |want|); the first few
+// elements that are not, reported.
+void expectAgreesWithTheScalarKernel(const Tensor& got, const Tensor& want, size_t output) {
+  const double eps = want.dtype() == DataType::BFloat16 ? 0x1p-7 : want.dtype() == DataType::Half ? 0x1p-10 : 0;
+  double max_abs = 0;
+  for (int64_t e = 0; e < want.numel(); ++e)
+    if (std::isfinite(want.get(e))) max_abs = std::max(max_abs, std::abs(want.get(e)));
+  int bad = 0;
+  for (int64_t e = 0; e < want.numel(); ++e) {
+    const double a = got.get(e), b = want.get(e);
+    const double allowed = eps > 0 ? eps * (std::abs(b) + max_abs) : 1e-5 * (1 + std::abs(b));
+    if (!(std::abs(a - b) <= allowed) && !(std::isinf(a) && a == b) && bad++ < 3)
+      ADD_FAILURE() << "output " << output << " element " << e << ": tensor cores " << a << ", scalar " << b;
+  }
+}
+
+// The tensor-core forward kernel (16-bit operands: cuda_attention_mma.cpp) against the scalar one
+// (MESHFUSE_CUDA_ATTENTION=scalar), both emulated on the same ring's two steps (the second
+// continues the first's online softmax from the 16-bit output, so a rounding that differs by one
+// unit in the last place carries into the second): within eps(dtype) (|want| + max |want|) of the
+// output (16 times tighter than the comparisons with the CPU) and 1e-5 of the log-sum-exp. Head
+// sizes that pad to the mma's 16 (4, 6, 24), that float4 loads do not divide (6, 5: element by
+// element), several tiles of 64 rows with a partial one (132), heads above 128 (smaller key
+// tiles), and the log-sum-exp alone.
+TEST(CudaAttentionSteps, TensorCoreKernelMatchesTheScalarOne) {
+  for (DataType dt : {DataType::BFloat16, DataType::Half})
+    for (bool causal : {false, true}) {
+      // Every case's kernels, both kinds, in one host library (one host compile per dtype and mask).
+      std::vector<std::unique_ptr<Problem>> problems;
+      std::vector<RingRun> runs;  // tensor cores, scalar, tensor cores, ...
+      std::vector<std::string> traces;
+      std::string source;
+      for (Case c : {Case{1, 8, 4, 4}, Case{2, 40, 8, 6}, Case{1, 24, 6, 5}, Case{1, 132, 64, 64}, Case{1, 72, 136, 24}}) {
+        c.causal = causal, c.dtype = dt;
+        problems.push_back(std::make_unique<Problem>(c));
+        const Problem& p = *problems.back();
+        const int64_t chunk = c.s / 4;
+        for (const Ring& ring : {balancedRings(p, chunk)[0], Ring{{p.lse->definition()}, {p.q, p.k}, own(chunk), rotating(chunk)}}) {
+          traces.push_back(name(c) + (ring.exprs.size() == 2 ? ", output and lse" : ", lse alone"));
+          runs.emplace_back(p, ring, fmt::format("m{}", runs.size()));
+          ::setenv("MESHFUSE_CUDA_ATTENTION", "scalar", 1);
+          runs.emplace_back(p, ring, fmt::format("s{}", runs.size()));
+          ::unsetenv("MESHFUSE_CUDA_ATTENTION");
+          ASSERT_NE(runs[runs.size() - 2].source().find("mma.sync"), std::string::npos) << traces.back();
+          ASSERT_EQ(runs.back().source().find("mma.sync"), std::string::npos) << traces.back();
+          source += runs[runs.size() - 2].source() + runs.back().source();
+        }
+      }
+      cuda_testing::EmulatedLibrary lib(source);
+      for (size_t r = 0; r < runs.size(); r += 2) {
+        SCOPED_TRACE(traces[r / 2]);
+        std::vector<Tensor> got = runs[r].runEmulated(lib), want = runs[r + 1].runEmulated(lib);
+        for (size_t i = 0; i < want.size(); ++i) expectAgreesWithTheScalarKernel(got[i], want[i], i);
+      }
+    }
+}
+
+// The forward kernels on tensor cores compile for sm_90 (NVRTC and ptxas: the inline mma.sync)
+// without spills or a stack frame, at the largest head sizes they take.
+TEST(CudaAttentionSteps, TensorCoreKernelsCompileWithoutSpills) {
+  // Without the log-sum-exp (as a decoder layer asks) and with it (ring steps): the f16 kernel at
+  // head size 128 without it is the one ptxas once spilled.
+  for (auto [c, with_lse] : {std::pair{Case{8, 1024, 64, 64, true, DataType::BFloat16}, true},
+                             {Case{8, 2048, 128, 128, true, DataType::BFloat16}, false},
+                             {Case{8, 2048, 128, 128, true, DataType::Half}, false},
+                             {Case{8, 512, 128, 128, true, DataType::Half}, true},
+                             {Case{4, 256, 256, 256, false, DataType::Half}, true}}) {
+    SCOPED_TRACE(name(c) + (with_lse ? " with lse" : ""));
+    Problem p(c, /*with_values=*/false);
+    Segment seg{Segment::Kind::Gemm, {p.o->definition()}, {p.q, p.k, p.v}, {p.o}};
+    if (with_lse) seg.exprs.push_back(p.lse->definition()), seg.outputs.push_back(p.lse);
+    kir::Program program = kir::lowerSegment(
+        p.f, seg, [](const TensorView* tv) { return tv->evaluateShape({}); }, "gemm #0");
+    cuda::EmittedProgram e = cuda::emitCuda(program, "f", 132, 90);
+    ASSERT_NE(e.source.find("mma.sync"), std::string::npos);
+    cuda::CompiledCode code = cuda::compileCuda(e.source, "forward", {90, false, "", /*resource_usage=*/true});
+    ASSERT_FALSE(code.image.empty());
+    std::string kernel;  // the attention step's (the others widen q, k, v and round o)
+    for (size_t i = 0; i < program.steps.size(); ++i)
+      if (program.steps[i].kind == kir::Step::AttentionCall) kernel = e.steps[i].at(0).name;
+    ASSERT_NE(e.source.find("__global__ void __launch_bounds__(128, 2) " + kernel), std::string::npos);
+    auto it = std::find_if(code.resources.begin(), code.resources.end(),
+                           [&](const cuda::KernelResources& r) { return r.name == kernel; });
+    ASSERT_NE(it, code.resources.end()) << kernel << ": ptxas reported nothing; log:\n" << code.log.substr(0, 3000);
+    const cuda::KernelResources& r = *it;
+    std::cout << r.name << ": " << r.registers << " registers\n";
+    EXPECT_EQ(r.stack_frame_bytes + r.spill_store_bytes + r.spill_load_bytes, 0)
+        << r.name << ": " << r.registers << " registers, stack " << r.stack_frame_bytes << ", spills "
+        << r.spill_store_bytes << "/" << r.spill_load_bytes;
+    // An older GPU (sm_75) gets the scalar kernel.
+    EXPECT_EQ(cuda::emitCuda(program, "f", 40, 75).source.find("mma.sync"), std::string::npos);
   }
 }
 

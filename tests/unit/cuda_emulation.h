@@ -53,7 +53,8 @@ extern "C" { float (*mf_emu_f16_to_f32)(unsigned short) = nullptr; unsigned shor
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static  // blocks run one at a time
 #define __restrict__ __restrict
 inline void __syncthreads() { mf_emu_barrier->arrive_and_wait(); }
@@ -65,6 +66,37 @@ template <typename T> T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   T r = slots[threadIdx.x ^ lane_mask];
   __syncthreads();
   return r;
+}
+// mma.sync.m16n8k16.row.col with f32 accumulators, as a warp computes it: each lane's A (four
+// registers) and B (two) fragments are gathered, and each lane computes its four results from the
+// PTX ISA's fragment layouts (lane = 4 g + t; A: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g,
+// 2t+8..), a3 = (g+8, 2t+8..); B: b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g); C: c0, c1 = (g,
+// 2t..2t+1), c2, c3 = (g+8, 2t..); the lower-indexed element in the low 16 bits). Every thread
+// of the block calls it the same number of times; two sets of slots alternate, so one barrier
+// per call suffices (a slot is written again only after every thread passed the next barrier).
+inline float mf_emu_16_to_f32(unsigned bits, bool bf16) {
+  if (bf16) { unsigned u = bits << 16; float f; std::memcpy(&f, &u, 4); return f; }
+  return mf_emu_f16_to_f32((unsigned short)bits);
+}
+inline void mf_emu_mma_16816(float* c, const unsigned* a, const unsigned* b, bool bf16) {
+  static unsigned frag[2][1024][6];
+  thread_local int parity = 0;
+  const int t = threadIdx.x, lane = t % 32, base = t - lane;
+  for (int i = 0; i < 4; ++i) frag[parity][t][i] = a[i];
+  frag[parity][t][4] = b[0];
+  frag[parity][t][5] = b[1];
+  __syncthreads();
+  auto half = [&](unsigned w, int odd) { return mf_emu_16_to_f32(odd ? w >> 16 : w & 0xffffu, bf16); };
+  auto A = [&](int r, int k) { return half(frag[parity][base + (r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2); };
+  auto B = [&](int k, int n) { return half(frag[parity][base + n * 4 + (k % 8) / 2][4 + (k >= 8)], k % 2); };
+  const int g = lane / 4, tig = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + (i >= 2 ? 8 : 0), n = 2 * tig + i % 2;
+    float s = c[i];
+    for (int k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
+    c[i] = s;
+  }
+  parity ^= 1;
 }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }

@@ -141,10 +141,10 @@ TEST(KernelLower, SdpaAndItsLogSumExpShareOneStep) {
   std::vector<std::string> p = lowered(f);
   ASSERT_EQ(p.size(), 2u);
   // bf16: the output computed in f32 b5 (rounded into b3), q, k, v widened into b6..b8.
-  EXPECT_NE(p[0].find("attention batch=2 s=5 skv=7 d=4 dv=3 scale=0.25: o b5, lse b4 = q b6, k b7, v b8"),
+  EXPECT_NE(p[0].find("attention batch=2 s=5 skv=7 d=4 dv=3 scale=0.25 operands=bf16: o b5, lse b4 = q b6, k b7, v b8"),
             std::string::npos)
       << p[0];
-  EXPECT_NE(p[1].find("attention batch=2 s=5 skv=7 d=4 dv=0 scale=0.25 causal: o -, lse b2 = q b3, k b4, v -"),
+  EXPECT_NE(p[1].find("attention batch=2 s=5 skv=7 d=4 dv=0 scale=0.25 causal operands=bf16: o -, lse b2 = q b3, k b4, v -"),
             std::string::npos)
       << p[1];
 }

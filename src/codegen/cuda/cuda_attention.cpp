@@ -225,6 +225,22 @@ std::string attentionLoad(int64_t b, DataType dtype, const std::string& index) {
 }
 
 
+std::string attentionOperands(const kir::Attention& a, const std::vector<kir::Buffer>& buffers) {
+  std::string out = fmt::format("  const float SCALE = {:a}f;\n", static_cast<float>(a.scale));  // exact (hex float)
+  out += fmt::format("  const float* __restrict__ q = {};\n  const float* __restrict__ k = {};\n",
+                     attentionBuffer(a.q, "const float*"), attentionBuffer(a.k, "const float*"));
+  out += fmt::format("  const float* __restrict__ v = {};\n  float* __restrict__ o = {};\n  float* __restrict__ lse = {};\n",
+                     attentionBuffer(a.v, "const float*"), attentionBuffer(a.o, "float*"),
+                     attentionBuffer(a.lse, "float*"));
+  // The running output of a continuing launch: the 16-bit output where the f32 one is a
+  // temporary, else the f32 output itself (read through `o`: each element by the thread that
+  // later writes it).
+  const std::string state = a.o_rounded >= 0 ? attentionLoad(a.o_rounded, buffers.at(a.o_rounded).dtype, "i")
+                            : a.o >= 0       ? "o[i]"
+                                             : "0.f";
+  return out + fmt::format("  const auto O_STATE = [&](long long i) -> float {{ return {}; }};\n", state);
+}
+
 AttentionTiles attentionTiles(const kir::Attention& a) {
   for (int rows : {64, 32, 16, 8}) {
     if (rows > 8 && rows / 2 >= a.s) continue;  // half the tile would hold every row: smaller blocks
@@ -243,8 +259,9 @@ AttentionTiles attentionTiles(const kir::Attention& a) {
 }
 
 std::string emitAttentionKernel(const kir::Attention& a, const std::vector<kir::Buffer>& buffers,
-                                const std::string& bufs_type, KernelLaunch& launch) {
+                                const std::string& bufs_type, KernelLaunch& launch, int arch) {
   if (a.wrt >= 0) return emitAttentionGradKernel(a, buffers, bufs_type, launch);
+  if (attentionOnTensorCores(a, arch)) return emitAttentionMmaKernel(a, buffers, bufs_type, launch);
   const AttentionTiles tiles = attentionTiles(a);
   launch.threads = kAttentionThreads;
   launch.exact_threads = true;
@@ -263,20 +280,7 @@ std::string emitAttentionKernel(const kir::Attention& a, const std::vector<kir::
                      tiles.rows, tiles.keys, a.d, a.dv, std::max(a.d, a.dv) + 1, tiles.keys + 1, nacc);
   out += fmt::format("  constexpr long long S = {}LL, SKV = {}LL;\n  constexpr bool CAUSAL = {};\n", a.s, a.skv,
                      a.causal ? "true" : "false");
-  out += fmt::format("  const float SCALE = {:a}f;\n", static_cast<float>(a.scale));  // exact (hex float)
-  out += fmt::format("  const float* __restrict__ q = {};\n  const float* __restrict__ k = {};\n",
-                     attentionBuffer(a.q, "const float*"), attentionBuffer(a.k, "const float*"));
-  out += fmt::format("  const float* __restrict__ v = {};\n  float* __restrict__ o = {};\n  float* __restrict__ lse = {};\n",
-                     attentionBuffer(a.v, "const float*"), attentionBuffer(a.o, "float*"),
-                     attentionBuffer(a.lse, "float*"));
-  // The running output of a continuing launch: the 16-bit output where the f32 one is a
-  // temporary, else the f32 output itself (read through `o`: each element by the thread that
-  // later writes it).
-  const std::string state = a.o_rounded >= 0 ? attentionLoad(a.o_rounded, buffers.at(a.o_rounded).dtype, "i")
-                            : a.o >= 0       ? "o[i]"
-                                             : "0.f";
-  out += fmt::format("  const auto O_STATE = [&](long long i) -> float {{ return {}; }};\n", state);
-  return out + kBody + "}\n\n";
+  return out + attentionOperands(a, buffers) + kBody + "}\n\n";
 }
 
 }  // namespace meshfuse::cuda

@@ -49,14 +49,26 @@ AttentionTiles attentionTiles(const kir::Attention& a);
 // then the AttentionRowsArg) and its launch geometry, written into `launch`: the forward kernel,
 // or (a.wrt >= 0) the gradient's (cuda_attention_grad.cpp). `buffers`: the program's (the dtypes
 // of the 16-bit outputs a continuing launch reads its state from).
+// `arch`: the GPU's compute capability (emitCuda's). A forward step whose operands were 16-bit
+// runs on tensor cores where attentionOnTensorCores says so (cuda_attention_mma.cpp).
 std::string emitAttentionKernel(const kir::Attention& a, const std::vector<kir::Buffer>& buffers,
-                                const std::string& bufs_type, KernelLaunch& launch);
+                                const std::string& bufs_type, KernelLaunch& launch, int arch = 90);
 std::string emitAttentionGradKernel(const kir::Attention& a, const std::vector<kir::Buffer>& buffers,
                                     const std::string& bufs_type, KernelLaunch& launch);
+
+// Whether the forward step `a` runs on tensor cores on a GPU of compute capability `arch`: its
+// operands were bf16 or f16 (kir::Attention::operands), sm_80 or later, head sizes up to 256, and
+// the environment variable MESHFUSE_CUDA_ATTENTION is not "scalar" (benchmarks compare the two).
+bool attentionOnTensorCores(const kir::Attention& a, int arch);
+std::string emitAttentionMmaKernel(const kir::Attention& a, const std::vector<kir::Buffer>& buffers,
+                                   const std::string& bufs_type, KernelLaunch& launch);
 
 // Shared by the attention kernels' sources: MfAttentionRows and the position helpers (guarded, so a
 // program with several attention steps declares them once).
 extern const char* kAttentionRowsSource;
+// The forward kernels' operand declarations: SCALE, the pointers q, k, v, o and lse, and
+// O_STATE(i), the running output a continuing launch starts from.
+std::string attentionOperands(const kir::Attention& a, const std::vector<kir::Buffer>& buffers);
 // A pointer expression for buffer `b` ("nullptr" when b < 0), of `type` ("const float*", ...).
 std::string attentionBuffer(int64_t b, const char* type);
 // The f32 value of element `index` (a C expression) of the 16-bit or f32 buffer `b` of `dtype`.

@@ -240,7 +240,7 @@ void emitRoot(const kir::Program& p, const std::string& prefix, const std::strin
 
 }  // namespace
 
-EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm_count) {
+EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm_count, int arch) {
   EmittedProgram out;
   out.copies.assign(p.buffers.size(), 1);
   const std::string bufs_type = fmt::format("MfBufs_{}", prefix);
@@ -251,7 +251,7 @@ EmittedProgram emitCuda(const kir::Program& p, const std::string& prefix, int sm
     if (p.steps[i].kind == kir::Step::AttentionCall) {  // its own kernel (cuda_attention.h)
       KernelLaunch l;
       l.name = fmt::format("{}_s{}_attention", prefix, i);
-      kernels += emitAttentionKernel(p.steps[i].attention, p.buffers, bufs_type, l);
+      kernels += emitAttentionKernel(p.steps[i].attention, p.buffers, bufs_type, l, arch);
       out.steps.back().push_back(l);
       continue;
     }

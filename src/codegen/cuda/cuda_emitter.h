@@ -63,9 +63,11 @@ struct EmittedProgram {
   std::vector<int64_t> extra_bytes;
 };
 
-// `prefix` makes kernel names unique in a process; `sm_count` sizes grids. Every kernel takes
-// one argument: the program's buffer pointers, in order, as an array of void* by value.
-EmittedProgram emitCuda(const kir::Program& program, const std::string& prefix, int sm_count);
+// `prefix` makes kernel names unique in a process; `sm_count` sizes grids; `arch` (the compute
+// capability, 90 for sm_90) decides which instructions kernels may use (attention on tensor cores
+// from sm_80). Every kernel takes one argument: the program's buffer pointers, in order, as an
+// array of void* by value.
+EmittedProgram emitCuda(const kir::Program& program, const std::string& prefix, int sm_count, int arch = 90);
 
 // The helpers every emitted source has after cudaPrelude() (block reductions, literals).
 extern const char* kKernelHelpers;

@@ -222,7 +222,7 @@ class CudaBackend final : public Backend {
     const Fusion& fusion = *seg.exprs.at(0)->output()->fusion();
     p->program = kir::lowerSegment(fusion, seg, shape_of, fmt::format("{} {}", segmentKindName(seg.kind), id));
     p->emitted = cuda::emitCuda(p->program, fmt::format("mf{}_{}", id, segmentKindName(seg.kind)),
-                                ctx_->properties().sm_count);
+                                ctx_->properties().sm_count, ctx_->properties().arch());
     for (size_t i = 0; i < p->program.steps.size(); ++i) {
       p->kernels.emplace_back();
       p->gemms.emplace_back();
