@@ -78,8 +78,7 @@ std::unique_ptr<Fusion> attentionDenoiser() {
   return owned;
 }
 
-TEST(CfgParallel, ComposesWithUlyssesOnA2x2Mesh) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (a 2x2 mesh: CFG x sequence)";
+MPI_TEST(CfgParallel, ComposesWithUlyssesOnA2x2Mesh, exactly(4, "a 2x2 mesh: CFG x sequence")) {
   const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});  // axis 0 (DIDy): the branches; axis 1 (DIDx): the sequence
   ShardedRun run = runSharded(*attentionDenoiser(),
                               {{mesh, {S(0), S(1)}}, {mesh, {R, R}}, {mesh, {R, R}}, {mesh, {R, R}}, {mesh, {R, R}}});
@@ -104,8 +103,7 @@ TEST(CfgParallel, ComposesWithUlyssesOnA2x2Mesh) {
 // The same with ring attention inside each branch (--cp=ring): the sequence halves of k and v
 // rotate over mesh axis 1 by send/recv (no all-to-all, no allgather of k or v), the combine still
 // gathers the branches over axis 0.
-TEST(CfgParallel, ComposesWithRingAttentionOnA2x2Mesh) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (a 2x2 mesh: CFG x sequence)";
+MPI_TEST(CfgParallel, ComposesWithRingAttentionOnA2x2Mesh, exactly(4, "a 2x2 mesh: CFG x sequence")) {
   const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
   ExecutorOptions options;
   options.pipeline.propagation.context_parallel = ContextParallel::Ring;

@@ -99,8 +99,7 @@ TEST(Communicator, RootedCollectivesOnTheSelfCommunicator) {
   checkRootedCollectives(*self, {0}, /*nonblocking=*/true);
 }
 
-TEST(Communicator, RootOutsideTheTeamIsAnError) {
-  if (worldSize() < 2) GTEST_SKIP() << "needs 2 ranks";
+MPI_TEST(Communicator, RootOutsideTheTeamIsAnError, atLeast(2)) {
   Tensor t = valuesOf(worldRank());
   const int64_t other = (worldRank() + 1) % worldSize();
   try {

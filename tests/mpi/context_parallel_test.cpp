@@ -67,9 +67,8 @@ TEST(ContextParallel, GatherAllGathersKAndV) {
   EXPECT_EQ(run.local_outputs[0].placements, Ps{S(2)});
 }
 
-TEST(ContextParallel, AutoRotatesKAndVWhenTheHeadsDoNotDivide) {
+MPI_TEST(ContextParallel, AutoRotatesKAndVWhenTheHeadsDoNotDivide, exactly(4, "2 heads divide 1 and 2")) {
   // 2 heads on 4 ranks: Ulysses cannot split them, so k and v rotate around the ring (3 steps).
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (2 heads divide 1 and 2)";
   ShardedRun run = attention(/*heads=*/2, /*causal=*/false, /*pin_seq=*/false, ContextParallel::Auto);
   expectPlan(run, Strs(6, "send_recv"));
 }

@@ -86,9 +86,8 @@ TEST(ContextParallelTraining, RingBackwardRotatesBlocksAndMatchesSingleDevice) {
 // Causal ring attention's backward balances its work as the forward does: each ring keeps its
 // rows in two chunks, i and 2n - 1 - i, so every rank attends the same (query chunk, key chunk)
 // pairs, 2n + 1 of them, in each of the three rings (the lse's, dq's, and the one of dk and dv).
-TEST(ContextParallelTraining, CausalRingBackwardIsBalanced) {
+MPI_TEST(ContextParallelTraining, CausalRingBackwardIsBalanced, atLeast(2, "no ring on one rank")) {
   const int64_t n = worldSize();
-  if (n == 1) GTEST_SKIP() << "no ring on one rank";
   Gradients g = attentionGradients(true);
   PipelineOptions options;
   options.propagation.context_parallel = ContextParallel::Ring;
@@ -110,8 +109,7 @@ TEST(ContextParallelTraining, CausalRingBackwardIsBalanced) {
 // attention's backward on the outer one (send/recvs there). One sequence: a batch of two would
 // be split over the outer axis instead, which sends fewer bytes than the ring (the plan search,
 // search_placements.h).
-TEST(ContextParallelTraining, HybridUlyssesAndRingBackwardOnA2x2Mesh) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (a 2x2 mesh)";
+MPI_TEST(ContextParallelTraining, HybridUlyssesAndRingBackwardOnA2x2Mesh, exactly(4, "a 2x2 mesh")) {
   const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
   Fusion f;
   std::vector<TensorView*> in;

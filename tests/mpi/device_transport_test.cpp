@@ -300,8 +300,7 @@ void expectMatchesOnFakeDevices(const Fusion& def, const std::vector<Ps>& placem
 // A ring (sequence-parallel MLP, --overlap=ring): every rank receives from its left while it
 // sends to its right. Issued as a receive and then a send, NCCL-like blocking deadlocks it, and
 // with three or more ranks so does creating each pair's communicator at its first use.
-TEST(DeviceTransport, RingExchangesRunAsOneGroupOnPreparedTeams) {
-  if (worldSize() == 1) GTEST_SKIP() << "a ring needs two ranks";
+MPI_TEST(DeviceTransport, RingExchangesRunAsOneGroupOnPreparedTeams, atLeast(2, "a ring needs two ranks")) {
   auto arena = std::make_shared<DeviceArena>();
   NcclLikeCommunicator comm(makeMpiCommunicator(), arena);
   Fusion f;
@@ -315,8 +314,7 @@ TEST(DeviceTransport, RingExchangesRunAsOneGroupOnPreparedTeams) {
 
 // A traced run starts with a barrier of the program's ranks: on the data communicator, so on
 // device memory.
-TEST(DeviceTransport, TracedRunsBarrierOnDeviceMemory) {
-  if (worldSize() == 1) GTEST_SKIP() << "no barrier on one rank";
+MPI_TEST(DeviceTransport, TracedRunsBarrierOnDeviceMemory, atLeast(2, "no barrier on one rank")) {
   auto arena = std::make_shared<DeviceArena>();
   NcclLikeCommunicator comm(makeMpiCommunicator(), arena);
   Fusion f;
@@ -328,8 +326,7 @@ TEST(DeviceTransport, TracedRunsBarrierOnDeviceMemory) {
 
 // communicationTeams: what prepareTeams receives, sorted, every collective's team and for
 // point-to-point the program's ranks.
-TEST(DeviceTransport, ProgramTeamsAreSortedAndCoverThePointToPointExchanges) {
-  if (worldSize() == 1) GTEST_SKIP() << "no team on one rank";
+MPI_TEST(DeviceTransport, ProgramTeamsAreSortedAndCoverThePointToPointExchanges, atLeast(2, "no team on one rank")) {
   Fusion f;
   models::buildMlp(f, 24);  // 4h = 96: sharded evenly on 1 to 4 ranks
   ExecutorOptions o;

@@ -50,8 +50,7 @@ TEST(Errors, WrongNumberOfInputs) {
 // n + 1 rows over n ranks are torch.chunk's 2, 2, ..., 1, 0 blocks: ranks given one row each,
 // without the global shape, all raise the same error (the ranks first agree on what they were
 // given, a static size being the definition's), which names the blocks that are not theirs.
-TEST(Errors, BlockThatIsNotTheRanksUnevenBlockOfAStaticSize) {
-  if (worldSize() == 1) GTEST_SKIP() << "every size divides into one shard";
+MPI_TEST(Errors, BlockThatIsNotTheRanksUnevenBlockOfAStaticSize, atLeast(2, "every size divides into one shard")) {
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({worldSize() + 1, 4}, DataType::Float, "x")));
   MultiDeviceExecutor exec(f.clone(), world());
@@ -65,8 +64,7 @@ TEST(Errors, BlockThatIsNotTheRanksUnevenBlockOfAStaticSize) {
 // With the global shape given (distributeTensor, DTensors), uneven blocks are torch.chunk's; one
 // rank given another block makes every rank raise the same error (the ranks first agree on what
 // they were given), naming that rank's block and the one it should hold.
-TEST(Errors, BlockThatIsNotTheRanksUnevenBlockIsOneErrorOnEveryRank) {
-  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+MPI_TEST(Errors, BlockThatIsNotTheRanksUnevenBlockIsOneErrorOnEveryRank, atLeast(2, "one rank agrees with itself")) {
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({-1, 4}, DataType::Float, "x")));
   const int64_t rows = 2 * worldSize() + 1, last = worldSize() - 1;
@@ -82,8 +80,7 @@ TEST(Errors, BlockThatIsNotTheRanksUnevenBlockIsOneErrorOnEveryRank) {
                                     rows, block(last) + 1, block(last), last)));
 }
 
-TEST(Errors, BlockThatDoesNotMatchTheGivenGlobalShape) {
-  if (worldSize() == 1) GTEST_SKIP() << "one shard is the whole tensor";
+MPI_TEST(Errors, BlockThatDoesNotMatchTheGivenGlobalShape, atLeast(2, "one shard is the whole tensor")) {
   Fusion f;
   f.addOutput(ops::neg(f.defineTensor({-1, 4}, DataType::Float, "x")));
   MultiDeviceExecutor exec(f.clone(), world());
@@ -94,13 +91,12 @@ TEST(Errors, BlockThatDoesNotMatchTheGivenGlobalShape) {
                                     2 * worldSize(), worldSize())));
 }
 
-TEST(Errors, LocalShapeThatDoesNotMatchThePlacement) {
+MPI_TEST(Errors, LocalShapeThatDoesNotMatchThePlacement, atLeast(2, "the full weight is the shard")) {
   Fusion f;
   models::buildMlp(f, 16);
   MultiDeviceExecutor exec(f.clone(), world());
   std::vector<ShardedTensor> in = mlpInputs(worldMesh(), 4);
   in[1].local = Tensor(DataType::Float, {64, 16});  // the full weight, not this rank's shard
-  if (worldSize() == 1) GTEST_SKIP() << "the full weight is the shard";
   EXPECT_THAT(errorOf(ErrorKind::Shape, [&] { exec.run(in); }),
               AllOf(HasSubstr("input 1 (%up_w): dim 0 must be 64 globally"), HasSubstr("[64, 16]")));
 }
@@ -128,8 +124,7 @@ std::string disagreement(const std::string& label, const std::string& odd, const
 
 bool lastRank() { return worldRank() == worldSize() - 1; }
 
-TEST(Errors, DtypeThatDiffersOnOneRank) {
-  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+MPI_TEST(Errors, DtypeThatDiffersOnOneRank, atLeast(2, "one rank agrees with itself")) {
   Fusion f;
   models::buildMlp(f, 16);
   MultiDeviceExecutor exec(f.clone(), world());
@@ -141,8 +136,7 @@ TEST(Errors, DtypeThatDiffersOnOneRank) {
   EXPECT_EQ(exec.run(mlpInputs(worldMesh(), 4)).size(), 1u);  // the executor still works
 }
 
-TEST(Errors, PlacementsThatDifferOnOneRank) {
-  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+MPI_TEST(Errors, PlacementsThatDifferOnOneRank, atLeast(2, "one rank agrees with itself")) {
   Fusion f;
   models::buildMlp(f, 16);
   MultiDeviceExecutor exec(f.clone(), world());
@@ -153,8 +147,7 @@ TEST(Errors, PlacementsThatDifferOnOneRank) {
             disagreement("input 0 (%inp) placements", "[Shard(0)] on mesh " + mesh, "[Replicate()] on mesh " + mesh));
 }
 
-TEST(Errors, MeshesThatDifferOnOneRank) {
-  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+MPI_TEST(Errors, MeshesThatDifferOnOneRank, atLeast(2, "one rank agrees with itself")) {
   Fusion f;
   models::buildMlp(f, 16);
   MultiDeviceExecutor exec(f.clone(), world());
@@ -167,8 +160,7 @@ TEST(Errors, MeshesThatDifferOnOneRank) {
                          "[Shard(0)] on mesh " + worldMesh().toString()));
 }
 
-TEST(Errors, GlobalShapesThatDifferOnOneRank) {
-  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+MPI_TEST(Errors, GlobalShapesThatDifferOnOneRank, atLeast(2, "one rank agrees with itself")) {
   Fusion f;
   models::buildMlp(f, 16);
   MultiDeviceExecutor exec(f.clone(), world());
@@ -180,8 +172,7 @@ TEST(Errors, GlobalShapesThatDifferOnOneRank) {
 // The check runs on the first run of each input signature: ranks that all move on to new inputs
 // are checked again. (A rank that alone changes its inputs while the others repeat agreed ones is
 // not caught: only it checks, as with Python's check_inputs="first".)
-TEST(Errors, EachNewSignatureIsCheckedAgain) {
-  if (worldSize() == 1) GTEST_SKIP() << "one rank agrees with itself";
+MPI_TEST(Errors, EachNewSignatureIsCheckedAgain, atLeast(2, "one rank agrees with itself")) {
   Fusion f;
   models::buildMlp(f, 16);
   MultiDeviceExecutor exec(f.clone(), world());

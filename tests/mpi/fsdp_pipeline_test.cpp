@@ -114,8 +114,7 @@ std::vector<ShardedTensor> pipelineInputs(const Fusion& def, int64_t t, std::vec
   return inputs;
 }
 
-TEST(Pipeline, ThreeStagesFourMicrobatches) {
-  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+MPI_TEST(Pipeline, ThreeStagesFourMicrobatches, atLeast(3)) {
   std::unique_ptr<Fusion> def = threeStagePipeline();
   std::vector<Tensor> full;
   std::vector<ShardedTensor> inputs = pipelineInputs(*def, 32, &full);
@@ -159,8 +158,7 @@ TEST(Pipeline, ThreeStagesFourMicrobatches) {
 // GPipe forward: a middle stage receives microbatch i + 1 and sends microbatch i - 1 while it
 // computes microbatch i. Its timeline, measured (no claim about speed): communication intervals
 // (the receive waits on stream 1, the sends on stream 2) intersect its compute intervals.
-TEST(Pipeline, MiddleStageCommunicatesBesideItsCompute) {
-  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+MPI_TEST(Pipeline, MiddleStageCommunicatesBesideItsCompute, atLeast(3)) {
   std::unique_ptr<Fusion> def = threeStagePipeline(64);  // 128 KiB per microbatch and boundary
   std::vector<Tensor> full;
   std::vector<ShardedTensor> inputs = pipelineInputs(*def, 2048, &full);
@@ -200,8 +198,7 @@ TEST(Pipeline, MiddleStageCommunicatesBesideItsCompute) {
 // Microbatches are torch.chunk's blocks of rows, as shards are: a batch the 4 microbatches do not
 // split runs them unequal (6 rows: 2, 2, 2, 0; 10 rows: 3, 3, 3, 1), each stage sending each
 // microbatch's rows; the program is compiled for each run's sizes.
-TEST(Pipeline, MicrobatchesThatDoNotSplitTheBatchAreTorchChunkBlocks) {
-  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+MPI_TEST(Pipeline, MicrobatchesThatDoNotSplitTheBatchAreTorchChunkBlocks, atLeast(3)) {
   std::unique_ptr<Fusion> def = threeStagePipeline();
   for (int64_t t : {6, 10}) {
     SCOPED_TRACE(fmt::format("{} rows", t));

@@ -6,7 +6,11 @@
 
 #include <mpi.h>
 
+#include <fnmatch.h>
+
 #include <cmath>
+#include <cstring>
+#include <map>
 
 #include "meshfuse/ir/parser.h"
 #include "lower/pipeline.h"
@@ -142,6 +146,111 @@ std::string errorOf(ErrorKind kind, const std::function<void()>& fn) {
   return "";
 }
 
+namespace {
+std::map<std::string, WorldSizes>& declaredWorldSizes() {
+  static std::map<std::string, WorldSizes> sizes;
+  return sizes;
+}
+}  // namespace
+
+std::string WorldSizes::describe() const {
+  std::string out = min == max ? fmt::format("needs {} ranks", min) : fmt::format("needs at least {} ranks", min);
+  return why.empty() ? out : fmt::format("{} ({})", out, why);
+}
+
+bool declareWorldSizes(const char* test, WorldSizes sizes) {
+  declaredWorldSizes()[test] = std::move(sizes);
+  return true;
+}
+
+namespace {
+// GoogleTest's filter syntax ("POSITIVE[-NEGATIVE]", ':'-separated globs) applied to "Suite.Name".
+bool matchesFilter(const std::string& filter, const std::string& test) {
+  const size_t dash = filter.find('-');
+  auto any = [&](std::string patterns) {
+    for (size_t at = 0; at <= patterns.size();) {
+      size_t end = std::min(patterns.find(':', at), patterns.size());
+      if (fnmatch(patterns.substr(at, end - at).c_str(), test.c_str(), 0) == 0) return true;
+      at = end + 1;
+    }
+    return false;
+  };
+  std::string positive = filter.substr(0, dash);
+  if (positive.empty()) positive = "*";
+  return any(positive) && (dash == std::string::npos || !any(filter.substr(dash + 1)));
+}
+
+std::vector<std::string> allTests() {
+  std::vector<std::string> out;
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    for (int j = 0; j < suite.total_test_count(); ++j)
+      out.push_back(std::string(suite.name()) + "." + suite.GetTestInfo(j)->name());
+  }
+  return out;
+}
+
+bool runsAt(const std::string& test, int64_t world_size) {
+  auto it = declaredWorldSizes().find(test);
+  return it == declaredWorldSizes().end() || it->second.accepts(world_size);
+}
+
+// `--world-coverage=N:FILTER,N:FILTER,...`, the launches ctest makes (world size and gtest filter):
+// every test must run in one of them. Prints where each sized test runs; returns the exit code.
+int checkWorldCoverage(const std::string& spec) {
+  std::vector<std::pair<int64_t, std::string>> launches;
+  for (size_t at = 0; at < spec.size();) {
+    size_t end = std::min(spec.find(',', at), spec.size());
+    const std::string launch = spec.substr(at, end - at);
+    const size_t colon = launch.find(':');
+    if (colon == std::string::npos) {
+      std::fprintf(stderr, "--world-coverage: '%s' is not N:FILTER\n", launch.c_str());
+      return 2;
+    }
+    launches.emplace_back(std::stoll(launch.substr(0, colon)), launch.substr(colon + 1));
+    at = end + 1;
+  }
+  int uncovered = 0;
+  const std::vector<std::string> tests = allTests();
+  for (const std::string& test : tests) {
+    std::vector<std::string> where;
+    for (const auto& [n, filter] : launches)
+      if (runsAt(test, n) && matchesFilter(filter, test)) where.push_back(fmt::format("np{} {}", n, filter));
+    auto sized = declaredWorldSizes().find(test);
+    if (where.empty()) {
+      ++uncovered;
+      std::printf("NOT RUN  %s: %s, and no launch gives it that\n", test.c_str(),
+                  sized == declaredWorldSizes().end() ? "matches no launch's filter" : sized->second.describe().c_str());
+    } else if (sized != declaredWorldSizes().end()) {
+      std::printf("runs     %s in %s: %s\n", test.c_str(), fmt::format("{}", fmt::join(where, ", ")).c_str(),
+                  sized->second.describe().c_str());
+    }
+  }
+  std::printf("%zu tests, %zu of them at particular world sizes; %d run in none of the %zu launches\n", tests.size(),
+              declaredWorldSizes().size(), uncovered, launches.size());
+  return uncovered ? 1 : 0;
+}
+
+// Leaves the tests that need another world size out of this run (GoogleTest's filter), listing
+// them on rank 0 so the log says what did not run here and why.
+void filterByWorldSize(int64_t world_size, int rank) {
+  const std::string filter = GTEST_FLAG_GET(filter);
+  std::vector<std::string> left_out;
+  for (const std::string& test : allTests())
+    if (!runsAt(test, world_size) && matchesFilter(filter, test)) left_out.push_back(test);
+  if (left_out.empty()) return;
+  if (rank == 0) {
+    std::printf("[ world %lld ] %zu tests need another world size and run in the launches that have it:\n",
+                static_cast<long long>(world_size), left_out.size());
+    for (const std::string& test : left_out)
+      std::printf("[ not run  ] %s: %s\n", test.c_str(), declaredWorldSizes().at(test).describe().c_str());
+  }
+  const std::string negative = fmt::format("{}", fmt::join(left_out, ":"));
+  GTEST_FLAG_SET(filter, filter + (filter.find('-') == std::string::npos ? "-" : ":") + negative);
+}
+}  // namespace
+
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
@@ -161,10 +270,15 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace meshfuse::testing
 
 int main(int argc, char** argv) {
-  meshfuse::initializeMpi();
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i)  // no MPI: a check of the test list against ctest's launches
+    if (std::strncmp(argv[i], "--world-coverage=", 17) == 0)
+      return meshfuse::testing::checkWorldCoverage(argv[i] + 17);
+  meshfuse::initializeMpi();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  meshfuse::testing::filterByWorldSize(size, rank);
   if (rank != 0) {  // other ranks print only their failures, tagged with the rank
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

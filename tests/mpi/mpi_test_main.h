@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -32,6 +33,25 @@ inline DeviceMesh worldMesh() {
   std::iota(ids.begin(), ids.end(), 0);
   return DeviceMesh(ids);
 }
+
+// The world sizes a multi-rank test runs at. A test that needs particular sizes (2x2 meshes, a
+// ring, three pipeline stages) declares them where it is defined, with MPI_TEST below, instead of
+// skipping at run time inside a ctest entry that then shows Passed: the MPI main runs it only at
+// those sizes and lists it as not run at the others, and `--world-coverage` (the ctest entry
+// mpi_world_coverage) fails when some test runs in none of the launches ctest makes.
+struct WorldSizes {
+  int64_t min = 1;
+  int64_t max = std::numeric_limits<int64_t>::max();
+  std::string why;  // what the sizes are for ("a 2x2 mesh"); may be empty
+  bool accepts(int64_t n) const { return n >= min && n <= max; }
+  std::string describe() const;  // "needs 4 ranks (a 2x2 mesh)", "needs at least 2 ranks"
+};
+inline WorldSizes atLeast(int64_t n, std::string why = "") {
+  return {n, std::numeric_limits<int64_t>::max(), std::move(why)};
+}
+inline WorldSizes exactly(int64_t n, std::string why = "") { return {n, n, std::move(why)}; }
+// Records `sizes` for the test "Suite.Name" (before main, from MPI_TEST); returns true.
+bool declareWorldSizes(const char* test, WorldSizes sizes);
 
 using Ps = std::vector<Placement>;
 inline Placement S(int64_t d) { return Placement::shard(d); }
@@ -99,3 +119,11 @@ void expectSameCollectives(const std::vector<CollectiveInfo>& reported, const st
 std::string errorOf(ErrorKind kind, const std::function<void()>& fn);
 
 }  // namespace meshfuse::testing
+
+// TEST(suite, name) that runs only at the world sizes `sizes` accepts: atLeast(n, why) or
+// exactly(n, why).
+#define MPI_TEST(suite, name, sizes)                                                     \
+  [[maybe_unused]] static const bool suite##_##name##_world_sizes =                      \
+      ::meshfuse::testing::declareWorldSizes(#suite "." #name, ::meshfuse::testing::sizes); \
+  TEST(suite, name)
+

@@ -70,8 +70,7 @@ TEST(Overlap, RingBasedSequenceParallelMlp) {
   }
 }
 
-TEST(Overlap, RingNeedsChunksAMultipleOfTheDevices) {
-  if (worldSize() == 1) GTEST_SKIP() << "no collective to overlap on one rank";
+MPI_TEST(Overlap, RingNeedsChunksAMultipleOfTheDevices, atLeast(2, "no collective to overlap on one rank")) {
   Fusion f;
   models::buildMlp(f, 16);
   try {
@@ -232,8 +231,7 @@ TEST(Overlap, StaticReportMatchesTheExecutedCollectives) {
 // collective-based loop holds the chunk buffers of k iterations at once, and the estimate counts
 // them. Row-parallel allreduce, t rows in s chunks: the inputs' blocks, the whole output and k
 // chunks of the partial result.
-TEST(Overlap, PeakMemoryCountsTheChunkBuffersOfTheIterationsInFlight) {
-  if (worldSize() == 1) GTEST_SKIP() << "no collective to overlap on one rank";
+MPI_TEST(Overlap, PeakMemoryCountsTheChunkBuffersOfTheIterationsInFlight, atLeast(2, "no collective to overlap on one rank")) {
   const int64_t n = worldSize(), t = 16 * n, s = 8, f32 = 4;
   const int64_t inputs = (t * 32 / n + 24 * 32 / n) * f32, output = t * 24 * f32, chunk = t / s * 24 * f32;
   for (int64_t pool : {1, 2, 3}) {
@@ -293,8 +291,7 @@ TEST(Overlap, ChunkCountsThatDoNotSplitTheRowsRunAsTorchChunkBlocks) {
 // The default count (one chunk per device) is not the user's choice: it is capped at the rows of
 // the largest shard of each run (the program is compiled for each run's sizes; more chunks would
 // only be empty), and the collective's provenance says so; one row is not decomposed.
-TEST(Overlap, DefaultChunkCountIsCappedAtEachRunsRows) {
-  if (worldSize() == 1) GTEST_SKIP() << "no collective to overlap on one rank";
+MPI_TEST(Overlap, DefaultChunkCountIsCappedAtEachRunsRows, atLeast(2, "no collective to overlap on one rank")) {
   const int64_t n = worldSize();
   Fusion f;
   rowParallelLinear(f, /*scatter=*/false);
@@ -371,8 +368,7 @@ TEST(Overlap, TheStreamPoolHasAtLeastOneStream) {
 // on some rank a communication interval (a send/recv step on stream 1) intersects a compute
 // interval (a GEMM on the main stream), and the waits of streams for events are intervals of
 // their own. Nothing about speed is asserted.
-TEST(Overlap, TimelineOfARingOnTheCpuBackendShowsCommunicationBesideCompute) {
-  if (worldSize() == 1) GTEST_SKIP() << "no communication on one rank";
+MPI_TEST(Overlap, TimelineOfARingOnTheCpuBackendShowsCommunicationBesideCompute, atLeast(2, "no communication on one rank")) {
   Fusion f;
   models::buildMlp(f, 64);
   const int64_t n = worldSize();
@@ -410,8 +406,7 @@ class SlowBackend final : public Backend {
   }
 };
 
-TEST(Overlap, TimelineOfARingShowsCommunicationBesideCompute) {
-  if (worldSize() == 1) GTEST_SKIP() << "no communication on one rank";
+MPI_TEST(Overlap, TimelineOfARingShowsCommunicationBesideCompute, atLeast(2, "no communication on one rank")) {
   Fusion f;
   models::buildMlp(f, 16);
   ShardedRun run = runSharded(f, layouts({{S(0)}, {S(0)}, {S(1)}}), {{"s0", 16 * worldSize()}},

@@ -109,8 +109,7 @@ TEST(Parallelism, SequenceParallelDecoderLayerWithALeadingOneHasTwoAllgathersAnd
   EXPECT_EQ(run.local_outputs[0].placements, Ps{S(0)});
 }
 
-TEST(Parallelism, DataTimesTensorParallelMlpOnA2x2Mesh) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks";
+MPI_TEST(Parallelism, DataTimesTensorParallelMlpOnA2x2Mesh, exactly(4)) {
   Fusion f;
   models::buildMlp(f, 16);
   DeviceMesh mesh({0, 1, 2, 3}, {2, 2});  // axis 0 (DIDy): data; axis 1 (DIDx): tensor
@@ -451,8 +450,7 @@ namespace meshfuse::testing {
 namespace {
 
 // Redistribution on a 2x2 mesh where splits of one dim nest across both mesh axes.
-TEST(Parallelism, RedistributionOnA2x2MeshKeepsBlockOrder) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks";
+MPI_TEST(Parallelism, RedistributionOnA2x2MeshKeepsBlockOrder, exactly(4)) {
   DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
   const std::vector<std::pair<Ps, Ps>> cases = {{{R, S(1)}, {S(1), R}},       {{S(1), R}, {R, S(1)}},
                                                 {{S(1), S(1)}, {R, S(1)}},    {{S(0), R}, {S(0), S(0)}},

@@ -161,8 +161,7 @@ TEST(PinnedReductions, NvFuserScheduleOfAReduceScatter) {
 }
 
 // Data x tensor: the pending sum of the tensor axis is reduce-scattered over that axis only.
-TEST(PinnedReductions, OnA2x2MeshTheReduceScatterRunsOverTheTensorAxis) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks";
+MPI_TEST(PinnedReductions, OnA2x2MeshTheReduceScatterRunsOverTheTensorAxis, exactly(4)) {
   DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
   Fusion f;
   TensorView* x = f.defineTensor({8, 16}, DataType::Float, "x");

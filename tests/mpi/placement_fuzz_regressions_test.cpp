@@ -13,8 +13,7 @@ namespace {
 // compiles and runs: the op-by-op plan gathered the rows on axis 1 (to nest the new axis-0 split
 // outside), sliced them on both axes, and gathered them on axis 1 again for the pin; the plan
 // search (decompose/search_placements.h) finds the plan that gathers once and slices on axis 0.
-TEST(PlacementFuzzRegressions, ShardMovedBetweenMeshAxesOfATwoRowTensor) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs a 2x2 mesh (4 ranks), have " << worldSize();
+MPI_TEST(PlacementFuzzRegressions, ShardMovedBetweenMeshAxesOfATwoRowTensor, exactly(4, "a 2x2 mesh")) {
   const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
   Fusion f;
   TensorView* x = f.defineTensor({2, 3}, DataType::Float, "x");
@@ -39,8 +38,7 @@ TEST(PlacementFuzzRegressions, ShardMovedBetweenMeshAxesOfATwoRowTensor) {
 // contracted dim (an all-to-all of its [12, 3] block), so that the contraction is split on axis
 // 1 only: the [6, 3] pending sums are all-reduced over axis 1 and their rows gathered over axis
 // 0 (w stays where it is).
-TEST(PlacementFuzzRegressions, ContractedDimShardedOnBothMeshAxes) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs a 2x2 mesh (4 ranks), have " << worldSize();
+MPI_TEST(PlacementFuzzRegressions, ContractedDimShardedOnBothMeshAxes, exactly(4, "a 2x2 mesh")) {
   const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
   Fusion f;
   TensorView* x = f.defineTensor({12, 6}, DataType::Float, "x");

@@ -93,9 +93,8 @@ TEST(RingAttention, KAndVRotateInNMinusOneSendRecvStepsEach) {
 // The timeline names causal balance's half exchanges (and their waits) apart from the ring's
 // rotation, so that the overlap summary can count the rotation alone (what the attention hides):
 // the benchmarks' "rotation hidden" and `meshfuse run --trace`.
-TEST(RingAttention, TimelineTellsTheRotationFromCausalBalance) {
+MPI_TEST(RingAttention, TimelineTellsTheRotationFromCausalBalance, atLeast(2, "no ring on one rank")) {
   const int64_t n = worldSize();
-  if (n == 1) GTEST_SKIP() << "no ring on one rank";
   Attention at;
   at.causal = true;
   ExecutorOptions options;
@@ -139,8 +138,7 @@ TEST(RingAttention, MatchesSingleDeviceInBf16) {
   }
 }
 
-TEST(RingAttention, AutoTakesRingWhenTheHeadsDoNotDivide) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (2 heads divide 1 and 2)";
+MPI_TEST(RingAttention, AutoTakesRingWhenTheHeadsDoNotDivide, exactly(4, "2 heads divide 1 and 2")) {
   Attention at;
   at.cp = ContextParallel::Auto;
   ShardedRun r = run(at, worldMesh(), {S(2)});
@@ -176,9 +174,8 @@ TEST(RingAttention, SequenceOf4096) {
 
 // Causal work: every rank attends the same number of (query chunk, key chunk) pairs, chunks of
 // s/2n rows: 2n + 1 (two diagonal pairs), and skips the 2n^2 - 2n - 1 others.
-TEST(RingAttention, CausalWorkIsBalanced) {
+MPI_TEST(RingAttention, CausalWorkIsBalanced, atLeast(2, "no ring on one rank")) {
   const int64_t n = worldSize();
-  if (n == 1) GTEST_SKIP() << "no ring on one rank";
   Attention at;
   at.causal = true;
   CompiledProgram p = compiled(at, worldMesh(), {S(2)});
@@ -197,9 +194,8 @@ TEST(RingAttention, CausalWorkIsBalanced) {
 // in flight and the block being attended (two extra blocks of k and v, since the inputs are the
 // caller's and cannot be overwritten), and the f32 log-sum-exp of its query rows (the merge
 // state). Exactly, from the plans' peak-memory reports, at sequence 4096 on the world.
-TEST(RingAttention, PeakMemoryPerRankIsOneNthPlusTheBlocksInFlight) {
+MPI_TEST(RingAttention, PeakMemoryPerRankIsOneNthPlusTheBlocksInFlight, atLeast(2, "no ring on one rank")) {
   const int64_t n = worldSize();
-  if (n == 1) GTEST_SKIP() << "no ring on one rank";
   Attention at;
   at.batch = 1, at.heads = 8, at.seq = 4096, at.head_dim = 64;
   const int64_t tensor = at.batch * at.heads * at.seq * at.head_dim * 4;  // q, k, v or a, f32
@@ -213,9 +209,8 @@ TEST(RingAttention, PeakMemoryPerRankIsOneNthPlusTheBlocksInFlight) {
 
 // When k and v are the attention's own intermediates (projections, here casts of bf16 inputs),
 // the ring reuses their buffers: one block of k and v in flight, the rest is one n-th.
-TEST(RingAttention, PeakMemoryReusesDeadKeyBuffers) {
+MPI_TEST(RingAttention, PeakMemoryReusesDeadKeyBuffers, atLeast(2, "no ring on one rank")) {
   const int64_t n = worldSize();
-  if (n == 1) GTEST_SKIP() << "no ring on one rank";
   constexpr int64_t kHeads = 8, kSeq = 4096, kDim = 64;
   auto build = [&](const DeviceMesh& mesh, const Ps& layout) {
     auto f = std::make_unique<Fusion>();
@@ -241,8 +236,7 @@ TEST(RingAttention, PeakMemoryReusesDeadKeyBuffers) {
 // Ulysses on the inner mesh axis x ring on the outer one: 2 heads split over axis 1 (an
 // all-to-all of q, k and v within each half of the sequence), the halves of the sequence rotate
 // over axis 0; the output pinned back to the sequence split takes one more all-to-all.
-TEST(RingAttention, HybridWithUlyssesOnA2x2Mesh) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks (a 2x2 mesh)";
+MPI_TEST(RingAttention, HybridWithUlyssesOnA2x2Mesh, exactly(4, "a 2x2 mesh")) {
   const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal);
@@ -266,8 +260,7 @@ TEST(RingAttention, HybridWithUlyssesOnA2x2Mesh) {
   }
 }
 
-TEST(RingAttention, RingAskedForWithAQueryThatIsNotSplitIsAnError) {
-  if (worldSize() == 1) GTEST_SKIP() << "nothing is split on one rank";
+MPI_TEST(RingAttention, RingAskedForWithAQueryThatIsNotSplitIsAnError, atLeast(2, "nothing is split on one rank")) {
   Attention at;
   std::unique_ptr<Fusion> f = definition(at);
   applyPlacements(f->inputs()[0], worldMesh(), {R});
@@ -285,8 +278,7 @@ TEST(RingAttention, RingAskedForWithAQueryThatIsNotSplitIsAnError) {
 // A sequence the ranks do not divide (torch.chunk's uneven blocks): ring attention rotates
 // blocks of one size, so `auto` gathers k and v instead (still matching single device), and ring
 // asked for is an error that says why.
-TEST(RingAttention, AnUnevenSequenceIsGatheredAndRingAskedForIsAnError) {
-  if (worldSize() == 1) GTEST_SKIP() << "nothing is split on one rank";
+MPI_TEST(RingAttention, AnUnevenSequenceIsGatheredAndRingAskedForIsAnError, atLeast(2, "nothing is split on one rank")) {
   Attention at;
   at.seq = 4 * worldSize() + 1;
   at.causal = true;

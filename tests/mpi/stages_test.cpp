@@ -82,8 +82,7 @@ Strs expectedFor(const std::vector<Strs>& per_rank) {
   return worldRank() < static_cast<int64_t>(per_rank.size()) ? per_rank[worldRank()] : Strs{};
 }
 
-TEST(Stages, GatherToARankInsideTheSourceMesh) {
-  if (worldSize() < 2) GTEST_SKIP() << "needs 2 ranks";
+MPI_TEST(Stages, GatherToARankInsideTheSourceMesh, atLeast(2)) {
   StagedRun run = runStaged(R"(fusion {
   mesh @a = [0, 1]
   mesh @b = [1]
@@ -96,8 +95,7 @@ TEST(Stages, GatherToARankInsideTheSourceMesh) {
   EXPECT_EQ(described(run.collectives), expectedFor({{"gather team [0, 1] root 1"}, {"gather team [0, 1] root 1"}}));
 }
 
-TEST(Stages, GatherToARankOutsideTheSourceMeshGathersThenSends) {
-  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+MPI_TEST(Stages, GatherToARankOutsideTheSourceMeshGathersThenSends, atLeast(3)) {
   StagedRun run = runStaged(R"(fusion {
   mesh @a = [0, 1]
   mesh @b = [2]
@@ -117,8 +115,7 @@ TEST(Stages, GatherToARankOutsideTheSourceMeshGathersThenSends) {
   EXPECT_EQ(permutes, 2);
 }
 
-TEST(Stages, GatherFromA2x2MeshGathersItsInnerAxisFirst) {
-  if (worldSize() < 4) GTEST_SKIP() << "needs 4 ranks";
+MPI_TEST(Stages, GatherFromA2x2MeshGathersItsInnerAxisFirst, atLeast(4)) {
   StagedRun run = runStaged(R"(fusion {
   mesh @a = [[0, 1], [2, 3]]
   mesh @b = [0]
@@ -166,8 +163,7 @@ TEST(Stages, BroadcastFromRank0ToEveryRank) {
   EXPECT_EQ(described(run.collectives), n > 1 ? Strs{fmt::format("broadcast team {} root 0", firstRanks(n))} : Strs{});
 }
 
-TEST(Stages, BroadcastToAMeshWithoutTheRootSendsFirst) {
-  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+MPI_TEST(Stages, BroadcastToAMeshWithoutTheRootSendsFirst, atLeast(3)) {
   StagedRun run = runStaged(R"(fusion {
   mesh @first = [0]
   mesh @rest = [1, 2]
@@ -184,8 +180,7 @@ TEST(Stages, BroadcastToAMeshWithoutTheRootSendsFirst) {
 
 // A replicated value needs no collective to reach one device: a copy where that device holds it,
 // else one send from its mesh's first device.
-TEST(Stages, ReplicatedValueIsCopiedOrSentToOneDevice) {
-  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+MPI_TEST(Stages, ReplicatedValueIsCopiedOrSentToOneDevice, atLeast(3)) {
   StagedRun run = runStaged(R"(fusion {
   mesh @src = [0, 1]
   mesh @inside = [1]
@@ -233,8 +228,7 @@ TEST(Stages, ScatterFromRank0AlongAnInnerDimMovesItOutermost) {
   EXPECT_EQ(permutes, 2);
 }
 
-TEST(Stages, BroadcastToA2x2MeshThenSlicesLocally) {
-  if (worldSize() < 4) GTEST_SKIP() << "needs 4 ranks";
+MPI_TEST(Stages, BroadcastToA2x2MeshThenSlicesLocally, atLeast(4)) {
   StagedRun run = runStaged(R"(fusion {
   mesh @first = [0]
   mesh @grid = [[0, 1], [2, 3]]
@@ -284,8 +278,7 @@ TEST(Stages, DataOnRank0ModelOnEveryRankResultsOnRank0) {
 
 // A GPipe pipeline whose second stage is tensor-parallel: each microbatch goes from rank 0 to
 // the second stage's first device, which broadcasts it over the stage.
-TEST(Stages, PipelineIntoATensorParallelStage) {
-  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+MPI_TEST(Stages, PipelineIntoATensorParallelStage, atLeast(3)) {
   StagedRun run = runStaged(R"(fusion {
   mesh @s0 = [0]
   mesh @s1 = [1, 2]
@@ -308,8 +301,7 @@ TEST(Stages, PipelineIntoATensorParallelStage) {
   EXPECT_EQ(described(run.collectives), expectedFor({Strs(4, "send_recv team [0, 1]"), receiver, stage1}));
 }
 
-TEST(Stages, MovingBetweenTwoMultiDeviceMeshesOfDifferentShapesIsUnsupported) {
-  if (worldSize() < 3) GTEST_SKIP() << "needs 3 ranks";
+MPI_TEST(Stages, MovingBetweenTwoMultiDeviceMeshesOfDifferentShapesIsUnsupported, atLeast(3)) {
   try {
     runStaged(R"(fusion {
   mesh @two = [0, 1]

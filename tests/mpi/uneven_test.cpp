@@ -136,8 +136,7 @@ TEST(Uneven, DataParallelMlpOfSevenSamplesNeedsNoCollective) {
   expectPlan(run, {});
 }
 
-TEST(Uneven, DataTimesTensorParallelMlpWithOddDimsOnA2x2Mesh) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks";
+MPI_TEST(Uneven, DataTimesTensorParallelMlpWithOddDimsOnA2x2Mesh, exactly(4)) {
   const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});  // axis 0: data (7 samples: 4 + 3); axis 1: tensor (7 units)
   ShardedRun run = runSharded(*mlp(6, 7), {{mesh, {S(0), R}}, {mesh, {R, S(0)}}, {mesh, {R, S(1)}}}, {{"t", 7}});
   expectPlan(run, {"allreduce"});
@@ -304,8 +303,7 @@ TEST(Uneven, ReplicateToShardIsALocalSliceOfTheRanksBlock) {
 
 // Nested shards of one dim on a 2x2 mesh: 5 rows cut 3 + 2 by axis 0, then 2 + 1 and 1 + 1 by
 // axis 1; gathered whole by one allgather per axis, inner axis first.
-TEST(Uneven, NestedUnevenShardsOnA2x2Mesh) {
-  if (worldSize() != 4) GTEST_SKIP() << "needs 4 ranks";
+MPI_TEST(Uneven, NestedUnevenShardsOnA2x2Mesh, exactly(4)) {
   const DeviceMesh mesh({0, 1, 2, 3}, {2, 2});
   Fusion f;
   TensorView* y = ops::relu(f.defineTensor({5, 3}, DataType::Float, "x"));
