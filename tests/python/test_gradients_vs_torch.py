@@ -158,13 +158,12 @@ def test_a_second_derivative_of_attention_is_refused_by_name():
         meshfuse.FusionDefinitionWrapper(define).value_and_grad(inputs, [0])
 
 
+@pytest.mark.world(1)  # dtype coverage: every rank would run the same one-device programs
 @pytest.mark.parametrize("name,specs,body,oracle", ALL_CASES, ids=[c[0] for c in ALL_CASES])
 def test_bf16_gradient_within_bf16_tolerance(name, specs, body, oracle, rng):
     """bf16 inputs, seeds and gradients; the oracle is f64 torch on the same rounded values, so the
     difference is meshfuse's bf16 rounding of intermediates and results: a few bf16 ulps (2^-8
     relative) of the gradient's scale."""
-    if meshfuse.world_size() > 1:
-        pytest.skip("dtype coverage: every rank would run the same one-device programs")
     out, grads, want_out, want = _run(_arrays(rng, specs), body, oracle, DataType.BFloat16, rng)
     tol = 3e-2
     np.testing.assert_allclose(out, want_out, rtol=tol, atol=tol * max(1.0, np.abs(want_out).max()))
@@ -202,12 +201,11 @@ def test_permuted_inputs(name, rng):
         H.assert_close(torch.as_tensor(got.full_tensor()).numpy(), exp)
 
 
+@pytest.mark.world(1)  # plain torch tensors run on one device
 def test_torch_interop_with_transposed_parameters():
     """torch_interop.autograd given transposed views of leaf parameters (y = x @ w1_t.T...): the
     gradients reach the leaves through torch's transpose, and torch.optim.AdamW then trains them
     as it trains the pure-torch model."""
-    if meshfuse.world_size() > 1:
-        pytest.skip("plain torch tensors run on one device: tested in a world of one rank")
     rng = np.random.default_rng(6)
     full = [H.randn(rng, 8, 4), H.randn(rng, 8, 4), 0.3 * H.randn(rng, 4, 16), 0.3 * H.randn(rng, 16, 4)]
     f = meshfuse.torch_interop.autograd(meshfuse.FusionDefinitionWrapper(test_training._define_mlp_loss))

@@ -47,10 +47,9 @@ def test_stationary_distribution_and_entropy_rate():
     assert abs(T.MarkovChain(uniform, T.stationary_distribution(uniform)).entropy_rate - math.log(4)) < 1e-12
 
 
+@pytest.mark.world(1)  # the single-rank acceptance run; tests/python/test_training.py trains sharded
 def test_fifty_adamw_steps_match_pytorch():
     """Single rank (the acceptance test of issue 16): same initial weights, batches and AdamW."""
-    if meshfuse.world_size() > 1:
-        pytest.skip("the single-rank acceptance run; tests/python/test_training.py trains sharded")
     import torch
 
     torch.set_num_threads(1)

@@ -125,11 +125,10 @@ PARALLELISMS = {  # placements of x, y, w1, w2
 }
 
 
+@pytest.mark.world(1, 2, 4, 8)  # the world size divides the batch and hidden sizes
 @pytest.mark.parametrize("parallelism", list(PARALLELISMS))
 def test_sharded_training_matches_one_device(parallelism):
     """value_and_grad + AdamW, sharded on the world mesh, against torch on one device, step by step."""
-    if 8 % meshfuse.world_size():
-        pytest.skip("the world size does not divide the batch and hidden sizes")
     rng = np.random.default_rng(2)
     mesh, layout = H.world_mesh(), PARALLELISMS[parallelism]
     full = [H.randn(rng, 8, 4), H.randn(rng, 8, 4), 0.3 * H.randn(rng, 16, 4), 0.3 * H.randn(rng, 4, 16)]
@@ -180,11 +179,10 @@ def train_side_by_side(f, full, steps, our_args, their_loss):
         H.assert_close(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.world(1)  # plain torch tensors run on one device
 def test_torch_autograd_trains_like_torch():
     """meshfuse's forward and backward inside a torch loop with torch.optim.AdamW (plain tensors:
     one device, so every rank runs it alone)."""
-    if meshfuse.world_size() > 1:
-        pytest.skip("plain torch tensors run on one device: tested in a world of one rank")
     rng = np.random.default_rng(3)
     full = [H.randn(rng, 8, 4), H.randn(rng, 8, 4), 0.3 * H.randn(rng, 16, 4), 0.3 * H.randn(rng, 4, 16)]
     f = meshfuse.torch_interop.autograd(meshfuse.FusionDefinitionWrapper(_define_mlp_loss))
@@ -209,11 +207,10 @@ def test_optimizer_errors():
         meshfuse.optim.SGD([w], lr=0.1, nesterov=True).step([w])
 
 
+@pytest.mark.world(1, 2, 4, 8)  # the world size divides the hidden sizes
 def test_torch_autograd_on_torch_dtensors_trains_like_torch():
     """The same loop on torch DTensors laid out Megatron-style on the world mesh: meshfuse derives
     the sharded forward and backward, torch.optim.AdamW steps the DTensor parameters."""
-    if 8 % meshfuse.world_size():
-        pytest.skip("the world size does not divide the hidden sizes")
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate as TR, Shard as TS, distribute_tensor
 
@@ -243,11 +240,10 @@ def test_torch_autograd_on_torch_dtensors_trains_like_torch():
         H.assert_close(a.detach().full_tensor().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.world(1, 2, 4, 8)  # the world size divides the parameter's rows
 def test_optimizer_over_torch_dtensors():
     """meshfuse.optim.AdamW on torch DTensor parameters (sharded on the world mesh) against
     torch.optim.AdamW on the full tensors; the DTensors' local blocks are updated in place."""
-    if 8 % meshfuse.world_size():
-        pytest.skip("the world size does not divide the parameter's rows")
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate as TR, Shard as TS, distribute_tensor
 
