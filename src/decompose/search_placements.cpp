@@ -3,6 +3,7 @@
 #include "decompose/search_placements.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -283,6 +284,30 @@ std::string routeSteps(const Fusion& f) {
   return out;
 }
 
+// The plans a search has measured, by what makes them (tryPlan is a function of its `take`,
+// `fewest_moves_on_ties` and `by_bytes`): the climbs meet plans they or another climb tried
+// before (the neighbours of the plan a climb stopped at, a second climb through the first one's
+// plans): each is measured once. A climb counts every plan it tries against its budget, as
+// if it measured it (where a climb ends, and so where the next starts, does not depend on what
+// another climb tried before: s2-w4-u40-c332 is found only so); a resumed climb counts only the
+// plans new to the search, so that it goes on from where its budget stopped it.
+class TriedPlans {
+ public:
+  using Key = std::tuple<std::vector<int64_t>, bool, bool>;
+  static Key key(std::vector<int64_t> take, bool fewest_moves_on_ties, bool by_bytes) {
+    while (!take.empty() && take.back() == 0) take.pop_back();  // (decisions past the end take 0)
+    return {std::move(take), fewest_moves_on_ties, by_bytes};
+  }
+  const std::optional<Trial>* find(const Key& k) const {
+    auto it = plans_.find(k);
+    return it == plans_.end() ? nullptr : &it->second;
+  }
+  const std::optional<Trial>& add(Key k, std::optional<Trial> t) { return plans_[std::move(k)] = std::move(t); }
+
+ private:
+  std::map<Key, std::optional<Trial>> plans_;
+};
+
 // Propagates a copy of `placed` taking `take`, keeps the outputs as `kept` (the greedy plan's:
 // the first plan tried, which sets them), decomposes it (routing conversions by bytes where
 // `by_bytes`) and measures it. nullopt when attention that context parallelism placed in the
@@ -342,7 +367,8 @@ std::optional<Trial> tryPlan(const Fusion& placed, const PipelineOptions& option
 // pending sum reduce-scattered for one op pays off only when a later op computes on the gathered
 // whole (each change alone costs more than the plan it leaves).
 std::optional<Trial> betterNeighbour(const Fusion& f, const PipelineOptions& options, const Trial& best,
-                                     const PlanCost& bound, Kept& kept, int64_t& plans) {
+                                     const PlanCost& bound, Kept& kept, TriedPlans& tried, bool resumed,
+                                     int64_t& plans) {
   const std::vector<int64_t>& counts = best.choices.candidates;
   std::vector<int64_t> take = best.choices.take;
   take.resize(counts.size(), 0);
@@ -352,11 +378,18 @@ std::optional<Trial> betterNeighbour(const Fusion& f, const PipelineOptions& opt
   // base's; stops at the first better plan or when the budget is spent.
   auto changes = [&](auto&& self, size_t from, size_t left) -> bool {
     if (left == 0) {
-      if (plans >= search_placements::kMaxPlans) return true;
-      ++plans;
-      std::optional<Trial> t = tryPlan(f, options, take, best.choices.fewest_moves_on_ties, best.by_bytes, kept);
-      if (t && t->cost < best.cost && t->cost.work <= bound.work && t->cost.collectives <= bound.collectives) {
-        found = std::move(t);
+      TriedPlans::Key k = TriedPlans::key(take, best.choices.fewest_moves_on_ties, best.by_bytes);
+      const std::optional<Trial>* t = tried.find(k);
+      if (t == nullptr || !resumed) {
+        if (plans >= search_placements::kMaxPlans) return true;
+        ++plans;
+      }
+      if (t == nullptr) {
+        t = &tried.add(std::move(k), tryPlan(f, options, take, best.choices.fewest_moves_on_ties, best.by_bytes, kept));
+      }
+      if (*t && (*t)->cost < best.cost && (*t)->cost.work <= bound.work &&
+          (*t)->cost.collectives <= bound.collectives) {
+        found = **t;
         return true;
       }
       return false;
@@ -425,20 +458,32 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
   kept.parameters = parameters(f);
   // (A definition that asks for routes by bytes itself, `reshard by bytes`, keeps them.)
   const bool asked = f.reshardByBytes();
-  std::optional<Trial> best = tryPlan(f, options, {}, false, asked, kept);
+  TriedPlans tried;
+  // A plan each climb starts from, measured once (it counts against no climb's budget).
+  auto start = [&](std::vector<int64_t> take, bool fewest_moves_on_ties, bool by_bytes) {
+    TriedPlans::Key k = TriedPlans::key(take, fewest_moves_on_ties, by_bytes);
+    if (const std::optional<Trial>* t = tried.find(k)) return *t;
+    return tried.add(std::move(k), tryPlan(f, options, std::move(take), fewest_moves_on_ties, by_bytes, kept));
+  };
+  std::optional<Trial> best = start({}, false, asked);
   // (When the greedy plan does not propagate or decompose, the pass below makes it and reports
   // why, or decomposition then does, as it would without the search.)
   if (best) {
     const PlanCost greedy = best->cost;
-    // Climbs from `from` to the first better neighbour until none is or the budget is spent.
-    auto climb = [&](Trial from, int64_t plans) {
+    // Climbs from `from` to the first better neighbour until none is or the budget is spent;
+    // `plans`: the plans measured so far against the budget (a climb that spends it all stops
+    // short of a plan with no better neighbour).
+    auto climb = [&](Trial from, int64_t& plans, bool resumed = false) {
       for (;;) {
-        std::optional<Trial> t = betterNeighbour(f, options, from, greedy, kept, plans);
+        std::optional<Trial> t = betterNeighbour(f, options, from, greedy, kept, tried, resumed, plans);
         if (!t) return from;
         from = std::move(*t);
       }
     };
-    best = climb(*best, 1);
+    std::vector<Trial> stopped;  // where climbs that spent their budget stopped
+    int64_t plans = 1;           // (the greedy plan's)
+    best = climb(*best, plans);
+    if (plans >= search_placements::kMaxPlans) stopped.push_back(*best);
     // Again, with the decisions re-made around each change keeping values as they arrive where
     // candidates tie (PlanChoices::fewest_moves_on_ties): a split that the greedy order takes
     // for free at each op of a chain costs a gather at its pinned end, and taking it back needs
@@ -449,8 +494,10 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
     auto within = [&](const Trial& t) {
       return t.cost < best->cost && t.cost.work <= greedy.work && t.cost.collectives <= greedy.collectives;
     };
-    if (std::optional<Trial> start = tryPlan(f, options, {}, true, asked, kept)) {
-      Trial other = climb(*start, 1);
+    if (std::optional<Trial> from = start({}, true, asked)) {
+      int64_t plans = 1;
+      Trial other = climb(*from, plans);
+      if (plans >= search_placements::kMaxPlans) stopped.push_back(other);
       if (within(other)) best = std::move(other);
     }
     // Again, from the best plan so far, with every conversion routed by fewest bytes
@@ -463,12 +510,25 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
     // are not climbed again: the climb's budget is mostly spent proving a plan has no better
     // neighbour, and the fuzzer's CI budgets would take a third longer.)
     if (!asked && routesDiffer(f)) {
-      std::optional<Trial> start =
-          tryPlan(f, options, best->choices.take, best->choices.fewest_moves_on_ties, true, kept);
-      if (start && start->steps != best->steps) {
-        Trial other = climb(*start, 2);
+      std::optional<Trial> from = start(best->choices.take, best->choices.fewest_moves_on_ties, true);
+      if (from && from->steps != best->steps) {
+        int64_t plans = 2;
+        Trial other = climb(*from, plans);
+        if (plans >= search_placements::kMaxPlans) stopped.push_back(other);
         if (within(other)) best = std::move(other);
       }
+    }
+    // Last, each climb that spent its budget resumed where it stopped, with a budget as large
+    // again: a program of many decisions can be several better plans away from where a climb
+    // stopped (the placement fuzzer's s12-w4-u40-c72, where the second climb's resumption finds
+    // the plan). Resumed last, not budgeted larger at first, so that the climbs above start
+    // where they did (a first climb that goes further can end where the climb by bytes no
+    // longer finds its plan: s2-w4-u40-c332). The neighbours measured before cost it nothing
+    // (TriedPlans).
+    for (Trial& from : stopped) {
+      int64_t more = 0;
+      Trial resumed = climb(std::move(from), more, /*resumed=*/true);
+      if (within(resumed)) best = std::move(resumed);
     }
   }
   PlanChoices chosen;
