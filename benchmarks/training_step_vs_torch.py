@@ -278,6 +278,8 @@ def main():
             print(f"| {label} | {r['iters']} | {times} | {rel} |")
         print("\nfirst step (compiling included), s: " + "; ".join(
             f"{label}: " + ", ".join(f"{n} {r['first'][n]:.2f}" for n in systems) for label, r in rows))
+    if args.compile_trials <= 0:  # (--compile-trials 0: the step table alone)
+        return
     shape = tuple(int(v) for v in args.compile_shape.split("x"))
     runs = cold_compile(shape, args.compile_trials)
     print(f"\ncold compile of a decoder layer's training step (batch, seq, hidden, heads = {shape}), "
