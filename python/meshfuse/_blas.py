@@ -1,9 +1,8 @@
 """OpenBLAS's kernel choice, made before meshfuse's extension loads Debian's OpenBLAS.
 
 OpenBLAS picks its GEMM kernels once, when the library loads, from the CPU it recognizes. The
-OpenBLAS 0.3.21 of Debian 12 does not know recent CPUs (Zen 4/5, Sapphire and Emerald Rapids
-Xeons) and falls back to older kernels: on an Emerald Rapids Xeon its generic SSE3 ("Prescott")
-kernels, 5x slower than its AVX-512 ones. When ``OPENBLAS_CORETYPE`` is not set, meshfuse sets it
+OpenBLAS 0.3.21 of Debian 12 does not know every recent CPU and may fall back to older kernels: on
+an Emerald Rapids Xeon its generic SSE3 ("Prescott") kernels, 5x slower than its AVX-512 ones. When ``OPENBLAS_CORETYPE`` is not set, meshfuse sets it
 from the CPU's features (Linux ``/proc/cpuinfo``); a value the user set is kept. docs/kernels.md.
 """
 
