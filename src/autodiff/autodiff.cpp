@@ -108,10 +108,11 @@ class Builder : public GradContext {
       TensorView* gx = gradientOf(grad, x);
       if (gx == nullptr) gx = autodiff::filledLike(primal(x), 0.0, x->dtype());
       // An output is a computed tensor of its own (not an input or another output). A contraction
-      // (GEMM, reduction) is not pinned itself but through a `set`: pinning a linear's output to
-      // Replicate makes decomposition all-gather its contracted operands instead of reducing its
-      // Partial result (docs/training.md, "Known issues"), e.g. DDP's weight gradients (an embedding
-      // table's scatter-add contracts the batch likewise).
+      // (GEMM, reduction) is not pinned itself but through a `set`, where its collective lands (DDP's
+      // weight gradients; an embedding table's scatter-add contracts the batch likewise). This began
+      // as a workaround: a linear's output pinned to Replicate used to all-gather its contracted
+      // operands instead of reducing its Partial result; propagation reduces it now
+      // (docs/training.md, "Known issues"), and the set costs no copy.
       bool contraction = gx->definition() != nullptr && (gx->definition()->info().category == OpCategory::Gemm ||
                                                          gx->definition()->info().category == OpCategory::Reduction ||
                                                          gx->definition()->kind() == OpKind::EmbeddingBackward);
