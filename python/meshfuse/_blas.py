@@ -2,8 +2,9 @@
 
 OpenBLAS picks its GEMM kernels once, when the library loads, from the CPU it recognizes. The
 OpenBLAS 0.3.21 of Debian 12 does not know every recent CPU and may fall back to older kernels: on
-an Emerald Rapids Xeon its generic SSE3 ("Prescott") kernels, 5x slower than its AVX-512 ones. When ``OPENBLAS_CORETYPE`` is not set, meshfuse sets it
-from the CPU's features (Linux ``/proc/cpuinfo``); a value the user set is kept. docs/kernels.md.
+an Emerald Rapids Xeon its generic SSE3 ("Prescott") kernels, 5x slower than its AVX-512 ones.
+When ``OPENBLAS_CORETYPE`` is not set, meshfuse sets it from the CPU's features (Linux
+``/proc/cpuinfo``); a value the user set is kept. docs/kernels.md.
 """
 
 import os

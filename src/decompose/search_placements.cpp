@@ -471,7 +471,7 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
   if (best) {
     const PlanCost greedy = best->cost;
     // Climbs from `from` to the first better neighbour until none is or the budget is spent;
-    // `plans`: the plans measured so far against the budget (a climb that spends it all stops
+    // `plans`: the plans counted so far against its budget (a climb that spends it all stops
     // short of a plan with no better neighbour).
     auto climb = [&](Trial from, int64_t& plans, bool resumed = false) {
       for (;;) {

@@ -34,8 +34,8 @@
 // by fewest bytes, with every conversion so routed (Fusion::reshardByBytes, resharding_steps.h: a
 // collective more on one conversion that the plan saves elsewhere); the program says `reshard by
 // bytes` when that plan is taken. Last, each climb that spent its budget resumes from where it
-// stopped, with a budget as large again. A plan measured once is not measured (nor
-// counted) again by a later climb. A program whose
+// stopped, with a budget as large again. A plan is measured once per search (a resumed
+// climb does not count again against its budget what was measured before). A program whose
 // decisions have fewer than kMaxPlans combinations is thus searched (nearly) exhaustively; a
 // larger one locally: the placement fuzzer's oracle (fuzz/placements/oracle.h) measures how close it
 // comes (docs/testing.md, "Known failures"). Several changes at once are needed where each
