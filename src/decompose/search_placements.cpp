@@ -298,11 +298,14 @@ class TriedPlans {
     while (!take.empty() && take.back() == 0) take.pop_back();  // (decisions past the end take 0)
     return {std::move(take), fewest_moves_on_ties, by_bytes};
   }
-  const std::optional<Trial>* find(const Key& k) const {
+  bool contains(const Key& k) const { return plans_.contains(k); }
+  // The plan `k` names: measured by `measure()` the first time it is asked for, then remembered.
+  template <typename Measure>
+  const std::optional<Trial>& get(Key k, Measure&& measure) {
     auto it = plans_.find(k);
-    return it == plans_.end() ? nullptr : &it->second;
+    if (it == plans_.end()) it = plans_.emplace(std::move(k), measure()).first;
+    return it->second;
   }
-  const std::optional<Trial>& add(Key k, std::optional<Trial> t) { return plans_[std::move(k)] = std::move(t); }
 
  private:
   std::map<Key, std::optional<Trial>> plans_;
@@ -379,17 +382,15 @@ std::optional<Trial> betterNeighbour(const Fusion& f, const PipelineOptions& opt
   auto changes = [&](auto&& self, size_t from, size_t left) -> bool {
     if (left == 0) {
       TriedPlans::Key k = TriedPlans::key(take, best.choices.fewest_moves_on_ties, best.by_bytes);
-      const std::optional<Trial>* t = tried.find(k);
-      if (t == nullptr || !resumed) {
+      if (!resumed || !tried.contains(k)) {
         if (plans >= search_placements::kMaxPlans) return true;
         ++plans;
       }
-      if (t == nullptr) {
-        t = &tried.add(std::move(k), tryPlan(f, options, take, best.choices.fewest_moves_on_ties, best.by_bytes, kept));
-      }
-      if (*t && (*t)->cost < best.cost && (*t)->cost.work <= bound.work &&
-          (*t)->cost.collectives <= bound.collectives) {
-        found = **t;
+      const std::optional<Trial>& t = tried.get(std::move(k), [&] {
+        return tryPlan(f, options, take, best.choices.fewest_moves_on_ties, best.by_bytes, kept);
+      });
+      if (t && t->cost < best.cost && t->cost.work <= bound.work && t->cost.collectives <= bound.collectives) {
+        found = *t;
         return true;
       }
       return false;
@@ -461,9 +462,8 @@ void searchPlacements(Fusion& f, const PipelineOptions& options) {
   TriedPlans tried;
   // A plan each climb starts from, measured once (it counts against no climb's budget).
   auto start = [&](std::vector<int64_t> take, bool fewest_moves_on_ties, bool by_bytes) {
-    TriedPlans::Key k = TriedPlans::key(take, fewest_moves_on_ties, by_bytes);
-    if (const std::optional<Trial>* t = tried.find(k)) return *t;
-    return tried.add(std::move(k), tryPlan(f, options, std::move(take), fewest_moves_on_ties, by_bytes, kept));
+    return tried.get(TriedPlans::key(take, fewest_moves_on_ties, by_bytes),
+                     [&] { return tryPlan(f, options, std::move(take), fewest_moves_on_ties, by_bytes, kept); });
   };
   std::optional<Trial> best = start({}, false, asked);
   // (When the greedy plan does not propagate or decompose, the pass below makes it and reports
