@@ -1,7 +1,9 @@
 // Context parallelism on CPU ranks (issue 17): attention over [1, heads, seq, head_dim] f32 with
 // q, k and v split along the sequence and the output wanted split the same way (the next layer's
 // sequence parallelism), run three ways in the same run --
-//   ring      k and v rotate by send/recv, n - 1 steps, merged by log-sum-exp (--cp=ring)
+//   ring      k and v rotate by send/recv, n - 1 steps per head group, merged by log-sum-exp
+//             (--cp=ring; the default head groups: half a block in flight)
+//   ring, whole blocks   the same rotating whole blocks (--ring_groups=1: one ring of all heads)
 //   ulysses   all-to-all to a split of the heads and back (--cp=ulysses)
 //   gather    k and v all-gathered, each rank attends its query rows (--cp=gather)
 // -- against the whole attention on one rank (rank 0 alone, a single-rank executor). With
@@ -106,6 +108,7 @@ std::unique_ptr<Fusion> attention(const Args& a, int64_t seq, const DeviceMesh* 
 struct Variant {
   const char* name;
   ContextParallel cp;
+  int64_t ring_groups;  // OverlapOptions::ring_groups
   std::unique_ptr<MultiDeviceExecutor> exec;
   std::vector<double> seconds;
 };
@@ -123,14 +126,16 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < n; ++i) ids[i] = i;
     const DeviceMesh mesh(ids), alone({0});
     if (me == 0) {
-      std::printf("# %s attention%s, batch 1, %lld heads, head size %lld, f32; %lld ranks, one compute thread each; "
-                  "%d rounds, variants interleaved\n",
-                  args.causal ? "causal" : "non-causal", args.backward ? "'s backward (dq, dk, dv)" : "",
-                  static_cast<long long>(args.heads),
-                  static_cast<long long>(args.head_dim), static_cast<long long>(n), args.rounds);
-      std::printf("| seq | variant | median ms | speed-up over 1 rank | communication ms, rank 0 | hidden, rank 0 | "
-                  "hidden, mean of ranks | rotation hidden, rank 0 | rotation hidden, mean of ranks |\n"
-                  "|---|---|---|---|---|---|---|---|---|\n");
+      std::printf(
+          "# %s attention%s, batch 1, %lld heads, head size %lld, f32; %lld ranks, one compute thread each; "
+          "%d rounds, variants interleaved\n",
+          args.causal ? "causal" : "non-causal", args.backward ? "'s backward (dq, dk, dv)" : "",
+          static_cast<long long>(args.heads), static_cast<long long>(args.head_dim), static_cast<long long>(n),
+          args.rounds);
+      std::printf(
+          "| seq | variant | median ms | speed-up over 1 rank | communication ms, rank 0 | hidden, rank 0 | "
+          "hidden, mean of ranks | rotation hidden, rank 0 | rotation hidden, mean of ranks |\n"
+          "|---|---|---|---|---|---|---|---|---|\n");
     }
     for (int64_t seq : args.seqs) {
       const int64_t operands = args.backward ? 5 : 3;  // (backward: q, k, v, the saved output, its gradient)
@@ -140,12 +145,14 @@ int main(int argc, char** argv) {
                       mesh,
                       {Placement::shard(2)}});
       std::vector<Variant> vs;
-      vs.push_back({"ring", ContextParallel::Ring, nullptr, {}});
-      vs.push_back({"ulysses", ContextParallel::Ulysses, nullptr, {}});
-      vs.push_back({"gather", ContextParallel::Gather, nullptr, {}});
+      vs.push_back({"ring", ContextParallel::Ring, 0, nullptr, {}});
+      vs.push_back({"ring, whole blocks", ContextParallel::Ring, 1, nullptr, {}});
+      vs.push_back({"ulysses", ContextParallel::Ulysses, 0, nullptr, {}});
+      vs.push_back({"gather", ContextParallel::Gather, 0, nullptr, {}});
       for (Variant& v : vs) {
         ExecutorOptions o;
         o.pipeline.propagation.context_parallel = v.cp;
+        o.pipeline.overlap.ring_groups = v.ring_groups;
         v.exec = std::make_unique<MultiDeviceExecutor>(attention(args, seq, &mesh), *comm, nullptr, o);
         v.exec->run(in);  // compile and warm up
       }
@@ -180,6 +187,7 @@ int main(int argc, char** argv) {
       for (Variant& v : vs) {
         ExecutorOptions o;
         o.pipeline.propagation.context_parallel = v.cp;
+        o.pipeline.overlap.ring_groups = v.ring_groups;
         o.trace = true;
         MultiDeviceExecutor traced(attention(args, seq, &mesh), *comm, nullptr, o);
         traced.run(in);  // warm-up
@@ -189,8 +197,8 @@ int main(int argc, char** argv) {
           comm->barrier();
           traced.run(in);
           const OverlapSummary s = summarizeOverlap(traced.lastTrace());
-          const OverlapSummary rotation = summarizeOverlap(
-              traced.lastTrace(), [](const TraceEvent& e) { return !isCausalBalanceExchange(e); });
+          const OverlapSummary rotation =
+              summarizeOverlap(traced.lastTrace(), [](const TraceEvent& e) { return !isCausalBalanceExchange(e); });
           all.push_back(s.hiddenFraction());
           rotating.push_back(rotation.hiddenFraction());
           comm_ms.push_back(s.communication_us / 1e3);

@@ -53,6 +53,9 @@ struct OverlapOptions {
   OverlapAlgorithm algorithm = OverlapAlgorithm::None;
   int64_t chunks = 0;   // 0: as many as devices on the collective's mesh axis
   int64_t streams = 2;  // the stream pool collective-based iterations rotate through
+  // Ring attention's head groups, one ring each (lower_ring_attention.h): 0 picks as many as keep
+  // its rotation buffers within half a block of the rotating tensors; 1 rotates whole blocks.
+  int64_t ring_groups = 0;
 };
 
 // Everything compile() (src/lower/pipeline.h) needs: the options of each pass, plus how to

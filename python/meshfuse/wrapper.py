@@ -63,7 +63,9 @@ class Plan:
     def attention_blocks(self, rank: int | None = None) -> list:
         """Per ring attention of `rank`'s program, its causal work: ``steps`` (the ring's steps),
         ``chunk`` (rows of a sequence chunk), ``attended`` and ``skipped`` (pairs of a query chunk
-        and a key chunk it computes, or skips as entirely masked). docs/parallelisms.md."""
+        and a key chunk it computes, or skips as entirely masked), each counted for one of its
+        ``head_groups`` (one ring per group of heads, every group attending the same pairs).
+        docs/parallelisms.md."""
         return self._program.attention_blocks(rank)
 
     def fusion_ir(self, stage: str = "decomposed") -> str:

@@ -288,15 +288,18 @@ void bindCollectiveInfo(py::module_& m) {
 
   py::class_<AttentionBlocks>(m, "AttentionBlocks",
                               "The causal work of one ring attention on a rank: (query chunk, key chunk) pairs of "
-                              "`chunk` rows attended and skipped over its `steps` steps.")
+                              "`chunk` rows attended and skipped over its `steps` steps, counted for one of its "
+                              "`head_groups` (rings run one after the other, one per group of heads, which all "
+                              "attend the same pairs).")
       .def_readonly("tensor", &AttentionBlocks::tensor)
+      .def_readonly("head_groups", &AttentionBlocks::head_groups)
       .def_readonly("steps", &AttentionBlocks::steps)
       .def_readonly("chunk", &AttentionBlocks::chunk)
       .def_readonly("attended", &AttentionBlocks::attended)
       .def_readonly("skipped", &AttentionBlocks::skipped)
       .def("__repr__", [](const AttentionBlocks& a) {
-        return fmt::format("AttentionBlocks({}, steps={}, chunk={}, attended={}, skipped={})", a.tensor, a.steps,
-                           a.chunk, a.attended, a.skipped);
+        return fmt::format("AttentionBlocks({}, head_groups={}, steps={}, chunk={}, attended={}, skipped={})", a.tensor,
+                           a.head_groups, a.steps, a.chunk, a.attended, a.skipped);
       });
 }
 

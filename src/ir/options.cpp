@@ -92,6 +92,12 @@ std::vector<CompileOption> makeCompileOptions() {
       {"streams", "streams the chunks of collective-based overlap rotate through", T::Count, {},
        [](const PipelineOptions& o) { return std::to_string(o.overlap.streams); },
        [](PipelineOptions& o, const std::string& v) { o.overlap.streams = parseCount("streams", v, 1); }},
+      {"ring_groups",
+       "ring attention runs one ring per group of (batch, head) pairs, one after the other: 0 (as many as keep the "
+       "blocks in flight within half a block of k and v, at most 4) or a count (1: whole blocks, n - 1 send/recvs "
+       "per tensor)",
+       T::Count, {}, [](const PipelineOptions& o) { return std::to_string(o.overlap.ring_groups); },
+       [](PipelineOptions& o, const std::string& v) { o.overlap.ring_groups = parseCount("ring_groups", v, 0); }},
       {"fsdp",
        "fully sharded data parallelism: all-gather sharded parameters where they are used (prefetched one layer "
        "ahead) instead of moving the activations",

@@ -81,4 +81,16 @@ BlockRef block(const TensorView* tv, int64_t blocks, std::vector<int64_t> coeffs
   return b;
 }
 
+HostNode allocateHeadGroup(const TensorView* tv, int64_t groups, int64_t slot) {
+  hir::Allocate a{{tv, slot, 1, 1}};
+  a.head_groups = groups;
+  return a;
+}
+
+BlockRef headGroup(const TensorView* tv, int64_t groups, std::vector<int64_t> coeffs, int64_t offset, int64_t slot) {
+  BlockRef b = block(tv, groups, std::move(coeffs), 0, offset, -1, slot);
+  b.heads = true;
+  return b;
+}
+
 }  // namespace meshfuse::host

@@ -15,6 +15,8 @@ namespace meshfuse::host {
 // type (ring steps).
 HostNode allocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0, int64_t row_blocks = 1);
 HostNode deallocate(const TensorView* tv, int64_t chunk_blocks = 1, int64_t slot = 0, int64_t row_blocks = 1);
+// A buffer in `slot` > 0 of one head group of `groups` of `tv` (BufferNode::head_groups).
+HostNode allocateHeadGroup(const TensorView* tv, int64_t groups, int64_t slot);
 // A communication of `kind` from `in` to `out` along `mesh_axis` (-1: between meshes) that
 // returns handle `handle`; the other fields (dims, root, peers, team) are the caller's.
 hir::Communication communication(CommKind kind, BlockRef in, BlockRef out, int64_t mesh_axis, int64_t handle);
@@ -44,5 +46,7 @@ HostNode sync();
 // cut into sub_blocks (BlockRef).
 BlockRef block(const TensorView* tv, int64_t blocks, std::vector<int64_t> coeffs, int64_t rank_coeff, int64_t offset,
                int64_t mesh_axis, int64_t slot = 0, int64_t sub_blocks = 1);
+// Head group `(coeffs . i + offset) mod groups` of `tv`'s buffer in `slot` (BlockRef::heads).
+BlockRef headGroup(const TensorView* tv, int64_t groups, std::vector<int64_t> coeffs, int64_t offset, int64_t slot = 0);
 
 }  // namespace meshfuse::host

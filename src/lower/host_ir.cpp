@@ -54,16 +54,21 @@ std::string BlockRef::toString(const Fusion& f) const {
   bool wraps = false;
   std::string index = indexExpr(loop_coeffs, rank_coeff, offset, wraps, mesh_axis);
   std::string parts = sub_blocks > 1 ? fmt::format("{}x{}", blocks / sub_blocks, sub_blocks) : std::to_string(blocks);
-  return fmt::format("{}[{} of {}]", name, wraps ? "(" + index + ") % " + std::to_string(blocks) : index, parts);
+  return fmt::format("{}[{} of {}{}]", name, wraps ? "(" + index + ") % " + std::to_string(blocks) : index, parts,
+                     heads ? " heads" : "");
 }
 
 namespace {
 
 // "f32[?t/4, 64]": the per-rank type of a TensorView (one block of `blocks` along dim 0: its
-// leading ranks' size).
-std::string localType(const TensorView* tv, int64_t blocks = 1) {
+// leading ranks' size; or one of `head_groups` head groups, whose [batch, heads] are static).
+std::string localType(const TensorView* tv, int64_t blocks = 1, int64_t head_groups = 1) {
   std::vector<std::string> dims;
   std::vector<Extent> shape = tv->allocatedShape();
+  if (head_groups > 1) {
+    const std::vector<int64_t> group = headGroupShape({shape.at(0).value(), shape.at(1).value()}, head_groups);
+    shape[0] = group[0], shape[1] = group[1];
+  }
   for (size_t d = 0; d < shape.size(); ++d) dims.push_back(shape[d].divided(d == 0 ? blocks : 1).toString());
   return fmt::format("{}[{}]", dtypeName(tv->dtype()), fmt::join(dims, ", "));
 }
@@ -133,11 +138,14 @@ std::string nodeLine(const HostProgram& p, const HostNode& node) {
   };
   node.visit(Overloaded{
       [&](const hir::Allocate& n) {
-        line += fmt::format(" {} : {}", BlockRef::of(n.tv, n.slot).toString(f), localType(n.tv, n.chunk_blocks));
+        line += fmt::format(" {} : {}", BlockRef::of(n.tv, n.slot).toString(f),
+                            localType(n.tv, n.chunk_blocks, n.head_groups));
         if (n.chunk_blocks > 1 && n.row_blocks > 1)
           line += fmt::format(" (chunk i of {} of each of {} blocks)", n.chunk_blocks, n.row_blocks);
         else if (n.chunk_blocks > 1)
           line += fmt::format(" (one block of {})", n.chunk_blocks);
+        else if (n.head_groups > 1)
+          line += fmt::format(" (one head group of {})", n.head_groups);
         // An in-place output takes its input's buffer (HostIrEvaluator): nothing is allocated.
         if (const TensorView* in = f.aliasedInput(n.tv); in != nullptr && n.slot == 0)
           line += fmt::format(" (in place: the buffer of {})", f.displayName(in));
@@ -320,6 +328,11 @@ int64_t peakMemoryBytes(const HostProgram& p, const SymbolBindings& b) {
 BufferSizes::BufferSizes(const HostProgram& p, const SymbolBindings& b) : bindings_(b) {
   forEachNode(p.nodes, [&](const HostNode& n) {
     const auto* a = n.as<hir::Allocate>();
+    if (a != nullptr && a->head_groups > 1) {
+      auto [it, fresh] = head_groups_.emplace(std::make_pair(a->tv, a->slot), a->head_groups);
+      MF_CHECK(fresh || it->second == a->head_groups, "{} is allocated for {} and for {} head groups",
+               BlockRef::of(a->tv, a->slot).toString(*p.fusion), it->second, a->head_groups);
+    }
     if (a == nullptr || a->chunk_blocks <= 1) return;
     auto [it, fresh] = chunked_.emplace(std::make_pair(a->tv, a->slot), Chunking{a->chunk_blocks, a->row_blocks});
     MF_CHECK(fresh || (it->second.chunk_blocks == a->chunk_blocks && it->second.row_blocks == a->row_blocks),
@@ -353,6 +366,7 @@ std::vector<Span> BufferSizes::bufferRows(const TensorView* tv, int64_t slot, in
 std::vector<int64_t> BufferSizes::bufferShape(const TensorView* tv, int64_t slot, int64_t rank,
                                               const std::vector<int64_t>& loops) const {
   std::vector<int64_t> shape = localShape(tv, rank);
+  if (auto it = head_groups_.find({tv, slot}); it != head_groups_.end()) return headGroupShape(shape, it->second);
   if (shape.empty()) return shape;
   shape[0] = 0;
   for (const Span& s : bufferRows(tv, slot, rank, loops)) shape[0] += s.size;
@@ -372,6 +386,12 @@ int64_t BufferSizes::blockIndex(const BlockRef& ref, int64_t rank, const std::ve
 Span BufferSizes::rows(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const {
   const std::vector<Span> held = bufferRows(ref.tv, ref.slot, rank, loops);
   if (ref.whole()) return {0, bufferShape(ref.tv, ref.slot, rank, loops).at(0)};
+  if (ref.heads) {  // a head group of a whole buffer: (batch, head) pairs
+    MF_CHECK(!head_groups_.contains({ref.tv, ref.slot}) && held.size() == 1 && ref.sub_blocks == 1,
+             "{}: a head group of a buffer that is not whole", ref.toString(*ref.tv->fusion()));
+    const std::vector<int64_t> group = headGroupShape(localShape(ref.tv, rank), ref.blocks);
+    return {blockIndex(ref, rank, loops) * group[0] * group[1], group[0] * group[1]};
+  }
   // The rows of the whole local tensor the block names: the flat index's block, then sub-block.
   MF_CHECK(ref.sub_blocks >= 1 && ref.blocks % ref.sub_blocks == 0, "{}: {} sub-blocks of {} blocks",
            ref.toString(*ref.tv->fusion()), ref.sub_blocks, ref.blocks);
@@ -393,6 +413,11 @@ std::vector<int64_t> BufferSizes::shape(const BlockRef& ref, int64_t rank, const
                                         int64_t dim) const {
   std::vector<int64_t> shape = bufferShape(ref.tv, ref.slot, rank, loops);
   if (shape.empty() || (dim > 0 && ref.whole())) return shape;
+  if (ref.heads) {
+    MF_CHECK(dim <= 0 && !head_groups_.contains({ref.tv, ref.slot}), "{}: a head group along dim {} or of a group",
+             ref.toString(*ref.tv->fusion()), dim);
+    return headGroupShape(std::move(shape), ref.blocks);
+  }
   if (dim <= 0) {
     shape[0] = rows(ref, rank, loops).size;
     return shape;
@@ -412,6 +437,16 @@ int64_t BufferSizes::elements(const BlockRef& ref, int64_t rank, const std::vect
 
 int64_t BufferSizes::bytes(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops, int64_t dim) const {
   return numel(shape(ref, rank, loops, dim)) * dtypeSize(ref.tv->dtype());
+}
+
+std::vector<int64_t> headGroupShape(std::vector<int64_t> shape, int64_t groups) {
+  MF_CHECK(shape.size() >= 2 && groups >= 1 && (shape[0] * shape[1]) % groups == 0,
+           "{} head groups of a tensor of {} dims", groups, shape.size());
+  const int64_t heads = shape[1], pairs = shape[0] * shape[1] / groups;
+  MF_CHECK(heads % pairs == 0 || pairs % heads == 0, "{} head groups of {} heads", groups, heads);
+  shape[0] = pairs < heads ? 1 : pairs / heads;
+  shape[1] = std::min(pairs, heads);
+  return shape;
 }
 
 int64_t BufferSizes::allocationBytes(const hir::BufferNode& allocate, int64_t rank) const {

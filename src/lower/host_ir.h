@@ -54,6 +54,10 @@ class TensorView;
 // enclosing loops (outermost first) and r this rank's index along `mesh_axis` (ring algorithms
 // walk the blocks of other ranks); flat index f is sub-block f % sub_blocks of block
 // f / sub_blocks. With even sizes the two levels are `blocks` equal blocks.
+// With `heads`, the blocks cut the flattened leading dims [batch, heads] of an attention operand
+// instead (a ring's head groups, lower_ring_attention.h): `blocks` equal groups of
+// batch * heads / blocks consecutive (batch, head) pairs, seen as [1, F, ...] or [F / heads,
+// heads, ...] (headGroupShape); they are contiguous, so no staging is needed to send one.
 struct BlockRef {
   const TensorView* tv = nullptr;
   int64_t slot = 0;  // 0: the tensor's buffer; k > 0: a temporary of the same type (ring steps)
@@ -62,6 +66,7 @@ struct BlockRef {
   std::vector<int64_t> loop_coeffs;
   int64_t rank_coeff = 0, offset = 0;
   int64_t mesh_axis = -1;
+  bool heads = false;
   static BlockRef of(const TensorView* tv, int64_t slot = 0) {  // the whole tensor
     BlockRef r;
     r.tv = tv;
@@ -70,7 +75,7 @@ struct BlockRef {
   }
   bool whole() const { return blocks == 1; }
   // "%x", "%x~1" (slot 1), "%x[(2*i0 - 2*r + i1) % 4 of 4]", "%x[(2*i0 + i1) % 4 of 2x2]" (2
-  // blocks of 2 sub-blocks)
+  // blocks of 2 sub-blocks), "%x[i0 of 4 heads]" (head group i0 of 4)
   std::string toString(const Fusion& f) const;
 };
 
@@ -85,11 +90,14 @@ namespace hir {
 // loop it holds chunk i of c of the tensor's rows, or with row_blocks = n > 1 chunk i of c of each
 // of the n blocks of its rows (the i-th chunks of every rank's block, which one collective of an
 // overlap loop moves). A BlockRef into such a buffer names the rows of its block it holds.
+// head_groups = g > 1: a buffer of one head group of g (BlockRef::heads) of the tensor, which
+// every ring step of a head group fills whole (lower_ring_attention.h).
 struct BufferNode {
   const TensorView* tv = nullptr;
   int64_t slot = 0;
   int64_t chunk_blocks = 1;
   int64_t row_blocks = 1;
+  int64_t head_groups = 1;
 };
 //   allocate %3 : f32[?t, 64]   a local buffer of the rank's shape of %3
 struct Allocate : BufferNode {};
@@ -299,8 +307,10 @@ std::string communicationReason(const hir::Communication& n);
 // along the diagonal, and those it skips (entirely after the query chunk), chunks being the
 // ring's sequence chunks (`chunk` rows: s/2n when the work is balanced, else s/n).
 struct AttentionBlocks {
-  std::string tensor;  // the attention's output
-  int64_t steps = 0;   // attention launches (ring steps)
+  std::string tensor;       // the attention's output
+  int64_t head_groups = 1;  // rings run one after the other, one per group of heads
+  int64_t steps = 0;        // attention launches (ring steps) of one head group
+  // (chunk pairs of one head group: every group attends the same ones)
   int64_t chunk = 0;
   int64_t attended = 0, skipped = 0;
 };
@@ -342,7 +352,8 @@ class BufferSizes {
                                    const std::vector<int64_t>& loops) const;
   // The flat index in [0, ref.blocks) of the block `ref` names on `rank` in iteration `loops`.
   static int64_t blockIndex(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops);
-  // The rows of its buffer that `ref` names (its first row there, and how many).
+  // The rows of its buffer that `ref` names (its first row there, and how many); for a head
+  // group (BlockRef::heads), its (batch, head) pairs of the buffer's flattened leading dims.
   Span rows(const BlockRef& ref, int64_t rank, const std::vector<int64_t>& loops) const;
   // The shape of the block `ref` names: rows of dim 0, or (dim > 0: a send/recv whose blocks run
   // along another dim, Communication::in_dim) a block of that dim of the whole buffer.
@@ -361,9 +372,15 @@ class BufferSizes {
                                const std::vector<int64_t>& loops) const;
 
   const SymbolBindings& bindings_;
-  std::map<std::pair<const TensorView*, int64_t>, Chunking> chunked_;  // per-iteration buffers
+  std::map<std::pair<const TensorView*, int64_t>, Chunking> chunked_;     // per-iteration buffers
+  std::map<std::pair<const TensorView*, int64_t>, int64_t> head_groups_;  // one head group's buffers
   mutable std::map<std::pair<const TensorView*, int64_t>, std::vector<int64_t>> shapes_;
 };
+
+// The shape of one of `groups` head groups (BlockRef::heads) of a tensor of `shape` [batch,
+// heads, ...]: F = batch * heads / groups (batch, head) pairs, [1, F, ...] when F divides heads,
+// [F / heads, heads, ...] when heads divides F.
+std::vector<int64_t> headGroupShape(std::vector<int64_t> shape, int64_t groups);
 
 // Calls `fn` on every node, loop bodies included (pre-order); `nodes` may be const.
 template <typename Nodes, typename F>

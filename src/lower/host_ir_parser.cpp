@@ -182,6 +182,7 @@ class HostParser {
       b.sub_blocks = c.integer();
       b.blocks *= b.sub_blocks;
     }
+    b.heads = c.eat("heads");  // "of 4 heads": a head group
     c.expect("]");
     b.loop_coeffs = x.loop_coeffs;
     b.rank_coeff = x.rank_coeff;
@@ -307,7 +308,9 @@ class HostParser {
     if (!b.whole()) c.fail("an allocation is of a whole buffer");
     hir::BufferNode n{b.tv, b.slot, 1, 1};
     if (head == "deallocate") return hir::Deallocate{n};
-    if (std::string_view r = c.rest(); r.find("(one block of ") != r.npos) {
+    if (std::string_view r = c.rest(); r.find("(one head group of ") != r.npos) {
+      n.head_groups = std::stoll(std::string(r.substr(r.find("(one head group of ") + 19)));
+    } else if (r.find("(one block of ") != r.npos) {
       n.chunk_blocks = std::stoll(std::string(r.substr(r.find("(one block of ") + 14)));
     } else if (const size_t at = r.find("(chunk i of "); at != r.npos) {
       // "(chunk i of 4 of each of 2 blocks)"

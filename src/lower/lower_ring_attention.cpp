@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <optional>
 
 #include "decompose/decompose_ring_attention.h"
 #include "lower/host_builder.h"
 #include "meshfuse/ir/fusion.h"
+#include "meshfuse/ir/placement.h"
 #include "propagation/sharding.h"
 
 namespace meshfuse {
@@ -20,7 +22,7 @@ using host::event;
 using host::onStream;
 
 constexpr int64_t kSeq = 2;  // attention's operands: [batch, heads, seq, e]
-constexpr int64_t kCur = 1, kNext = 2;  // the slots of the attended and the arriving block
+constexpr int64_t kCur = 1, kNext = 2;  // the slots of the attended and the arriving block (whole)
 
 const TensorView* operandOf(const Expr* e, size_t i) { return static_cast<const TensorView*>(e->input(i)); }
 
@@ -31,7 +33,7 @@ bool isRingSet(const Expr* e) {
 
 class RingLowering {
  public:
-  RingLowering(const std::vector<Segment>& segments, int64_t index, OverlapLoweringState& state)
+  RingLowering(const std::vector<Segment>& segments, int64_t index, int64_t groups, OverlapLoweringState& state)
       : seg_(segments.at(index)), index_(index), state_(state) {
     for (const Expr* e : seg_.exprs)
       (e->kind() == OpKind::Sdpa ? sdpa_ : e->kind() == OpKind::SdpaLse ? lse_ : grad_) = e;
@@ -69,66 +71,158 @@ class RingLowering {
       if (v != nullptr && !isRingSet(v->definition()) &&
           std::find(kept_.begin(), kept_.end(), v) == kept_.end())
         kept_.push_back(static_cast<const TensorView*>(v));
+    groups_ = headGroups(groups);
+    if (groups_ > 1) cur_ = 2 * groups_, next_ = cur_ + 1;
   }
 
   void lower(std::vector<HostNode>& out) {
     for (const Expr* e : seg_.exprs) out.push_back(allocate(e->output()));
     if (balanced_) balanceKeptRows(out);
     for (const TensorView* t : rotating_) {
-      out.push_back(allocate(t, 1, kCur));
-      if (!donated(t)) out.push_back(allocate(t, 1, kNext));
+      out.push_back(slotBuffer(t, cur_));
+      if (arrivesSeparately(t)) out.push_back(slotBuffer(t, next_));
     }
-    const int64_t start = state_.events++, arrived = state_.events++, done = state_.events++;
-    // Step 0: this rank's own block, while it travels on into the attended slot.
-    out.push_back(event(HostNodeKind::RecordEvent, start));
-    out.push_back(onStream(1));
-    out.push_back(event(HostNodeKind::WaitEvent, start));
-    rotate(0, kCur, out);
-    out.push_back(event(HostNodeKind::RecordEvent, arrived));
-    out.push_back(onStream(0));
-    out.push_back(step(0, /*accumulate=*/false, {}, 0));
-    out.push_back(event(HostNodeKind::RecordEvent, done));
-    // Steps 1 .. n - 2 (i = step - 1): attend the block that arrived, while the next one comes in.
-    if (n_ > 2) {
+    if (groups_ > 1) {  // one ring per head group, one after the other
       std::vector<HostNode> body;
-      body.push_back(onStream(1));
-      body.push_back(event(HostNodeKind::WaitEvent, done, {1}));  // the attended slot holds the block to send
-      rotate(kCur, kNext, body);
-      body.push_back(event(HostNodeKind::RecordEvent, arrived, {1}, 1));
-      body.push_back(onStream(0));
-      body.push_back(event(HostNodeKind::WaitEvent, arrived, {1}));
-      body.push_back(step(kCur, /*accumulate=*/true, {-1}, -1));
-      body.push_back(event(HostNodeKind::WaitEvent, arrived, {1}, 1));
-      for (const TensorView* t : rotating_) body.push_back(host::copy(next(t), BlockRef::of(t, kCur), false));
-      body.push_back(event(HostNodeKind::RecordEvent, done, {1}, 1));
-      out.push_back(host::loop(n_ - 2, std::move(body)));
+      ring(body);
+      out.push_back(host::loop(groups_, std::move(body)));
+    } else {
+      ring(out);
     }
-    // Step n - 1: the last block; nothing travels on.
-    out.push_back(event(HostNodeKind::WaitEvent, arrived, {}, n_ - 2));
-    out.push_back(step(kCur, /*accumulate=*/true, {}, -(n_ - 1)));
     out.push_back(host::sync());
     for (const TensorView* t : rotating_) {
-      out.push_back(deallocate(t, 1, kCur));
-      if (!donated(t)) out.push_back(deallocate(t, 1, kNext));
+      out.push_back(deallocate(t, 1, cur_));
+      if (arrivesSeparately(t)) out.push_back(deallocate(t, 1, next_));
     }
     if (balanced_) restoreOutputs(out);
   }
 
  private:
+  // The n steps of one ring (of the head group of the enclosing loop when groups_ > 1).
+  void ring(std::vector<HostNode>& out) {
+    const int64_t start = state_.events++, arrived = state_.events++, done = state_.events++;
+    // Step 0: this rank's own block, while it travels on into the attended slot.
+    out.push_back(ev(HostNodeKind::RecordEvent, start, {}, 0));
+    out.push_back(onStream(1));
+    out.push_back(ev(HostNodeKind::WaitEvent, start, {}, 0));
+    rotate(0, cur_, /*inner=*/false, out);
+    out.push_back(ev(HostNodeKind::RecordEvent, arrived, {}, 0));
+    out.push_back(onStream(0));
+    out.push_back(step(0, /*accumulate=*/false, {}, 0));
+    out.push_back(ev(HostNodeKind::RecordEvent, done, {}, 0));
+    // Steps 1 .. n - 2 (i = step - 1): attend the block that arrived, while the next one comes in.
+    if (n_ > 2) {
+      std::vector<HostNode> body;
+      body.push_back(onStream(1));
+      body.push_back(ev(HostNodeKind::WaitEvent, done, {1}, 0));  // the attended slot holds the block to send
+      rotate(cur_, next_, /*inner=*/true, body);
+      body.push_back(ev(HostNodeKind::RecordEvent, arrived, {1}, 1));
+      body.push_back(onStream(0));
+      body.push_back(ev(HostNodeKind::WaitEvent, arrived, {1}, 0));
+      body.push_back(step(cur_, /*accumulate=*/true, {-1}, -1));
+      body.push_back(ev(HostNodeKind::WaitEvent, arrived, {1}, 1));
+      for (const TensorView* t : rotating_) body.push_back(host::copy(next(t), BlockRef::of(t, cur_), false));
+      body.push_back(ev(HostNodeKind::RecordEvent, done, {1}, 1));
+      out.push_back(host::loop(n_ - 2, std::move(body)));
+    }
+    // Step n - 1: the last block; nothing travels on.
+    out.push_back(ev(HostNodeKind::WaitEvent, arrived, {}, n_ - 2));
+    out.push_back(step(cur_, /*accumulate=*/true, {}, -(n_ - 1)));
+  }
+
+  // The head groups (BlockRef::heads) the ring runs in, one after the other, so that its slots
+  // hold a group's block instead of a whole block: at most half a block of each rotating tensor
+  // beyond its own (the attended and the arriving slot a quarter each, or the attended one half
+  // when the ring reuses the own buffer), which leaves room for the merge state under one block in
+  // flight. Fewer groups (1: whole blocks) when the ranks' [batch, heads] are not static and alike
+  // or do not split so. `requested` > 0 (OverlapOptions::ring_groups): that many, or an error when
+  // they do not split.
+  int64_t headGroups(int64_t requested) const {
+    if (requested == 1) return 1;
+    std::optional<std::pair<int64_t, int64_t>> pairs;  // (batch, heads) of a rank's block
+    std::vector<const TensorView*> operands(seg_.inputs.begin(), seg_.inputs.end());
+    operands.insert(operands.end(), seg_.outputs.begin(), seg_.outputs.end());
+    for (const TensorView* t : operands) {
+      if (t->mesh() == nullptr) return noGroups(requested, "is not on a mesh");
+      const std::vector<Placement> ps = placementsOf(t);
+      int64_t local[2];
+      for (int64_t d : {0, 1}) {
+        int64_t split = 1;
+        for (size_t a = 0; a < ps.size(); ++a)
+          if (ps[a] == Placement::shard(d)) split *= t->mesh()->size(static_cast<int64_t>(a));
+        const Extent extent = t->shape()[d];
+        if (!extent.isStatic() || !extent.divisible(split))
+          return noGroups(requested,
+                          fmt::format("has {} {} on {} devices", extent.toString(), d == 0 ? "batch" : "heads", split));
+        local[d] = extent.value() / split;
+      }
+      if (pairs && *pairs != std::make_pair(local[0], local[1]))
+        return noGroups(requested, "has blocks of unlike [batch, heads]");
+      pairs = {local[0], local[1]};
+    }
+    const bool reused =
+        std::all_of(rotating_.begin(), rotating_.end(), [&](const TensorView* t) { return donated(t); });
+    const int64_t heads = pairs->second, all = pairs->first * heads;
+    auto splits = [&](int64_t groups) {
+      return all % groups == 0 && (heads % (all / groups) == 0 || (all / groups) % heads == 0);
+    };
+    if (requested > 0) {
+      if (!splits(requested))
+        noGroups(requested,
+                 fmt::format("has {} (batch, head) pairs per rank ([batch {}, heads {}]), which do not split "
+                             "into {} groups of whole heads of one batch entry or whole batch entries",
+                             all, pairs->first, heads, requested));
+      return requested;
+    }
+    for (int64_t groups = reused ? 2 : 4; groups > 1; --groups)
+      if (splits(groups)) return groups;
+    return 1;
+  }
+  // 1, or (`requested` > 1 head groups) the error that says why the attention has none.
+  int64_t noGroups(int64_t requested, const std::string& why) const {
+    MF_USER_CHECK(requested <= 1, ErrorKind::Value,
+                  "ring attention of {}: ring_groups={} asks for head groups, but it {}",
+                  att_->output()->fusion()->displayName(att_->output()), requested, why);
+    return 1;
+  }
+
   // A rotating tensor whose own buffer the ring may overwrite once it has attended and sent it:
   // an intermediate the ring's set is the only reader of.
   bool donated(const TensorView* t) const {
     const Fusion& f = *t->fusion();
     return !f.isInput(t) && !f.isOutput(t) && t->uses().size() == 1 && t != operandOf(att_, 0);
   }
-  BlockRef next(const TensorView* t) const { return BlockRef::of(t, donated(t) ? 0 : kNext); }
+  // Whether blocks of `t` arriving while one is attended need a slot of their own: they do on
+  // rings of more than 2 ranks (2 ranks have no such step) when t's own buffer is not reused.
+  bool arrivesSeparately(const TensorView* t) const { return n_ > 2 && !donated(t); }
+  // (Inside the steps' loop: the arriving block goes to the own buffer's head group.)
+  BlockRef next(const TensorView* t) const { return donated(t) ? view(t, 0, /*inner=*/true) : BlockRef::of(t, next_); }
+
+  // A rotating tensor's buffer in ring slot `slot`: one head group's when groups_ > 1.
+  HostNode slotBuffer(const TensorView* t, int64_t slot) const {
+    return groups_ > 1 ? host::allocateHeadGroup(t, groups_, slot) : allocate(t, 1, slot);
+  }
+  // What a step reads or writes of `t`'s buffer in `slot`: the whole buffer, or its head group
+  // (the group loop's variable; `inner`: from inside the steps' loop) unless the buffer is one
+  // head group's already (a rotating slot).
+  BlockRef view(const TensorView* t, int64_t slot, bool inner) const {
+    const bool group_buffer =
+        (slot == cur_ || slot == next_) && std::find(rotating_.begin(), rotating_.end(), t) != rotating_.end();
+    if (groups_ == 1 || group_buffer) return BlockRef::of(t, slot);
+    return host::headGroup(t, groups_, inner ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{1}, 0, slot);
+  }
+  // An event instance: per head group, n_ instances (coefficient n_ on the group loop).
+  HostNode ev(HostNodeKind kind, int64_t id, std::vector<int64_t> coeffs, int64_t offset) const {
+    if (groups_ > 1) coeffs.insert(coeffs.begin(), n_);
+    return event(kind, id, std::move(coeffs), offset);
+  }
 
   // One send/recv per rotating tensor (to r + 1, from r - 1) from slot `from` into slot `to`.
-  void rotate(int64_t from, int64_t to, std::vector<HostNode>& out) {
+  void rotate(int64_t from, int64_t to, bool inner, std::vector<HostNode>& out) {
     std::vector<int64_t> handles;
     for (const TensorView* t : rotating_) {
       handles.push_back(state_.handles++);
-      out.push_back(host::sendRecv(BlockRef::of(t, from), to == kNext ? next(t) : BlockRef::of(t, to), axis_,
+      out.push_back(host::sendRecv(view(t, from, inner), to == next_ ? next(t) : BlockRef::of(t, to), axis_,
                                    handles.back(), /*shift=*/1));
     }
     for (int64_t h : handles) out.push_back(host::wait(h));
@@ -137,15 +231,15 @@ class RingLowering {
   // The attention (or its gradient) of this rank's own rows against the rotating block in `slot`
   // (0: its own), block (r + coeffs . i + offset) mod n of the rotating side's sequence.
   HostNode step(int64_t slot, bool accumulate, std::vector<int64_t> coeffs, int64_t offset) const {
+    const bool inner = !coeffs.empty();
     const TensorView* q = operandOf(att_, 0);
     std::vector<BlockRef> views;
     for (const TensorView* in : seg_.inputs) {
       const Expr* d = in->definition();
-      views.push_back(isRingSet(d) ? BlockRef::of(operandOf(d, 0), slot)
-                      : balanced_  ? BlockRef::of(in, keptSlot(in))
-                                   : BlockRef::of(in));
+      views.push_back(isRingSet(d) ? view(operandOf(d, 0), slot, inner)
+                                   : view(in, balanced_ ? keptSlot(in) : 0, inner));
     }
-    for (const TensorView* o : seg_.outputs) views.push_back(BlockRef::of(o, restored(o) ? 1 : 0));
+    for (const TensorView* o : seg_.outputs) views.push_back(view(o, restored(o) ? 1 : 0, inner));
     auto source = [&](size_t i) {  // (the block a ring-marked set gathers)
       const TensorView* t = operandOf(att_, i);
       return isRingSet(t->definition()) ? operandOf(t->definition(), 0) : t;
@@ -210,6 +304,12 @@ class RingLowering {
   const Expr* lse_ = nullptr;
   const Expr* grad_ = nullptr;
   const Expr* att_ = nullptr;                // the sdpa, else the sdpa_grad, else the sdpa_lse
+  int64_t groups_ = 1;                       // head groups, one ring each (headGroups)
+  // The slots of the attended and the arriving block: kCur and kNext, or for one of g head groups
+  // 2g and 2g + 1 (a buffer's size goes with its slot in the whole program, and another ring of it
+  // may hold the tensor whole: the query's gradient ring keeps q in slot 1 while the key's and
+  // value's ring rotates it).
+  int64_t cur_ = kCur, next_ = kNext;
   std::vector<const TensorView*> rotating_;  // the local blocks the ring-marked sets gather, each once
   std::vector<const TensorView*> kept_;      // the operands of the rows this rank keeps, each once
   int64_t axis_ = -1, n_ = 1;
@@ -258,6 +358,8 @@ void countBlocks(const HostProgram& p, const std::vector<HostNode>& nodes, std::
       loops.pop_back();
     } else if (const auto* g = n.as<hir::Gemm>(); g && !g->query_blocks.empty()) {
       AttentionBlocks& count = out[g->segment];
+      for (const BlockRef& v : g->views)
+        if (v.heads) count.head_groups = v.blocks;
       for (const Expr* e : p.segment(*g).exprs)  // (the sdpa's name, not its sdpa_lse's)
         if (e->kind() != OpKind::SdpaLse || count.tensor.empty()) count.tensor = p.fusion->displayName(e->output());
       countStep(p, *g, loops, b, count);
@@ -273,7 +375,12 @@ std::vector<AttentionBlocks> attentionBlocks(const HostProgram& program, const S
   std::vector<int64_t> loops;
   countBlocks(program, program.nodes, loops, bindings, by_segment);
   std::vector<AttentionBlocks> out;
-  for (auto& [segment, count] : by_segment) out.push_back(std::move(count));
+  for (auto& [segment, count] : by_segment) {  // (one head group's: every group attends the same pairs)
+    count.steps /= count.head_groups;
+    count.attended /= count.head_groups;
+    count.skipped /= count.head_groups;
+    out.push_back(std::move(count));
+  }
   return out;
 }
 
@@ -285,9 +392,9 @@ bool isRingAttention(const Segment& seg) {
   return false;
 }
 
-void lowerRingAttention(const std::vector<Segment>& segments, int64_t index, OverlapLoweringState& state,
-                        std::vector<HostNode>& out) {
-  RingLowering(segments, index, state).lower(out);
+void lowerRingAttention(const std::vector<Segment>& segments, int64_t index, int64_t groups,
+                        OverlapLoweringState& state, std::vector<HostNode>& out) {
+  RingLowering(segments, index, groups, state).lower(out);
 }
 
 }  // namespace meshfuse

@@ -274,7 +274,7 @@ HostProgram lowerToHostIr(std::shared_ptr<Fusion> fusion, const OverlapOptions& 
     }
     if (rotatesKeys(seg)) continue;  // part of its attention's ring
     if (isRingAttention(seg)) {
-      lowerRingAttention(*segments, static_cast<int64_t>(i), state, p.nodes);
+      lowerRingAttention(*segments, static_cast<int64_t>(i), overlap.ring_groups, state, p.nodes);
       continue;
     }
     if (int64_t chunks = streamChunks(seg); chunks > 1) {

@@ -35,7 +35,7 @@ class Chooser {
     if (keysRotate(option_) && ringOp() && !unsplit && even) {
       return CpChoice{CpStrategy::Ring,
                       fmt::format("ring attention: each rank keeps its query rows while k and v rotate around mesh "
-                                  "axis {} ({} send/recv steps, one block in flight){}",
+                                  "axis {} ({} send/recv steps, at most a block in flight){}",
                                   a, n - 1, ulyssesWhyNot(a))};
     }
     return CpChoice{CpStrategy::Gather, fmt::format("k and v all-gathered along mesh axis {}{}", a,

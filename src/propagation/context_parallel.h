@@ -10,8 +10,10 @@
 //   ring     the query keeps its rows; k and v rotate around the axis by send/recv in n - 1 steps,
 //            each rank attending the block it holds while the next one travels, the partial
 //            outputs merged by log-sum-exp. As many bytes as gathering ((n-1)/n of k and v), but
-//            one block in flight instead of the whole sequence (O(seq/n) memory), and the
-//            transfers overlap the attention. Needs q, k and v split along the sequence alike.
+//            at most a block in flight instead of the whole sequence (O(seq/n) memory; half a
+//            block by default, the ring running once per head group: lower_ring_attention.h),
+//            and the transfers overlap the attention. Needs q, k and v split along the sequence
+//            alike.
 //   gather   k and v all-gathered; the query keeps its rows (the output stays sequence-split).
 //
 // `auto` takes, per axis, Ulysses where the heads divide, else ring where it applies, else gather.

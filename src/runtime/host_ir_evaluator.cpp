@@ -89,6 +89,11 @@ Tensor HostIrEvaluator::view(const BlockRef& ref) {
   Tensor& t = value(ref.tv, ref.slot);
   if (ref.whole()) return t;
   Span rows = sizes_->rows(ref, comm_.rank(), loopValues());
+  if (ref.heads) {  // a head group: consecutive (batch, head) pairs, seen as headGroupShape says
+    std::vector<int64_t> pairs(t.shape().begin() + 1, t.shape().end());
+    pairs[0] *= t.shape()[0];
+    return t.reshaped(pairs).slice0(rows.begin, rows.size).reshaped(headGroupShape(t.shape(), ref.blocks));
+  }
   MF_CHECK(rows.end() <= t.shape().at(0), "{} names rows [{}, {}) of a buffer of {} rows on rank {}",
            ref.toString(*program_.fusion), rows.begin, rows.end(), t.shape()[0], comm_.rank());
   return t.slice0(rows.begin, rows.size);

@@ -122,10 +122,11 @@ MPI_TEST(CfgParallel, ComposesWithRingAttentionOnA2x2Mesh, exactly(4, "a 2x2 mes
       for (int64_t peer : c.team) EXPECT_NE(std::find(sequence_axis.begin(), sequence_axis.end(), peer), sequence_axis.end());
     }
   }
-  EXPECT_EQ(sends, 2);
-  // One rotation step of k and one of v (2 ranks per ring), then the combine. The attention
-  // output keeps its query rows' sequence split, so the output projection needs no collective.
-  ASSERT_EQ(kinds(run.collectives), (Strs{"send_recv", "send_recv", "allgather"}));
+  EXPECT_EQ(sends, 4);
+  // One rotation step of k and one of v (2 ranks per ring) in each of 2 head groups, then the
+  // combine. The attention output keeps its query rows' sequence split, so the output projection
+  // needs no collective.
+  ASSERT_EQ(kinds(run.collectives), (Strs{"send_recv", "send_recv", "send_recv", "send_recv", "allgather"}));
   EXPECT_EQ(run.collectives.back().team, cfg_axis);
   EXPECT_EQ(run.local_outputs[0].placements, (Ps{R, S(1)}));
 }

@@ -68,9 +68,10 @@ TEST(ContextParallel, GatherAllGathersKAndV) {
 }
 
 MPI_TEST(ContextParallel, AutoRotatesKAndVWhenTheHeadsDoNotDivide, exactly(4, "2 heads divide 1 and 2")) {
-  // 2 heads on 4 ranks: Ulysses cannot split them, so k and v rotate around the ring (3 steps).
+  // 2 heads on 4 ranks: Ulysses cannot split them, so k and v rotate around the ring (3 steps),
+  // in 4 head groups (the 2 x 2 (batch, head) pairs: a quarter of a block each step).
   ShardedRun run = attention(/*heads=*/2, /*causal=*/false, /*pin_seq=*/false, ContextParallel::Auto);
-  expectPlan(run, Strs(6, "send_recv"));
+  expectPlan(run, Strs(4 * 6, "send_recv"));
 }
 
 // Asked for, Ulysses splits heads the mesh does not divide as torch.chunk does: 2 heads on 4

@@ -10,10 +10,10 @@
 #include <map>
 
 #include "driver/backends.h"
+#include "lower/pipeline.h"
 #include "meshfuse/autodiff.h"
 #include "meshfuse/ops.h"
 #include "meshfuse/training_executor.h"
-#include "lower/pipeline.h"
 #include "mpi_test_main.h"
 
 namespace meshfuse::testing {
@@ -65,7 +65,8 @@ TEST(ContextParallelTraining, UlyssesBackwardIsEightAllToAlls) {
 // sdpa_grad keeps its own rows (dq query rows, dk and dv key rows) and the other side's blocks
 // rotate: the log-sum-exp's ring rotates k, dq's k and v, and the one ring of dk and dv (one
 // kernel computes both) q, the seed, the lse and delta. Every transfer is a send/recv (n - 1 per
-// rotating tensor: 7 (n - 1)), none an allgather.
+// rotating tensor and head group: each ring runs in 4 groups of 2 heads, 4 x 7 (n - 1)), none an
+// allgather.
 TEST(ContextParallelTraining, RingBackwardRotatesBlocksAndMatchesSingleDevice) {
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal);
@@ -78,7 +79,7 @@ TEST(ContextParallelTraining, RingBackwardRotatesBlocksAndMatchesSingleDevice) {
     expectSameCollectives(run.reported, run.collectives);
     const int64_t n = worldSize();
     // Causal: the work is balanced as in the forward (kBalanceExchanges more, below).
-    EXPECT_EQ(kinds(run.collectives), expect(Strs(7 * (n - 1) + (causal ? kBalanceExchanges : 0), "send_recv")));
+    EXPECT_EQ(kinds(run.collectives), expect(Strs(4 * 7 * (n - 1) + (causal ? kBalanceExchanges : 0), "send_recv")));
     for (size_t i = 0; i < run.local_outputs.size(); ++i) EXPECT_EQ(run.local_outputs[i].placements, Ps{S(2)}) << i;
   }
 }

@@ -1,6 +1,7 @@
 // Ring attention, derived (issue 17): q, k and v arriving split along the sequence, attention
 // runs as n steps over the ring of the mesh axis, k and v travelling by send/recv (n - 1 steps
-// each) while each rank attends the block it holds, partial outputs merged by log-sum-exp.
+// each, per head group: one ring per group of (batch, head) pairs) while each rank attends the
+// block it holds, partial outputs merged by log-sum-exp.
 // Against single-device execution on 1, 2 and 4 ranks (and the 2-D hybrid with Ulysses on a 2x2
 // mesh), with the exact communications, the causal work per rank and the memory per rank.
 #include <algorithm>
@@ -20,6 +21,7 @@ struct Attention {
   bool causal = false;
   DataType dtype = DataType::Float;
   ContextParallel cp = ContextParallel::Ring;
+  int64_t ring_groups = 0;  // OverlapOptions::ring_groups (0: as many as keep half a block in flight)
 };
 
 // a = sdpa(q, k, v) over [batch, heads, seq, head_dim], every operand placed `layout`.
@@ -38,6 +40,7 @@ std::unique_ptr<Fusion> definition(const Attention& at) {
 ShardedRun run(const Attention& at, const DeviceMesh& mesh, const Ps& layout) {
   ExecutorOptions options;
   options.pipeline.propagation.context_parallel = at.cp;
+  options.pipeline.overlap.ring_groups = at.ring_groups;
   std::vector<std::pair<DeviceMesh, Ps>> layouts(3, {mesh, layout});
   return runSharded(*definition(at), layouts, {}, options);
 }
@@ -48,6 +51,7 @@ CompiledProgram compiled(const Attention& at, const DeviceMesh& mesh, const Ps& 
   for (TensorView* in : f->inputs()) applyPlacements(in, mesh, layout);
   PipelineOptions options;
   options.propagation.context_parallel = at.cp;
+  options.overlap.ring_groups = at.ring_groups;
   return compile(std::move(f), options);
 }
 
@@ -55,39 +59,45 @@ int64_t count(const std::vector<CollectiveInfo>& cs, const std::string& source) 
   return std::count_if(cs.begin(), cs.end(), [&](const CollectiveInfo& c) { return c.source == source; });
 }
 
-TEST(RingAttention, KAndVRotateInNMinusOneSendRecvStepsEach) {
+// The caller's k and v (which the ring may not overwrite) rotate in 4 head groups by default
+// (2 x 2 (batch, head) pairs: one pair each), so that a quarter of a block is in flight and one
+// is attended; ring_groups=1 rotates whole blocks; 2 is asked for.
+TEST(RingAttention, KAndVRotateInNMinusOneSendRecvStepsPerHeadGroup) {
   const int64_t n = worldSize();
-  for (bool causal : {false, true}) {
-    SCOPED_TRACE(causal);
-    Attention at;
-    at.causal = causal;
-    ShardedRun r = run(at, worldMesh(), {S(2)});
-    expectMatchesReference(r);
-    expectSameCollectives(r.reported, r.collectives);
-    EXPECT_EQ(r.local_outputs[0].placements, Ps{S(2)});
-    for (const CollectiveInfo& c : r.collectives) EXPECT_EQ(commKindName(c.kind), std::string("send_recv"));
-    // One block of k or v per step, to the next rank on the ring.
-    const int64_t block = at.batch * at.heads * (at.seq / n) * at.head_dim * 4;
-    EXPECT_EQ(count(r.collectives, "%k"), n - 1);
-    EXPECT_EQ(count(r.collectives, "%v"), n - 1);
-    for (const CollectiveInfo& c : r.collectives) {
-      if (c.source != "%k" && c.source != "%v") continue;
-      EXPECT_EQ(c.bytes, block);
-      EXPECT_EQ(c.team, (Team{worldRank(), (worldRank() + 1) % n}));
-    }
-    // Causal: half of q goes to the mirror rank before and half of the output comes back after.
-    const int64_t mirrors = causal && n > 1 ? 1 : 0;
-    EXPECT_EQ(count(r.collectives, "%q"), mirrors);
-    EXPECT_EQ(count(r.collectives, "%a"), mirrors);
-    EXPECT_EQ(static_cast<int64_t>(r.collectives.size()), 2 * (n - 1) + 2 * mirrors);
-    for (const std::vector<CollectiveInfo>* cs : {&r.collectives, &r.reported}) {  // as executed, in the report
-      for (const CollectiveInfo& c : *cs) {
-        if (c.source == "%q" || c.source == "%a") {
-          EXPECT_EQ(c.bytes, block / 2) << c.source;  // half a block
+  const std::pair<int64_t, int64_t> cases[] = {{0, 4}, {1, 1}, {2, 2}};  // (ring_groups, head groups)
+  for (auto [option, groups] : cases)
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(fmt::format("causal {}, ring_groups {}", causal, option));
+      Attention at;
+      at.causal = causal;
+      at.ring_groups = option;
+      ShardedRun r = run(at, worldMesh(), {S(2)});
+      expectMatchesReference(r);
+      expectSameCollectives(r.reported, r.collectives);
+      EXPECT_EQ(r.local_outputs[0].placements, Ps{S(2)});
+      for (const CollectiveInfo& c : r.collectives) EXPECT_EQ(commKindName(c.kind), std::string("send_recv"));
+      // One head group's block of k or v per step, to the next rank on the ring.
+      const int64_t block = at.batch * at.heads * (at.seq / n) * at.head_dim * 4;
+      EXPECT_EQ(count(r.collectives, "%k"), groups * (n - 1));
+      EXPECT_EQ(count(r.collectives, "%v"), groups * (n - 1));
+      for (const CollectiveInfo& c : r.collectives) {
+        if (c.source != "%k" && c.source != "%v") continue;
+        EXPECT_EQ(c.bytes, block / groups);
+        EXPECT_EQ(c.team, (Team{worldRank(), (worldRank() + 1) % n}));
+      }
+      // Causal: half of q goes to the mirror rank before and half of the output comes back after.
+      const int64_t mirrors = causal && n > 1 ? 1 : 0;
+      EXPECT_EQ(count(r.collectives, "%q"), mirrors);
+      EXPECT_EQ(count(r.collectives, "%a"), mirrors);
+      EXPECT_EQ(static_cast<int64_t>(r.collectives.size()), 2 * groups * (n - 1) + 2 * mirrors);
+      for (const std::vector<CollectiveInfo>* cs : {&r.collectives, &r.reported}) {  // as executed, in the report
+        for (const CollectiveInfo& c : *cs) {
+          if (c.source == "%q" || c.source == "%a") {
+            EXPECT_EQ(c.bytes, block / 2) << c.source;  // half a block
+          }
         }
       }
     }
-  }
 }
 
 // The timeline names causal balance's half exchanges (and their waits) apart from the ring's
@@ -110,7 +120,7 @@ MPI_TEST(RingAttention, TimelineTellsTheRotationFromCausalBalance, atLeast(2, "n
   EXPECT_EQ(balance, (Strs{"send_recv %q (causal balance)", "wait for send_recv %q (causal balance)",
                            "send_recv %a (causal balance)", "wait for send_recv %a (causal balance)"}));
   Strs want;
-  for (int64_t step = 0; step + 1 < n; ++step)
+  for (int64_t step = 0; step < 4 * (n - 1); ++step)  // n - 1 per head group, 4 groups
     for (const char* t : {"send_recv %k", "send_recv %v", "wait for send_recv %k", "wait for send_recv %v"})
       want.push_back(t);
   std::sort(rotation.begin(), rotation.end());
@@ -143,7 +153,7 @@ MPI_TEST(RingAttention, AutoTakesRingWhenTheHeadsDoNotDivide, exactly(4, "2 head
   at.cp = ContextParallel::Auto;
   ShardedRun r = run(at, worldMesh(), {S(2)});
   expectMatchesReference(r);
-  EXPECT_EQ(kinds(r.collectives), Strs(6, "send_recv"));
+  EXPECT_EQ(kinds(r.collectives), Strs(4 * 6, "send_recv"));  // k and v: 3 steps in each of 4 head groups
 }
 
 // Causal self-attention (q, k and v one tensor): the tensor rotates (in its ring slots) and is
@@ -159,7 +169,8 @@ TEST(RingAttention, CausalSelfAttentionOfOneTensor) {
   ShardedRun r = runSharded(*f, {{worldMesh(), {S(2)}}}, {}, options);
   expectMatchesReference(r);
   const int64_t n = worldSize(), mirrors = n > 1 ? 1 : 0;
-  EXPECT_EQ(count(r.collectives, "%x"), n - 1 + mirrors);  // the ring's steps, and the query's half
+  // The ring's steps (2 head groups: one head each), and the query's half.
+  EXPECT_EQ(count(r.collectives, "%x"), 2 * (n - 1) + mirrors);
   EXPECT_EQ(count(r.collectives, "%a"), mirrors);
 }
 
@@ -183,6 +194,7 @@ MPI_TEST(RingAttention, CausalWorkIsBalanced, atLeast(2, "no ring on one rank"))
     std::vector<AttentionBlocks> blocks = attentionBlocks(programForRank(p, rank), {});
     ASSERT_EQ(blocks.size(), 1u);
     EXPECT_EQ(blocks[0].tensor, "%a");
+    EXPECT_EQ(blocks[0].head_groups, 4);  // (counted for one: each attends the same pairs)
     EXPECT_EQ(blocks[0].steps, n);
     EXPECT_EQ(blocks[0].chunk, at.seq / (2 * n));
     EXPECT_EQ(blocks[0].attended, 2 * n + 1) << "rank " << rank;
@@ -190,25 +202,36 @@ MPI_TEST(RingAttention, CausalWorkIsBalanced, atLeast(2, "no ring on one rank"))
   }
 }
 
-// Memory: per rank, the attention's tensors shrink n times; the ring adds one block of k and v
-// in flight and the block being attended (two extra blocks of k and v, since the inputs are the
-// caller's and cannot be overwritten), and the f32 log-sum-exp of its query rows (the merge
-// state). Exactly, from the plans' peak-memory reports, at sequence 4096 on the world.
+// Memory: per rank, the attention's tensors shrink n times; the ring adds a head group's block of
+// k and v in flight and one being attended (the inputs are the caller's, which it may not
+// overwrite; on 2 ranks no step has both), and the f32 log-sum-exp of its query rows (the merge
+// state). In 4 head groups (the default for 8 heads) that is at most half a block of k and v in
+// all, so the rank holds less than one n-th of the single-device attention plus one block in
+// flight (issue 17's bound); whole blocks (ring_groups=1) hold up to two. Exactly, from the plans'
+// peak-memory reports, at sequence 4096.
 MPI_TEST(RingAttention, PeakMemoryPerRankIsOneNthPlusTheBlocksInFlight, atLeast(2, "no ring on one rank")) {
   const int64_t n = worldSize();
   Attention at;
   at.batch = 1, at.heads = 8, at.seq = 4096, at.head_dim = 64;
-  const int64_t tensor = at.batch * at.heads * at.seq * at.head_dim * 4;  // q, k, v or a, f32
-  const int64_t lse = at.batch * at.heads * at.seq * 4;
+  const int64_t tensor = at.batch * at.heads * at.seq * at.head_dim * 4;         // q, k, v or a, f32
+  const int64_t lse = at.batch * at.heads * at.seq * 4, block = 2 * tensor / n;  // (a block: of k and of v)
+  const int64_t slots = n > 2 ? 2 : 1;  // the attended block and the arriving one (2 ranks: no step has both)
   CompiledProgram single = compiled(at, DeviceMesh({0}), {R});
   EXPECT_EQ(peakMemoryBytes(programForRank(single, 0), {}), 4 * tensor);
   CompiledProgram ring = compiled(at, worldMesh(), {S(2)});
-  for (int64_t rank = 0; rank < n; ++rank)
-    EXPECT_EQ(peakMemoryBytes(programForRank(ring, rank), {}), 4 * tensor / n + 2 * (2 * tensor / n) + lse / n);
+  at.ring_groups = 1;
+  CompiledProgram whole = compiled(at, worldMesh(), {S(2)});
+  for (int64_t rank = 0; rank < n; ++rank) {
+    const int64_t peak = peakMemoryBytes(programForRank(ring, rank), {});
+    EXPECT_EQ(peak, 4 * tensor / n + slots * (block / 4) + lse / n);
+    EXPECT_LT(peak, 4 * tensor / n + block);
+    EXPECT_EQ(peakMemoryBytes(programForRank(whole, rank), {}), 4 * tensor / n + slots * block + lse / n);
+  }
 }
 
 // When k and v are the attention's own intermediates (projections, here casts of bf16 inputs),
-// the ring reuses their buffers: one block of k and v in flight, the rest is one n-th.
+// the ring reuses their buffers: a head group's block in flight (2 groups: half a block), the
+// rest is one n-th.
 MPI_TEST(RingAttention, PeakMemoryReusesDeadKeyBuffers, atLeast(2, "no ring on one rank")) {
   const int64_t n = worldSize();
   constexpr int64_t kHeads = 8, kSeq = 4096, kDim = 64;
@@ -225,12 +248,48 @@ MPI_TEST(RingAttention, PeakMemoryReusesDeadKeyBuffers, atLeast(2, "no ring on o
     options.propagation.context_parallel = ContextParallel::Ring;
     return compile(std::move(f), options);
   };
-  const int64_t tensor = kHeads * kSeq * kDim * 4, lse = kHeads * kSeq * 4;
+  const int64_t tensor = kHeads * kSeq * kDim * 4, lse = kHeads * kSeq * 4, block = 2 * tensor / n;
   const int64_t single = peakMemoryBytes(programForRank(build(DeviceMesh({0}), {R}), 0), {});
   EXPECT_EQ(single, 3 * tensor / 2 + 4 * tensor);  // the bf16 inputs, their f32 casts, the output
   CompiledProgram ring = build(worldMesh(), {S(2)});
-  for (int64_t rank = 0; rank < n; ++rank)
-    EXPECT_EQ(peakMemoryBytes(programForRank(ring, rank), {}), single / n + 2 * tensor / n + lse / n);
+  for (int64_t rank = 0; rank < n; ++rank) {
+    const int64_t peak = peakMemoryBytes(programForRank(ring, rank), {});
+    EXPECT_EQ(peak, single / n + block / 2 + lse / n);
+    EXPECT_LT(peak, single / n + block);
+  }
+}
+
+// k and v computed in the fusion (casts of bf16 inputs), which the ring alone reads: it receives
+// into their own buffers, in 2 head groups (half a block in flight), causal and not.
+TEST(RingAttention, IntermediateKeysRotateThroughTheirOwnBuffers) {
+  const int64_t n = worldSize();
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal);
+    auto f = std::make_unique<Fusion>();
+    std::vector<TensorView*> f32;
+    for (const char* name : {"q", "k", "v"})
+      f32.push_back(ops::cast(f->defineTensor({2, 2, 32, 8}, DataType::BFloat16, name), DataType::Float));
+    TensorView* a = ops::sdpa(f32[0], f32[1], f32[2], causal);
+    f->rename(a, "a");
+    f->addOutput(a);
+    ExecutorOptions options;
+    options.pipeline.propagation.context_parallel = ContextParallel::Ring;
+    ShardedRun r = runSharded(*f, {3, {worldMesh(), {S(2)}}}, {}, options);
+    expectMatchesReference(r);
+    expectSameCollectives(r.reported, r.collectives);
+    const int64_t mirrors = causal && n > 1 ? 2 : 0;  // the query's half and the output's
+    EXPECT_EQ(kinds(r.collectives), Strs(2 * 2 * (n - 1) + mirrors, "send_recv"));
+  }
+}
+
+// ring_groups that do not split a rank's (batch, head) pairs is an error that says so.
+MPI_TEST(RingAttention, HeadGroupsThatDoNotSplitAreAnError, atLeast(2, "no ring on one rank")) {
+  Attention at;  // 2 x 2 (batch, head) pairs
+  at.ring_groups = 3;
+  const std::string message = errorOf(ErrorKind::Value, [&] { compiled(at, worldMesh(), {S(2)}); });
+  EXPECT_THAT(message, ::testing::HasSubstr("ring attention of %a: ring_groups=3 asks for head groups, but it has 4 "
+                                            "(batch, head) pairs per rank ([batch 2, heads 2]), which do not split "
+                                            "into 3 groups of whole heads of one batch entry or whole batch entries"));
 }
 
 // Ulysses on the inner mesh axis x ring on the outer one: 2 heads split over axis 1 (an
@@ -251,7 +310,9 @@ MPI_TEST(RingAttention, HybridWithUlyssesOnA2x2Mesh, exactly(4, "a 2x2 mesh")) {
     expectMatchesReference(r);
     expectSameCollectives(r.reported, r.collectives);
     Strs want = {"all_to_all", "all_to_all", "all_to_all"};
-    const int64_t ring = (causal ? 1 : 0) + 2 + (causal ? 1 : 0);  // q's mirror, k and v, the output's
+    // q's mirror; k and v in 2 head groups (its 2 (batch, head) pairs: the all-to-all's outputs,
+    // whose buffers the ring reuses, half a block in flight); the output's mirror.
+    const int64_t ring = (causal ? 1 : 0) + 2 * 2 + (causal ? 1 : 0);
     for (int64_t i = 0; i < ring; ++i) want.push_back("send_recv");
     want.push_back("all_to_all");
     EXPECT_EQ(kinds(r.collectives), want);

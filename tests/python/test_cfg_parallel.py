@@ -84,11 +84,11 @@ def test_cfg_times_ring_attention_on_a_2x2_mesh():
     (out,) = fdw(inputs)
     H.assert_close(out.full_tensor(), torch_forward(c, arrays)[1].detach().numpy())
     assert out.placements == (R, Shard(1))
-    # k and v rotate over the sequence axis (one step each: 2 ranks per ring), nothing gathered
-    # there; the attention output keeps its rows, so the output projection needs no collective;
-    # then the combine's allgather over the CFG axis.
+    # k and v rotate over the sequence axis (one step each: 2 ranks per ring, in 2 head groups),
+    # nothing gathered there; the attention output keeps its rows, so the output projection needs
+    # no collective; then the combine's allgather over the CFG axis.
     assert [(k.kind, k.mesh_axis) for k in fdw.plan(inputs).collectives()] == [
-        ("send_recv", 1), ("send_recv", 1), ("allgather", 0)]
+        ("send_recv", 1)] * 4 + [("allgather", 0)]
 
 
 def test_cfg_backward_matches_torch_autograd():

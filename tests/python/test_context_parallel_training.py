@@ -78,8 +78,9 @@ def test_ring_attention_trains_with_a_ring_backward(rng, cp):
     """One head, which no split of 2 or 4 ranks divides: cp="auto" (or "ring") makes the forward
     ring attention and the backward ring attention's backward: the recomputed log-sum-exp rotates
     k, dq's ring k and v, and the one ring of dk and dv the query side (q, the seed, the lse and
-    delta): 7 (n - 1) send/recv, plus the 11 mirrored half exchanges that balance the causal work
-    (docs/parallelisms.md), no allgather; the gradients match torch."""
+    delta), each ring once per batch entry (2 head groups): 2 x 7 (n - 1) send/recv, plus the 11
+    mirrored half exchanges that balance the causal work (docs/parallelisms.md), no allgather; the
+    gradients match torch."""
     shape = (B, 1, SEQ, HD)
     arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
     seed = rng.standard_normal(shape).astype(np.float32)
@@ -103,4 +104,4 @@ def test_ring_attention_trains_with_a_ring_backward(rng, cp):
     fwd, bwd = fdw.grad_plans(inputs, [0, 1, 2], seeds)
     n = meshfuse.world_size()
     assert set(H.kinds(fwd)) == ({"send_recv"} if n > 1 else set())
-    assert H.kinds(bwd) == ["send_recv"] * (7 * (n - 1) + (11 if n > 1 else 0))
+    assert H.kinds(bwd) == ["send_recv"] * (2 * 7 * (n - 1) + (11 if n > 1 else 0))

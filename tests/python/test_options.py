@@ -115,7 +115,7 @@ def test_compile_options_come_from_the_one_table():
     """meshfuse.compile_options() is the C++ table the CLI's flags come from too: names, types,
     choices and defaults, and FusionDefinitionWrapper's docstring lists them."""
     options = {o["name"]: o for o in meshfuse.compile_options()}
-    assert list(options) == ["overlap", "chunks", "streams", "fsdp", "plan", "cp"]
+    assert list(options) == ["overlap", "chunks", "streams", "ring_groups", "fsdp", "plan", "cp"]
     assert options["overlap"]["type"] == "choice"
     assert options["overlap"]["choices"] == ["none", "collective", "ring"]
     assert options["overlap"]["default"] == "none"

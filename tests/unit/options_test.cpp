@@ -23,7 +23,7 @@ TEST(CompileOptions, NamesAreUniqueAndDescribed) {
     EXPECT_FALSE(o.help.empty()) << o.name;
     EXPECT_EQ(o.type == CompileOption::Type::Choice, !o.choices.empty()) << o.name;
   }
-  EXPECT_EQ(names, (std::set<std::string>{"overlap", "chunks", "streams", "fsdp", "plan", "cp"}));
+  EXPECT_EQ(names, (std::set<std::string>{"overlap", "chunks", "streams", "ring_groups", "fsdp", "plan", "cp"}));
 }
 
 TEST(CompileOptions, DefaultsAreThoseOfPipelineOptions) {
@@ -65,7 +65,7 @@ TEST(CompileOptions, BadValuesNameTheOptionAndWhatItTakes) {
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { findCompileOption("chunks").set(p, "2x"); }), HasSubstr("chunks '2x'"));
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { findCompileOption("streams").set(p, "0"); }), HasSubstr("streams '0': expected a whole number >= 1"));
   EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { findCompileOption("fsdp").set(p, "yes"); }), HasSubstr("fsdp 'yes': expected true or false"));
-  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { findCompileOption("bogus"); }), HasSubstr("unknown compile option 'bogus' (the options: overlap, chunks, streams, fsdp, plan, cp)"));
+  EXPECT_THAT(userErrorMessage(ErrorKind::Value, [&] { findCompileOption("bogus"); }), HasSubstr("unknown compile option 'bogus' (the options: overlap, chunks, streams, ring_groups, fsdp, plan, cp)"));
 }
 
 TEST(CompileOptions, EnumNamesRoundTrip) {

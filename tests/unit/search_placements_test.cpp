@@ -248,10 +248,11 @@ TEST(SearchPlacements, AttentionThatContextParallelismDidNotPlaceIsSearchedLikeA
 }
 
 // Keys and values sequence-split, 5 heads on 2 ranks: context parallelism takes ring attention
-// (k and v rotate: 2 send/recvs of 200 bytes). Under --cp=auto the search moves %t0 to the batch's
-// even split instead, before the mul and add that make q, k and v, and the output back: one
-// all-to-all each way, half the bytes, each rank attending whole sequences for one of the two
-// batch rows (the placement fuzzer's s2-w2-u40-c144). A forced --cp=ring stands.
+// (k and v rotate, one batch row after the other: 2 head groups of 2 send/recvs of 100 bytes).
+// Under --cp=auto the search moves %t0 to the batch's even split instead, before the mul and add
+// that make q, k and v, and the output back: one all-to-all each way, half the bytes, each rank
+// attending whole sequences for one of the two batch rows (the placement fuzzer's
+// s2-w2-u40-c144). A forced --cp=ring stands.
 TEST(SearchPlacements, AutoContextParallelismGivesWayToAnEvenBatchSplit) {
   const char* text = R"(fusion {
   mesh @m0 = [0, 1]
@@ -262,14 +263,15 @@ TEST(SearchPlacements, AutoContextParallelismGivesWayToAnEvenBatchSplit) {
   %t4 = sdpa(%t3, %t2, %t3)
   output %t4
 })";
-  EXPECT_THAT(collectivesOf(text, "greedy"), ElementsAre("send_recv %t2 200", "send_recv %t3 200"));
+  EXPECT_THAT(collectivesOf(text, "greedy"),
+              ElementsAre("send_recv %t2 100", "send_recv %t3 100", "send_recv %t2 100", "send_recv %t3 100"));
   EXPECT_THAT(collectivesOf(text), ElementsAre("all_to_all %t0 200", "all_to_all %2 200"));
   PipelineOptions ring = plan("search");
   findCompileOption("cp").set(ring, "ring");
   CompiledProgram p = compile(parseFusion(text, "t.mf"), ring);
   Strings kinds;
   for (const CollectiveInfo& c : collectives(programForRank(p, 0), {})) kinds.push_back(commKindName(c.kind));
-  EXPECT_THAT(kinds, ElementsAre("send_recv", "send_recv"));
+  EXPECT_THAT(kinds, ElementsAre("send_recv", "send_recv", "send_recv", "send_recv"));
 }
 
 // Keys split along a sequence of 2 tokens, 7 heads, on 4 ranks: neither ring attention nor

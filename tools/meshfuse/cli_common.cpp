@@ -169,8 +169,9 @@ std::string collectiveReport(const CompiledProgram& program, const std::vector<i
                        peakMemoryBytes(p, sizes));
     for (const CollectiveInfo& c : cs) out += "  " + formatCollective(c) + "\n";
     for (const AttentionBlocks& a : attentionBlocks(p, sizes))
-      out += fmt::format("  ring attention {}: {} steps, {} block pairs of {} rows attended, {} skipped\n", a.tensor,
-                         a.steps, a.attended, a.chunk, a.skipped);
+      out += fmt::format("  ring attention {}: {} steps{}, {} block pairs of {} rows attended, {} skipped\n", a.tensor,
+                         a.steps, a.head_groups > 1 ? fmt::format(" in each of {} head groups", a.head_groups) : "",
+                         a.attended, a.chunk, a.skipped);
   }
   return out;
 }
