@@ -183,12 +183,26 @@ class HostParser {
       b.blocks *= b.sub_blocks;
     }
     b.heads = c.eat("heads");  // "of 4 heads": a head group
+    if (b.heads) checkHeadGroups(c, b.tv, b.blocks);
     c.expect("]");
     b.loop_coeffs = x.loop_coeffs;
     b.rank_coeff = x.rank_coeff;
     b.offset = x.offset;
     if (x.rank_coeff != 0) b.mesh_axis = x.rank_axis;
     return b;
+  }
+
+  // Head groups (BlockRef::heads, BufferNode::head_groups) cut a tensor's static [batch, heads]
+  // into groups of whole heads of one batch entry or of whole batch entries (headGroupShape).
+  void checkHeadGroups(Cursor& c, const TensorView* tv, int64_t groups) const {
+    const std::vector<Extent> s = tv->allocatedShape();
+    const std::string what = fmt::format("{} head groups of {}", groups, tv->fusion()->displayName(tv));
+    if (s.size() < 2 || !s[0].isStatic() || !s[1].isStatic()) c.fail(what + ", whose [batch, heads] are not static");
+    const int64_t heads = s[1].value(), all = s[0].value() * heads;
+    if (groups < 1 || all % groups != 0 || (heads % (all / groups) != 0 && (all / groups) % heads != 0))
+      c.fail(fmt::format("{}: its {} (batch, head) pairs ([batch {}, heads {}]) do not split into {} groups of whole "
+                         "heads of one batch entry or whole batch entries",
+                         what, all, s[0].value(), heads, groups));
   }
 
   hir::EventNode event(Cursor& c, size_t depth) {
@@ -310,6 +324,7 @@ class HostParser {
     if (head == "deallocate") return hir::Deallocate{n};
     if (std::string_view r = c.rest(); r.find("(one head group of ") != r.npos) {
       n.head_groups = std::stoll(std::string(r.substr(r.find("(one head group of ") + 19)));
+      checkHeadGroups(c, n.tv, n.head_groups);
     } else if (r.find("(one block of ") != r.npos) {
       n.chunk_blocks = std::stoll(std::string(r.substr(r.find("(one block of ") + 14)));
     } else if (const size_t at = r.find("(chunk i of "); at != r.npos) {

@@ -1,6 +1,7 @@
 // The host-IR text form: every program of the examples and of tests/lit/hostir (the collective
 // program and every rank's) prints, parses and prints again identically, and runs the same
 // passes after parsing; malformed text is a ParseError naming the line.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -133,6 +134,27 @@ TEST(HostIrText, MalformedTextIsAParseErrorNamingTheLine) {
   EXPECT_NE(m.find(": the host program reads back as `outputs %out` here, not `}`"), std::string::npos) << m;
   m = parseError(with("  outputs %out\n}\n", ""));
   EXPECT_EQ(m, "t.mf: the host program ends inside a loop or without its outputs line");
+}
+
+// Head groups that do not split a tensor's [batch, heads] are a parse error, not a failure when
+// the program runs (the ring of tests/lit/hostir/ring_attention_head_groups.mf: 2 heads).
+TEST(HostIrText, HeadGroupsThatDoNotSplitAreAParseError) {
+  PipelineOptions options;
+  findCompileOption("cp").set(options, "ring");
+  CompiledProgram c =
+      compile(parseFusion(readFile("tests/lit/hostir/ring_attention_head_groups.mf"), "groups.mf"), options);
+  const std::string good = printHostModule(programForRank(c, 0));
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string t = good;
+    t.replace(t.find(from), from.size(), to);
+    return t;
+  };
+  EXPECT_THAT(parseError(with("(one head group of 2)", "(one head group of 3)")),
+              ::testing::HasSubstr("3 head groups of %k: its 2 (batch, head) pairs ([batch 1, heads 2]) do not split "
+                                   "into 3 groups of whole heads of one batch entry or whole batch entries in "
+                                   "`allocate %k~4 : f32[1, 1, 4, 4] (one head group of 3)`"));
+  EXPECT_THAT(parseError(with("%k[i of 2 heads]", "%k[i of 4 heads]")),
+              ::testing::HasSubstr("4 head groups of %k: its 2 (batch, head) pairs"));
 }
 
 }  // namespace
